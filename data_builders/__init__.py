@@ -1,0 +1,55 @@
+"""Traces in, steps out: the data contracts, readers with error reports, and the segmenter."""
+
+from .io import ErrorReport, JsonlWriter, RecordError, read_models, read_records
+from .schema import (
+    GAP_TYPES,
+    LABELS,
+    REPAIRS,
+    GoldStep,
+    GoldTrace,
+    Judge,
+    JudgeRecord,
+    NLICall,
+    NLIProbs,
+    NLIRecord,
+    Snippet,
+    Step,
+    Trace,
+    Verdict,
+)
+from .segment import (
+    SegmentationError,
+    accumulated_evidence,
+    iter_traces,
+    parse_snippets,
+    segment_response,
+    segment_trace,
+)
+
+__all__ = [
+    "GAP_TYPES",
+    "LABELS",
+    "REPAIRS",
+    "ErrorReport",
+    "GoldStep",
+    "GoldTrace",
+    "Judge",
+    "JudgeRecord",
+    "JsonlWriter",
+    "NLICall",
+    "NLIProbs",
+    "NLIRecord",
+    "RecordError",
+    "SegmentationError",
+    "Snippet",
+    "Step",
+    "Trace",
+    "Verdict",
+    "accumulated_evidence",
+    "iter_traces",
+    "parse_snippets",
+    "read_models",
+    "read_records",
+    "segment_response",
+    "segment_trace",
+]

@@ -1,0 +1,257 @@
+"""Split a search-interleaved response into steps (SPEC section 2).
+
+Every action (`<search>`, a Hermes `<tool_call>` to `search`, or `<answer>`) closes one step.
+The step's claim is the model's own text since the previous step, its evidence the retrieval
+block(s) after the action. Tags are matched case-insensitively; an unclosed tag runs to the end
+of the response. Only a malformed action (a tool call that is not a search call in JSON) makes a
+response unusable, and that raises `SegmentationError` with a reason, never anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .io import ErrorReport, read_records
+from .schema import Snippet, Step, Trace
+
+_TAG_NAMES = "think|search|information|answer|tool_call|tool_response"
+_TAG = re.compile(rf"<\s*(/?)\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
+_CLOSE = {name: re.compile(rf"<\s*/\s*{name}\s*>", re.IGNORECASE) for name in _TAG_NAMES.split("|")}
+_ACTIONS = {"search", "answer", "tool_call"}
+_EVIDENCE = {"information", "tool_response"}
+_DOC_HEAD = re.compile(r"Doc\s*\d+\s*\(\s*Title\s*:\s*", re.IGNORECASE)
+
+
+class SegmentationError(ValueError):
+    """A response that cannot be split into steps; the message says why."""
+
+
+def collapse_ws(text: str) -> str:
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class _Block:
+    name: str
+    start: int  # position of '<' of the opening tag
+    content_start: int
+    content_end: int
+    end: int  # position after the closing tag (or len(text) when unclosed)
+
+
+def _block(text: str, m: re.Match[str]) -> _Block:
+    name = m.group(2).lower()
+    close = _CLOSE[name].search(text, m.end())
+    if close is None:
+        return _Block(name, m.start(), m.end(), len(text), len(text))
+    return _Block(name, m.start(), m.end(), close.start(), close.end())
+
+
+def parse_snippets(block: str) -> list[Snippet]:
+    """Split a retrieval block into `Doc N(Title: T) text` snippets.
+
+    Titles may be quoted or bare and may contain balanced parentheses. A non-empty block
+    without that pattern is one snippet with an empty title; an empty block has none.
+    """
+    heads = list(_DOC_HEAD.finditer(block))
+    if not heads:
+        text = block.strip()
+        return [Snippet(title="", text=text)] if text else []
+    snippets: list[Snippet] = []
+    lead = block[: heads[0].start()].strip()
+    if lead:
+        snippets.append(Snippet(title="", text=lead))
+    for i, head in enumerate(heads):
+        stop = heads[i + 1].start() if i + 1 < len(heads) else len(block)
+        title, body_start = _read_title(block, head.end(), stop)
+        snippets.append(Snippet(title=title, text=block[body_start:stop].strip()))
+    return snippets
+
+
+def _read_title(block: str, pos: int, stop: int) -> tuple[str, int]:
+    """Read the title after `Title:` up to its closing parenthesis; return (title, body start)."""
+    if block.startswith('"', pos):
+        close = block.find('")', pos + 1, stop)
+        if close >= 0:
+            return block[pos + 1 : close], close + 2
+    depth = 0
+    for j in range(pos, stop):
+        ch = block[j]
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                return block[pos:j].strip().strip('"'), j + 1
+            depth -= 1
+    # No closing parenthesis: the title runs to the end of the line.
+    eol = block.find("\n", pos, stop)
+    eol = stop if eol < 0 else eol
+    return block[pos:eol].strip().strip('"'), eol
+
+
+def _tool_call_query(payload: str, ordinal: int) -> str:
+    """The query of a Hermes `<tool_call>` to the search tool."""
+    try:
+        call = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise SegmentationError(f"tool_call {ordinal} is not valid JSON: {exc.msg}") from None
+    if not isinstance(call, dict):
+        raise SegmentationError(f"tool_call {ordinal} must be a JSON object")
+    name = call.get("name")
+    if not isinstance(name, str) or name.lower() != "search":
+        raise SegmentationError(f"tool_call {ordinal} calls {name!r}; only 'search' is supported")
+    args = call.get("arguments", {})
+    if isinstance(args, str):  # OpenAI-style calls carry arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            raise SegmentationError(f"tool_call {ordinal} arguments are not valid JSON") from None
+    query = args.get("query") if isinstance(args, dict) else None
+    if isinstance(query, list) and all(isinstance(q, str) for q in query):
+        query = "; ".join(query)
+    if not isinstance(query, str):
+        raise SegmentationError(f"tool_call {ordinal} has no string 'arguments.query'")
+    return query.strip()
+
+
+def segment_response(response: str) -> list[Step]:
+    """Split one raw response into steps with character spans (SPEC section 2)."""
+    if not isinstance(response, str):
+        raise SegmentationError(f"response must be a string, got {type(response).__name__}")
+    steps: list[Step] = []
+    claim_parts: list[str] = []  # the model's own text since the previous step
+    step_start = 0
+    pos = 0
+    tool_calls = 0
+    while True:
+        m = _TAG.search(response, pos)
+        if m is None:
+            break
+        claim_parts.append(response[pos : m.start()])
+        closing, name = m.group(1), m.group(2).lower()
+        if closing or name == "think":
+            pos = m.end()  # think tags are dropped, their content is the claim
+            continue
+        block = _block(response, m)
+        if name in _EVIDENCE:  # retrieval output with no action before it: not model text
+            pos = block.end
+            continue
+        content = response[block.content_start : block.content_end]
+        claim = collapse_ws("".join(claim_parts))
+        if name == "answer":
+            steps.append(
+                Step(
+                    index=len(steps),
+                    type="conclusion",
+                    claim=claim,
+                    answer=content.strip(),
+                    span=(step_start, block.end),
+                )
+            )
+            return steps  # steps after the first answer are ignored
+        if name == "tool_call":
+            tool_calls += 1
+            query = _tool_call_query(content, tool_calls)
+        else:
+            query = content.strip()
+        evidence, step_end = _collect_evidence(response, block.end)
+        steps.append(
+            Step(
+                index=len(steps),
+                type="inference",
+                claim=claim,
+                query=query,
+                evidence=evidence,
+                span=(step_start, step_end),
+            )
+        )
+        claim_parts = []
+        step_start = pos = step_end
+    claim_parts.append(response[pos:])
+    trailing = collapse_ws("".join(claim_parts))
+    if trailing:
+        steps.append(
+            Step(
+                index=len(steps), type="inference", claim=trailing, span=(step_start, len(response))
+            )
+        )
+    return steps
+
+
+def _collect_evidence(response: str, pos: int) -> tuple[list[Snippet], int]:
+    """Snippets of the retrieval blocks between an action and the next action; and where they end."""
+    evidence: list[Snippet] = []
+    end = pos
+    while True:
+        m = _TAG.search(response, pos)
+        if m is None:
+            return evidence, end
+        name = m.group(2).lower()
+        if m.group(1) or name == "think":
+            pos = m.end()
+            continue
+        if name in _ACTIONS:
+            return evidence, end
+        block = _block(response, m)
+        evidence.extend(parse_snippets(response[block.content_start : block.content_end]))
+        pos = end = block.end
+
+
+def accumulated_evidence(steps: list[Step], index: int) -> list[Snippet]:
+    """The evidence of steps 0..index, in order: what step `index` may rely on."""
+    return [s for step in steps[: index + 1] for s in step.evidence]
+
+
+def segment_trace(trace: Trace) -> Trace:
+    """Return `trace` with `steps` filled from `response` (already segmented traces pass through)."""
+    if trace.steps is not None:
+        steps = trace.steps
+    else:
+        steps = segment_response(trace.response or "")
+    if not steps:
+        raise SegmentationError("response has no steps (no action and no text)")
+    return trace.model_copy(update={"steps": steps})
+
+
+def normalize_rollout(record: dict[str, Any]) -> dict[str, Any]:
+    """Map Search-R1 parquet/rollout columns onto the Trace contract (id, question, answers)."""
+    out = dict(record)
+    if "id" not in out:
+        extra = out.get("extra_info") or {}
+        if isinstance(extra, dict) and "index" in extra:
+            split = extra.get("split")
+            out["id"] = f"{split}-{extra['index']}" if split else extra["index"]
+    if "golden_answers" not in out:
+        gt = (out.get("reward_model") or {}).get("ground_truth")
+        if isinstance(gt, dict) and "target" in gt:
+            out["golden_answers"] = gt["target"]
+        elif gt is not None:
+            out["golden_answers"] = gt
+    return out
+
+
+def iter_traces(
+    path: str | Path, report: ErrorReport | None = None, *, segment: bool = True
+) -> Iterator[Trace]:
+    """Read traces from a file, segmenting raw ones; bad records are reported and skipped."""
+    report = report if report is not None else ErrorReport()
+    for lineno, obj in read_records(path, report):
+        try:
+            trace = Trace.model_validate(normalize_rollout(obj))
+        except ValidationError as exc:
+            report.add_validation(path, lineno, exc)
+            continue
+        if not segment:
+            yield trace
+            continue
+        try:
+            yield segment_trace(trace)
+        except SegmentationError as exc:
+            report.add(path, lineno, f"trace {trace.id!r}: {exc}", field="response")

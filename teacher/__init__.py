@@ -1,0 +1,31 @@
+"""The hybrid teacher checker: an LLM judge for stages A-C, an NLI model for D-E, one tree."""
+
+from .checker import Checker, RelabelError, group_by_trace, relabel
+from .judges import JudgeBackend, JudgeRequest, JudgeResult, ReplayJudge, load_judge
+from .nli import HFNLI, NLIBackend, ReplayNLI, load_nli, nli_label
+from .prompt import PROMPT_VERSION, build_messages, build_requests
+from .tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
+
+__all__ = [
+    "HFNLI",
+    "PROMPT_VERSION",
+    "Checker",
+    "JudgeBackend",
+    "JudgeRequest",
+    "JudgeResult",
+    "NLIBackend",
+    "RelabelError",
+    "ReplayJudge",
+    "ReplayNLI",
+    "TreeConfig",
+    "build_messages",
+    "build_requests",
+    "decide_trace",
+    "group_by_trace",
+    "hypothesis_for",
+    "load_judge",
+    "load_nli",
+    "nli_label",
+    "quote_in_evidence",
+    "relabel",
+]

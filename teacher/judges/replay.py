@@ -1,0 +1,60 @@
+"""Serve stored judge objects by (trace id, step): re-deciding costs no LLM call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from stepgap.data_builders.io import ErrorReport, read_models
+from stepgap.data_builders.schema import Judge, Verdict
+
+from .base import JudgeRequest, JudgeResult
+
+
+class _StoredJudge(BaseModel):
+    """A judge replay line, or a verdict line (whose judge may be null when its check failed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    trace_id: str
+    step: int
+    judge: Judge | None = None
+    judge_confidences: dict[str, float] | None = None
+
+
+class ReplayJudge:
+    name = "replay"
+
+    def __init__(self, table: dict[tuple[str, int], JudgeResult] | None = None) -> None:
+        self.table = dict(table or {})
+
+    @classmethod
+    def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayJudge:
+        """Read `{"trace_id", "step", "judge"}` lines; verdict files work too."""
+        table = {}
+        for _, rec in read_models(path, _StoredJudge, report):
+            if rec.judge is not None:
+                table[(rec.trace_id, rec.step)] = JudgeResult(
+                    judge=rec.judge, confidences=dict(rec.judge_confidences or {})
+                )
+        return cls(table)
+
+    @classmethod
+    def from_verdicts(cls, verdicts: Iterable[Verdict]) -> ReplayJudge:
+        return cls(
+            {
+                (v.trace_id, v.step): JudgeResult(
+                    judge=v.judge, confidences=dict(v.judge_confidences or {})
+                )
+                for v in verdicts
+                if v.judge is not None
+            }
+        )
+
+    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        return [
+            self.table.get((r.trace_id, r.step))
+            or JudgeResult.failed(f"no stored judge output for trace {r.trace_id!r} step {r.step}")
+            for r in requests
+        ]

@@ -1,0 +1,147 @@
+"""Stages D and E with any Hugging Face NLI cross-encoder (`AutoModelForSequenceClassification`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from stepgap.data_builders.schema import NLIProbs
+
+from .base import NLIError, Pair
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NLI_MODEL = "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli"
+NLI_LABELS = ("entailment", "neutral", "contradiction")
+# A pair that must entail finds the entailment column of a model whose id2label says nothing;
+# a pair that must contradict then tells contradiction from neutral among the other two.
+PROBE_ENTAIL: Pair = ("A cat is an animal.", "A cat is an animal.")
+PROBE_CONTRADICT: Pair = ("A cat is an animal.", "A cat is not an animal.")
+
+
+def labels_from_id2label(id2label: dict[int, str]) -> dict[str, int] | None:
+    """Map entailment/neutral/contradiction to output columns, if id2label names all three."""
+    found: dict[str, int] = {}
+    for idx, name in id2label.items():
+        low = str(name).lower()
+        for label in NLI_LABELS:
+            if low.startswith(label[:7]):  # 'entailment', 'entail', 'contradiction', 'contradict'
+                found[label] = int(idx)
+    return found if len(found) == 3 and len(set(found.values())) == 3 else None
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "auto"):
+        if torch.cuda.is_available():
+            return "cuda"
+        return "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str | None, device: str):  # -> torch.dtype
+    import torch
+
+    if dtype in (None, "auto"):
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    try:
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+        }[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16") from None
+
+
+class HFNLI:
+    """A cross-encoder by hub id or local path; batched and length-sorted.
+
+    Truncation cuts the premise only, never the hypothesis. Column order comes from the
+    config's id2label when it names the three labels, otherwise from the probe pairs.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_NLI_MODEL,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 32,
+        max_length: int = 512,
+        revision: str | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.name = f"hf:{model}"
+        self.model_id = model
+        self.device = resolve_device(device)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            model,
+            revision=revision,
+            torch_dtype=resolve_dtype(dtype, self.device),
+            trust_remote_code=False,
+        ).to(self.device)
+        self.model.eval()
+        if self.model.config.num_labels != 3:
+            raise ValueError(
+                f"{model} has {self.model.config.num_labels} output labels; an NLI model needs 3"
+            )
+        self._torch = torch
+        columns = labels_from_id2label(self.model.config.id2label)
+        if columns is None:
+            columns = self._probe_columns()
+            log.info("%s: id2label is uninformative; probe set columns %s", model, columns)
+        self.columns = columns
+
+    def _logits(self, pairs: Sequence[Pair]):
+        torch = self._torch
+        premises = [p for p, _ in pairs]
+        hypotheses = [h for _, h in pairs]
+        try:
+            enc = self.tokenizer(
+                premises,
+                hypotheses,
+                padding=True,
+                truncation="only_first",
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
+        except Exception as exc:  # the hypothesis alone is longer than max_length
+            raise NLIError(f"cannot fit the pair into {self.max_length} tokens: {exc}") from exc
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        with torch.inference_mode():
+            return self.model(**enc).logits.float()
+
+    def _probe_columns(self) -> dict[str, int]:
+        torch = self._torch
+        probs = torch.softmax(self._logits([PROBE_ENTAIL, PROBE_CONTRADICT]), dim=-1).cpu()
+        ent = int(probs[0].argmax())
+        if float(probs[0, ent]) < 0.5:
+            log.warning("NLI probe: the entailment pair scored only %.2f", float(probs[0, ent]))
+        rest = [i for i in range(3) if i != ent]
+        con = max(rest, key=lambda i: float(probs[1, i]))
+        neu = next(i for i in rest if i != con)
+        return {"entailment": ent, "neutral": neu, "contradiction": con}
+
+    def predict(self, pairs: Sequence[Pair]) -> list[NLIProbs]:
+        """Probabilities per pair, in input order; identical pairs are scored once."""
+        torch = self._torch
+        unique = list(dict.fromkeys(pairs))
+        # Length-sorted batches waste little compute on padding.
+        order = sorted(range(len(unique)), key=lambda i: len(unique[i][0]) + len(unique[i][1]))
+        scored: dict[Pair, NLIProbs] = {}
+        for start in range(0, len(order), self.batch_size):
+            batch = [unique[i] for i in order[start : start + self.batch_size]]
+            probs = torch.softmax(self._logits(batch), dim=-1).cpu().tolist()
+            for pair, row in zip(batch, probs, strict=True):
+                scored[pair] = NLIProbs(**{lab: row[col] for lab, col in self.columns.items()})
+        return [scored[p] for p in pairs]

@@ -1,0 +1,73 @@
+"""Serve stored NLI probabilities, so stored runs can be re-decided without a model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+from stepgap.data_builders.io import ErrorReport, read_models
+from stepgap.data_builders.schema import NLICall, NLIProbs, Verdict
+
+from .base import NLIError, Pair
+
+Pair_Probs = tuple[Pair, NLIProbs]
+
+
+class ReplayNLI:
+    """Looks pairs up by exact (premise, hypothesis); an unknown pair is an error, not a guess."""
+
+    name = "replay"
+
+    def __init__(self, table: dict[Pair, NLIProbs] | None = None) -> None:
+        self.table: dict[Pair, NLIProbs] = dict(table or {})
+
+    @classmethod
+    def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayNLI:
+        """Read NLI replay lines (`{"premise", "hypothesis", "probs"}`) or verdict lines."""
+        table: dict[Pair, NLIProbs] = {}
+        report = report if report is not None else ErrorReport()
+        for _, rec in read_models(path, _NLIOrVerdict, report):
+            table.update(rec.calls())
+        return cls(table)
+
+    @classmethod
+    def from_verdicts(cls, verdicts: Iterable[Verdict]) -> ReplayNLI:
+        return cls({(c.premise, c.hypothesis): c.probs for v in verdicts for c in v.nli})
+
+    def predict(self, pairs: Sequence[Pair]) -> list[NLIProbs]:
+        out = []
+        for premise, hypothesis in pairs:
+            try:
+                out.append(self.table[(premise, hypothesis)])
+            except KeyError:
+                raise NLIError(
+                    f"no stored NLI output for premise {premise[:60]!r} / "
+                    f"hypothesis {hypothesis[:60]!r}"
+                ) from None
+        return out
+
+
+class _NLIOrVerdict(BaseModel):
+    """A replay file line: one NLI record, or a whole verdict carrying its NLI calls."""
+
+    model_config = ConfigDict(extra="allow")
+
+    premise: str | None = None
+    hypothesis: str | None = None
+    probs: NLIProbs | None = None
+    nli: list[NLICall] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> _NLIOrVerdict:
+        if self.nli is None and (
+            self.premise is None or self.hypothesis is None or self.probs is None
+        ):
+            raise ValueError("needs premise, hypothesis and probs (or a verdict's 'nli' list)")
+        return self
+
+    def calls(self) -> list[Pair_Probs]:
+        if self.nli is not None:
+            return [((c.premise, c.hypothesis), c.probs) for c in self.nli]
+        assert self.premise is not None and self.hypothesis is not None and self.probs is not None
+        return [((self.premise, self.hypothesis), self.probs)]
