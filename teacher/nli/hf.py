@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from stepgap.data_builders.schema import NLIProbs
 
+from stepgap.models import check_model_ref
+
 from .base import NLIError, Pair
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class HFNLI:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        check_model_ref(model)
         self.name = f"hf:{model}"
         self.model_id = model
         self.device = resolve_device(device)
@@ -87,7 +90,7 @@ class HFNLI:
         self.model = AutoModelForSequenceClassification.from_pretrained(
             model,
             revision=revision,
-            torch_dtype=resolve_dtype(dtype, self.device),
+            dtype=resolve_dtype(dtype, self.device),
             trust_remote_code=False,
         ).to(self.device)
         self.model.eval()

@@ -1,0 +1,56 @@
+"""The paper's four case studies, trace to verdict, with the shipped replay files."""
+
+from __future__ import annotations
+
+import pytest
+from stepgap.data_builders import iter_traces
+from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
+
+
+@pytest.fixture(scope="module")
+def verdicts(examples_dir):
+    checker = Checker(
+        ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"),
+        ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"),
+    )
+    traces = list(iter_traces(examples_dir / "traces.jsonl"))
+    return {t.id: vs for t, vs in zip(traces, checker.check(traces), strict=True)}
+
+
+def test_case1_whitehorse_nli_breaks_prompt_contamination(verdicts):
+    v = verdicts["case1-whitehorse"][-1]
+    assert (v.label, v.path[-2:]) == ("no_gap", ["stageC:quote", "stageD:entailment"])
+    assert "terminal handled 294,000 passengers" in v.nli[0].premise
+
+
+def test_case2_kuhn_pertramer_missing_bridge(verdicts):
+    vs = verdicts["case2-kuhn-pertramer"]
+    assert [v.label for v in vs] == ["no_gap", "no_gap", "no_gap", "MB"]
+    assert [v.path[-1] for v in vs] == [
+        "stageD:entailment",
+        "stageD:entailment",
+        "stageC:no_quote",
+        "stageD:neutral",
+    ]
+    assert vs[-1].repair == "bridging-search"
+
+
+def test_case3_peter_and_paul_fortress_teacher_says_mb(verdicts):
+    v = verdicts["case3-peter-paul-fortress"][-1]
+    assert (v.label, v.path[-1]) == ("MB", "stageD:neutral")
+    assert "citadel of St. Petersburg" in v.nli[0].premise
+
+
+def test_case4_whiplash_quote_entailed(verdicts):
+    v = verdicts["case4-whiplash"][1]
+    assert (v.label, v.path[-2:]) == ("no_gap", ["stageC:quote", "stageD:entailment"])
+    assert v.nli[0].premise == "directed by Damien Chazelle"
+
+
+def test_examples_match_their_gold_labels(verdicts, examples_dir):
+    import json
+
+    gold = [json.loads(line) for line in open(examples_dir / "gold_steps.jsonl")]
+    got = {(v.trace_id, v.step): v.label for vs in verdicts.values() for v in vs}
+    assert {(g["trace_id"], g["step"]): g["label"] for g in gold} == got
+    assert {lab for lab in got.values()} == {"no_gap", "CC", "IE", "MB"}

@@ -1,0 +1,75 @@
+"""The judge object: strict JSON schema for structured output, parsing that never guesses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from stepgap.teacher.judges import (
+    JudgeParseError,
+    judge_json_schema,
+    load_judge,
+    parse_judge,
+    response_format,
+)
+
+from .helpers import judge
+
+
+def _objects(node):
+    if isinstance(node, dict):
+        if node.get("type") == "object":
+            yield node
+        for v in node.values():
+            yield from _objects(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _objects(v)
+
+
+def test_schema_is_strict_mode_compatible():
+    schema = judge_json_schema()
+    assert "$defs" not in json.dumps(schema) and "$ref" not in json.dumps(schema)
+    objs = list(_objects(schema))
+    assert len(objs) == 4
+    for obj in objs:
+        assert obj["additionalProperties"] is False
+        assert set(obj["required"]) == set(obj["properties"])
+    drift = schema["properties"]["step_minus1_alignment"]["properties"]["drift_type"]
+    assert set(drift["enum"]) == {"none", "entity_drift", "relation_drift", "scope_drift"}
+    assert response_format()["json_schema"]["strict"] is True
+
+
+def test_parse_valid_and_fenced():
+    text = judge(found=True, quote="q").model_dump_json()
+    assert parse_judge(text).step_1_quote_search.evidence_quote == "q"
+    assert parse_judge(f"```json\n{text}\n```").step_1_quote_search.found_quote is True
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("not json", "not JSON"),
+        ('{"step_minus1_alignment": {}}', "violates the schema"),
+        (judge().model_dump_json()[:-20], "not JSON"),  # truncated answer
+    ],
+)
+def test_parse_failures_are_errors(text, match):
+    with pytest.raises(JudgeParseError, match=match):
+        parse_judge(text)
+
+
+def test_unknown_key_or_wrong_enum_is_rejected():
+    obj = json.loads(judge().model_dump_json())
+    obj["step_1_quote_search"]["extra"] = 1
+    with pytest.raises(JudgeParseError, match="step_1_quote_search.extra"):
+        parse_judge(json.dumps(obj))
+    obj = json.loads(judge().model_dump_json())
+    obj["step_minus1_alignment"]["drift_type"] = "topic_drift"
+    with pytest.raises(JudgeParseError, match="drift_type"):
+        parse_judge(json.dumps(obj))
+
+
+def test_load_judge_rejects_unknown_specs():
+    with pytest.raises(ValueError, match="unknown judge spec"):
+        load_judge("nope:x")

@@ -1,0 +1,104 @@
+"""The Hugging Face NLI backend on tiny DebertaV2 models: label orders, probe, batching."""
+
+from __future__ import annotations
+
+import pytest
+from stepgap.teacher.nli import HFNLI, load_nli
+from stepgap.teacher.nli.hf import labels_from_id2label
+
+from tests.fixtures import models
+
+PAIRS = [
+    ("Heinrich Gerhard Kuhn was a German-British physicist.", "Kuhn is British."),
+    ("Elfie Pertramer was a German actress and comedian.", "Pertramer is German."),
+    ("The terminal handled 294,000 passengers in 2012.", "The airline carried 294,000 people."),
+    ("Short.", "A much longer hypothesis that is never truncated by the backend at all."),
+    ("Heinrich Gerhard Kuhn was a German-British physicist.", "Kuhn is British."),  # duplicate
+]
+
+
+def _close(a, b, tol=1e-5):
+    return all(
+        abs(getattr(x, k) - getattr(y, k)) < tol
+        for x, y in zip(a, b, strict=True)
+        for k in ("entailment", "neutral", "contradiction")
+    )
+
+
+def test_both_named_label_orders_give_the_same_probabilities(
+    tiny_nli, tiny_nli_cross_encoder_order
+):
+    a = HFNLI(str(tiny_nli), batch_size=2)
+    b = HFNLI(str(tiny_nli_cross_encoder_order), batch_size=2)
+    assert a.columns == {"entailment": 0, "neutral": 1, "contradiction": 2}
+    assert b.columns == {"contradiction": 0, "entailment": 1, "neutral": 2}
+    assert _close(a.predict(PAIRS), b.predict(PAIRS))
+
+
+def test_batched_equals_unbatched(tiny_nli):
+    nli = HFNLI(str(tiny_nli), batch_size=4)
+    batched = nli.predict(PAIRS)
+    single = [nli.predict([p])[0] for p in PAIRS]
+    assert _close(batched, single)
+    assert all(abs(p.entailment + p.neutral + p.contradiction - 1) < 1e-5 for p in batched)
+
+
+@pytest.mark.parametrize("entail_col, contra_col", [(2, 0), (0, 1), (1, 2)])
+def test_probe_finds_columns_when_id2label_is_uninformative(tmp_path, entail_col, contra_col):
+    # Columns are named LABEL_0..2. Biases make the true entailment column win the entailment
+    # probe and the true contradiction column outrank neutral (class_bias addresses columns by
+    # the default order's names, entailment/neutral/contradiction = 0/1/2).
+    neutral_col = ({0, 1, 2} - {entail_col, contra_col}).pop()
+    true = {"entailment": entail_col, "neutral": neutral_col, "contradiction": contra_col}
+    default_names = ("entailment", "neutral", "contradiction")
+    path = models.build_deberta_nli(
+        tmp_path / "probe",
+        order=None,
+        class_bias={default_names[entail_col]: 6.0, default_names[contra_col]: 3.0},
+    )
+    nli = HFNLI(str(path))
+    assert nli.model.config.id2label[0] == "LABEL_0"
+    assert nli.columns == true
+
+
+def test_id2label_parsing():
+    assert labels_from_id2label({0: "ENTAILMENT", 1: "Neutral", 2: "contradiction"}) == {
+        "entailment": 0,
+        "neutral": 1,
+        "contradiction": 2,
+    }
+    assert labels_from_id2label({0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}) is None
+    assert labels_from_id2label({0: "entail", 1: "entail", 2: "contradict"}) is None
+
+
+def test_premise_is_truncated_never_the_hypothesis(tiny_nli):
+    nli = HFNLI(str(tiny_nli), max_length=32)
+    long_premise = "Kuhn worked in Oxford. " * 50
+    (p,) = nli.predict([(long_premise, "Kuhn is British.")])
+    assert 0.99 < p.entailment + p.neutral + p.contradiction < 1.01
+    enc = nli.tokenizer(long_premise, "Kuhn is British.", truncation="only_first", max_length=32)
+    assert nli.tokenizer.decode(enc["input_ids"]).rstrip().endswith("kuhn is british. [SEP]")
+
+
+def test_load_nli_spec_strings(tiny_nli, tmp_path):
+    assert isinstance(load_nli(f"hf:{tiny_nli}", device="cpu"), HFNLI)
+    assert isinstance(load_nli(str(tiny_nli)), HFNLI)
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        load_nli(str(tmp_path / "missing-model"))
+
+
+def test_non_nli_model_is_rejected(tmp_path):
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+
+    cfg = DebertaV2Config(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=2,
+    )
+    DebertaV2ForSequenceClassification(cfg).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(models.minilm_dir()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="needs 3"):
+        HFNLI(str(tmp_path))
