@@ -1,0 +1,144 @@
+"""Checker metrics of SPEC section 5 (positive class = gap).
+
+Step metrics are computed from confusion counts with numpy, so a 2000-resample bootstrap is a
+few array operations; `tests/eval/test_metrics.py` holds them equal to scikit-learn's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from stepgap.data_builders.schema import GAP_TYPES, LABELS
+
+IE_DEGENERATE = 0.70  # IE above this share of steps marks a collapsed checker
+
+
+def _div(num: float, den: float) -> float:
+    return float(num) / float(den) if den else 0.0
+
+
+def binary_counts(gold_gap: np.ndarray, pred_gap: np.ndarray) -> tuple[int, int, int, int]:
+    """(TP, FP, FN, TN) with gap as the positive class."""
+    tp = int(np.sum(gold_gap & pred_gap))
+    fp = int(np.sum(~gold_gap & pred_gap))
+    fn = int(np.sum(gold_gap & ~pred_gap))
+    tn = int(np.sum(~gold_gap & ~pred_gap))
+    return tp, fp, fn, tn
+
+
+def kappa_from_counts(tp: float, fp: float, fn: float, tn: float) -> float:
+    """Cohen's kappa of a 2x2 table; nan where it is undefined (both raters constant and equal)."""
+    n = tp + fp + fn + tn
+    po = (tp + tn) / n
+    pe = ((tp + fn) * (tp + fp) + (tn + fp) * (tn + fn)) / (n * n)
+    return float("nan") if pe == 1 else (po - pe) / (1 - pe)
+
+
+def balanced_accuracy_from_counts(tp: float, fp: float, fn: float, tn: float) -> float:
+    """Mean recall over the classes present in the gold labels (scikit-learn's definition)."""
+    recalls = []
+    if tp + fn:
+        recalls.append(tp / (tp + fn))
+    if tn + fp:
+        recalls.append(tn / (tn + fp))
+    return float(np.mean(recalls)) if recalls else 0.0
+
+
+def step_metrics(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
+    """sP, sR, sF1, BA and kappa on has-gap, plus kappa per gap type (one against the rest)."""
+    g = np.asarray(gold, dtype=object)
+    p = np.asarray(pred, dtype=object)
+    if g.shape != p.shape or g.size == 0:
+        raise ValueError("gold and predicted labels must be non-empty and of equal length")
+    tp, fp, fn, tn = binary_counts(g != "no_gap", p != "no_gap")
+    precision, recall = _div(tp, tp + fp), _div(tp, tp + fn)
+    return {
+        "sP": precision,
+        "sR": recall,
+        "sF1": _div(2 * tp, 2 * tp + fp + fn),
+        "BA": balanced_accuracy_from_counts(tp, fp, fn, tn),
+        "kappa": kappa_from_counts(tp, fp, fn, tn),
+        "kappa_per_type": {
+            t: kappa_from_counts(*binary_counts(g == t, p == t)) for t in GAP_TYPES
+        },
+    }
+
+
+def answer_gap_table(correct: Mapping[str, bool], flagged: Mapping[str, bool]) -> dict[str, int]:
+    """Answer correctness by gap detected, per trace: TP = wrong and flagged, and so on."""
+    table = {"TP": 0, "FN": 0, "FP": 0, "TN": 0}
+    for trace_id, ok in correct.items():
+        hit = flagged.get(trace_id, False)
+        key = ("FP" if hit else "TN") if ok else ("TP" if hit else "FN")
+        table[key] += 1
+    return table
+
+
+def q_f1(table: Mapping[str, int]) -> float:
+    """Question-level F1: gold positive = wrong final answer, predicted = any step flagged."""
+    return _div(2 * table["TP"], 2 * table["TP"] + table["FP"] + table["FN"])
+
+
+def flag_everything_q_f1(wrong_rate: float) -> float:
+    """The Q-F1 a checker that flags every step gets at wrong-answer rate w: 2w / (1 + w)."""
+    return 2 * wrong_rate / (1 + wrong_rate)
+
+
+def distribution(labels: Sequence[str | None]) -> dict[str, float]:
+    """Share of each label among labelled steps."""
+    counts = Counter(lab for lab in labels if lab is not None)
+    total = sum(counts.values())
+    return {lab: _div(counts.get(lab, 0), total) for lab in LABELS}
+
+
+def is_healthy(dist: Mapping[str, float]) -> bool:
+    """Degenerate when IE exceeds 70% of steps or CC or MB never fires."""
+    return not (dist["IE"] > IE_DEGENERATE or dist["CC"] == 0 or dist["MB"] == 0)
+
+
+def first_gap_types(
+    steps_by_trace: Mapping[str, Sequence[str | None]], wrong: set[str]
+) -> dict[str, float]:
+    """For wrong-answer traces: the type of the first flagged step (or none), as shares."""
+    counts: Counter[str] = Counter()
+    for trace_id in wrong:
+        labels = steps_by_trace.get(trace_id, [])
+        counts[next((lab for lab in labels if lab in GAP_TYPES), "none")] += 1
+    total = sum(counts.values())
+    return {k: _div(counts.get(k, 0), total) for k in (*GAP_TYPES, "none")}
+
+
+def bootstrap_ci(
+    statistic: Callable[[np.ndarray], float],
+    n_units: int,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of `statistic(indices)` over `n_units` resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    values = np.array(
+        [statistic(rng.integers(0, n_units, n_units)) for _ in range(resamples)], dtype=float
+    )
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return (float("nan"), float("nan"))
+    alpha = (1 - level) / 2
+    low, high = np.quantile(values, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def binary_f1(gold: Sequence[bool], pred: Sequence[bool]) -> float:
+    tp, fp, fn, _ = binary_counts(np.asarray(gold, bool), np.asarray(pred, bool))
+    return _div(2 * tp, 2 * tp + fp + fn)
+
+
+def typed_macro_f1(gold: Sequence[str], pred: Sequence[str]) -> float:
+    """Macro F1 over CC, IE and MB (each one against the rest): silver agreement on types."""
+    g = np.asarray(gold, dtype=object)
+    p = np.asarray(pred, dtype=object)
+    return float(np.mean([binary_f1(g == t, p == t) for t in GAP_TYPES]))
