@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-
 from stepgap.data_builders.schema import GAP_TYPES, LABELS
 
 IE_DEGENERATE = 0.70  # IE above this share of steps marks a collapsed checker
@@ -61,9 +60,7 @@ def step_metrics(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
         "sF1": _div(2 * tp, 2 * tp + fp + fn),
         "BA": balanced_accuracy_from_counts(tp, fp, fn, tn),
         "kappa": kappa_from_counts(tp, fp, fn, tn),
-        "kappa_per_type": {
-            t: kappa_from_counts(*binary_counts(g == t, p == t)) for t in GAP_TYPES
-        },
+        "kappa_per_type": {t: kappa_from_counts(*binary_counts(g == t, p == t)) for t in GAP_TYPES},
     }
 
 

@@ -116,14 +116,6 @@ class Checker:
         return self.check([trace])[0]
 
 
-def _nli_table(verdicts: Iterable[Verdict]) -> ReplayNLI:
-    table: dict[Pair, NLIProbs] = {}
-    for v in verdicts:
-        for c in [*v.nli, *v.nli_extra]:
-            table[(c.premise, c.hypothesis)] = c.probs
-    return ReplayNLI(table)
-
-
 def group_by_trace(verdicts: Iterable[Verdict]) -> dict[str, list[Verdict]]:
     """Verdicts per trace id, in step order."""
     groups: dict[str, list[Verdict]] = defaultdict(list)
@@ -139,7 +131,7 @@ class RelabelError(ValueError):
 def relabel(verdicts: Sequence[Verdict], config: TreeConfig | None = None) -> Iterator[Verdict]:
     """Re-decide stored verdicts under another config from their stored judge and NLI outputs."""
     config = config or TreeConfig()
-    nli = _nli_table(verdicts)
+    nli = ReplayNLI.from_verdicts(verdicts)
     judge = ReplayJudge.from_verdicts(verdicts)
     for trace_id, group in group_by_trace(verdicts).items():
         question = group[0].question

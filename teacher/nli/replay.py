@@ -33,7 +33,10 @@ class ReplayNLI:
 
     @classmethod
     def from_verdicts(cls, verdicts: Iterable[Verdict]) -> ReplayNLI:
-        return cls({(c.premise, c.hypothesis): c.probs for v in verdicts for c in v.nli})
+        """Every NLI call stored in verdicts, including those kept for ablations (`nli_extra`)."""
+        return cls(
+            {(c.premise, c.hypothesis): c.probs for v in verdicts for c in [*v.nli, *v.nli_extra]}
+        )
 
     def predict(self, pairs: Sequence[Pair]) -> list[NLIProbs]:
         out = []

@@ -14,7 +14,6 @@ from sklearn.metrics import (
     precision_score,
     recall_score,
 )
-
 from stepgap.eval.metrics import (
     answer_gap_table,
     binary_counts,
@@ -99,7 +98,9 @@ def test_distribution_health_and_first_gap():
     assert dist["IE"] == 0.8 and not is_healthy(dist)
     assert is_healthy(distribution(["IE", "CC", "MB", "no_gap"]))
     assert not is_healthy(distribution(["IE", "MB", "no_gap"]))  # CC never fires
-    fg = first_gap_types({"a": ["no_gap", "MB", "IE"], "b": ["IE"], "c": ["no_gap"]}, {"a", "b", "c"})
+    fg = first_gap_types(
+        {"a": ["no_gap", "MB", "IE"], "b": ["IE"], "c": ["no_gap"]}, {"a", "b", "c"}
+    )
     assert fg == pytest.approx({"CC": 0, "IE": 1 / 3, "MB": 1 / 3, "none": 1 / 3})
 
 
