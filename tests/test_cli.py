@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from stepgap.cli import COMMANDS, main
 
 
+# The console script installed next to the interpreter running the tests (CI does not activate
+# the virtual environment, so `stepgap` need not be on PATH).
+STEPGAP = str(Path(sys.executable).parent / "stepgap")
+
+
 def test_help_lists_every_command():
-    out = subprocess.run(["stepgap", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([STEPGAP, "--help"], capture_output=True, text=True, check=True).stdout
     for name in COMMANDS:
         assert name in out
     for name in COMMANDS:
-        assert subprocess.run(["stepgap", name, "--help"], capture_output=True).returncode == 0
+        assert subprocess.run([STEPGAP, name, "--help"], capture_output=True).returncode == 0
 
 
 def test_segment_reports_bad_lines_and_keeps_the_rest(tmp_path, examples_dir, capsys):
