@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 
 from stepgap import __version__
+from stepgap.redact import install_redaction, redact
+from stepgap.teacher.judges.base import JudgeConfigError
 
 
 def _finish(report, errors_path: str | None, done: int, what: str) -> int:
@@ -36,7 +38,7 @@ def _tree_config(args: argparse.Namespace):
     )
 
 
-def _add_tree_options(p: argparse.ArgumentParser) -> None:
+def _add_tree_options(p) -> None:
     p.add_argument("--ablate", choices=["A", "E"], help="remove a stage (SPEC section 3)")
     p.add_argument("--entail-threshold", type=float, default=0.5, metavar="X")
     p.add_argument("--contradict-threshold", type=float, default=0.5, metavar="X")
@@ -61,17 +63,119 @@ def _segment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
 
 
+# --------------------------------------------------------------------------- judges
+def _add_judge_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("judge (stages A-C)")
+    g.add_argument(
+        "--judge",
+        required=True,
+        metavar="SPEC",
+        help="openai:MODEL (any OpenAI-compatible server), hf:PATH_OR_ID (local causal LM, "
+        "also a .gguf file) or replay:FILE",
+    )
+    g.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="NAME",
+        help="environment variable holding the API key (keys are never read from the command line)",
+    )
+    g.add_argument("--concurrency", type=int, default=8, help="judge requests in flight")
+    g.add_argument("--max-retries", type=int, default=6, help="API retries (backoff, Retry-After)")
+    g.add_argument("--timeout", type=float, default=120.0, help="seconds per API request")
+    g.add_argument(
+        "--invalid-retries",
+        type=int,
+        default=2,
+        help="re-asks after a refusal, a truncated answer or schema-violating JSON",
+    )
+    g.add_argument("--max-tokens", type=int, default=None, help="judge answer token budget")
+    g.add_argument(
+        "--no-logprobs", action="store_true", help="do not request token log-probabilities"
+    )
+    g.add_argument("--judge-device", default=None, help="hf judge device (default auto)")
+    g.add_argument("--judge-dtype", default=None, help="hf judge dtype (float32, bfloat16, ...)")
+    g.add_argument("--judge-batch-size", type=int, default=8, help="hf judge generation batch")
+    g.add_argument(
+        "--max-string-chars",
+        type=int,
+        default=None,
+        help="hf judge: cap every free-text field at this many characters",
+    )
+    g.add_argument(
+        "--unconstrained", action="store_true", help="hf judge: no schema-constrained decoding"
+    )
+    g.add_argument(
+        "--cache",
+        metavar="PATH",
+        default=None,
+        help="judge answer cache (SQLite; default $STEPGAP_CACHE or ~/.cache/stepgap/)",
+    )
+    g.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    g.add_argument(
+        "--prices", metavar="FILE", help="price table JSON {model: {input, cached_input, output}}"
+    )
+
+
+def _build_judge(args: argparse.Namespace):
+    from stepgap.teacher.judges import PRICES, CostMeter, JudgeCache, default_cache_path, load_judge
+
+    prices = dict(PRICES)
+    if args.prices:
+        from stepgap.teacher.judges.cost import load_prices
+
+        prices.update(load_prices(args.prices))
+    kind, _, model = args.judge.partition(":")
+    use_cache = kind != "replay" and not args.no_cache  # replay answers are already on disk
+    cache = JudgeCache(args.cache or default_cache_path()) if use_cache else None
+    return load_judge(
+        args.judge,
+        base_url=args.base_url,
+        api_key_env=args.api_key_env,
+        concurrency=args.concurrency,
+        max_retries=args.max_retries,
+        timeout=args.timeout,
+        invalid_retries=args.invalid_retries,
+        max_tokens=args.max_tokens,
+        max_new_tokens=args.max_tokens,
+        logprobs=not args.no_logprobs,
+        device=args.judge_device,
+        dtype=args.judge_dtype,
+        batch_size=args.judge_batch_size,
+        max_string_chars=args.max_string_chars,
+        constrained=not args.unconstrained,
+        cache=cache,
+        meter=CostMeter(model=model, prices=prices),
+    )
+
+
+def _add_nli_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("NLI (stages D-E) and the tree")
+    g.add_argument(
+        "--nli", required=True, metavar="SPEC", help="replay:FILE, hf:ID_OR_PATH or a hub id/path"
+    )
+    g.add_argument("--device", default=None, help="NLI device (cpu, cuda, cuda:1; default auto)")
+    g.add_argument(
+        "--hypothesis",
+        choices=["answer_statement", "answer", "claim"],
+        default="answer_statement",
+        help="NLI hypothesis of a conclusion step",
+    )
+    _add_tree_options(g)
+
+
+def _build_checker(args: argparse.Namespace):
+    from stepgap.teacher import Checker, load_nli
+
+    return Checker(_build_judge(args), load_nli(args.nli, device=args.device), _tree_config(args))
+
+
 # --------------------------------------------------------------------------- check
 def _check(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport, JsonlWriter, iter_traces
-    from stepgap.teacher import Checker, load_judge, load_nli
 
     report = ErrorReport()
-    checker = Checker(
-        load_judge(args.judge),
-        load_nli(args.nli, device=args.device),
-        _tree_config(args),
-    )
+    checker = _build_checker(args)
     traces = list(iter_traces(args.input, report))
     n = 0
     with JsonlWriter(args.output) as out:
@@ -85,21 +189,62 @@ def _check(args: argparse.Namespace) -> int:
 
 def _check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="traces (raw or segmented)")
-    p.add_argument("--judge", required=True, metavar="SPEC", help="judge backend, e.g. replay:FILE")
-    p.add_argument(
-        "--nli", required=True, metavar="SPEC", help="replay:FILE, hf:ID_OR_PATH or a hub id/path"
-    )
-    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL)")
-    p.add_argument("--device", default=None, help="NLI device (cpu, cuda, cuda:1; default auto)")
+    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL), overwritten")
     p.add_argument("--batch-size", type=int, default=64, help="traces per judge+NLI batch")
-    p.add_argument(
-        "--hypothesis",
-        choices=["answer_statement", "answer", "claim"],
-        default="answer_statement",
-        help="NLI hypothesis of a conclusion step",
-    )
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
-    _add_tree_options(p)
+    _add_judge_options(p)
+    _add_nli_options(p)
+
+
+# --------------------------------------------------------------------------- label
+def _label(args: argparse.Namespace) -> int:
+    import json
+
+    from stepgap.data_builders import ErrorReport
+    from stepgap.teacher.label import label_file, parse_shard
+
+    shard = parse_shard(args.shard)
+    report = ErrorReport()
+    checker = _build_checker(args)
+    summary = label_file(
+        args.input,
+        checker,
+        args.output,
+        report,
+        shard=shard,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        fsync=args.fsync,
+        progress=not args.no_progress,
+    )
+    meter = getattr(checker.judge, "meter", None)
+    if meter is not None:
+        print(f"stepgap: {meter.summary()}", file=sys.stderr)
+    print(
+        f"stepgap: {summary.traces} trace(s) in shard {args.shard}, {summary.skipped_traces} "
+        f"already done; {summary.errors} verdict(s) carry an error",
+        file=sys.stderr,
+    )
+    if args.summary:
+        with open(args.summary, "w", encoding="utf-8") as fh:
+            json.dump({**vars(summary), "cost": meter.as_dict() if meter else None}, fh, indent=2)
+    return _finish(report, args.errors, summary.verdicts, f"new verdicts to {args.output}")
+
+
+def _label_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument(
+        "-o", "--output", required=True, help="verdicts (JSONL); appended to, rerun to resume"
+    )
+    p.add_argument("--shard", default="0/1", metavar="I/N", help="label only shard I of N")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N traces")
+    p.add_argument("--batch-size", type=int, default=16, help="traces per judge+NLI batch")
+    p.add_argument("--fsync", action="store_true", help="fsync after every verdict")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--summary", metavar="FILE", help="write counts and cost as JSON")
+    p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+    _add_judge_options(p)
+    _add_nli_options(p)
 
 
 # --------------------------------------------------------------------------- relabel
@@ -128,6 +273,11 @@ def _relabel_args(p: argparse.ArgumentParser) -> None:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "segment": ("split raw responses into steps (SPEC section 2)", _segment_args, _segment),
     "check": ("label every step of traces with a typed gap verdict", _check_args, _check),
+    "label": (
+        "label traces at scale: concurrent judge, cache, cost, --shard, resume after a crash",
+        _label_args,
+        _label,
+    ),
     "relabel": (
         "re-decide stored verdicts (ablation, thresholds) without calling a model",
         _relabel_args,
@@ -157,10 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(levelname)s %(name)s: %(message)s",
     )
+    install_redaction()
     try:
         return int(args._run(args) or 0)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"stepgap {args.command}: error: {exc}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, JudgeConfigError) as exc:
+        print(f"stepgap {args.command}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

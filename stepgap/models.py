@@ -9,11 +9,11 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def check_model_ref(ref: str) -> str:
-    """Return `ref` if it is an existing folder or looks like a hub id, else raise clearly.
+    """Return `ref` if it is an existing folder, a `.gguf` file or looks like a hub id, else raise clearly.
 
     Without this, a mistyped local path reaches huggingface_hub and fails as an invalid repo id.
     """
-    if os.path.isdir(ref):
+    if os.path.isdir(ref) or (ref.endswith(".gguf") and os.path.isfile(ref)):
         return ref
     looks_local = ref.startswith((".", "/", "~")) or os.sep in ref.strip("/").replace("/", "", 1)
     if looks_local or not _HUB_ID.match(ref):

@@ -7,6 +7,7 @@ from typing import Any
 
 from .base import (
     JudgeBackend,
+    JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
     JudgeResult,
@@ -14,10 +15,27 @@ from .base import (
     parse_judge,
     response_format,
 )
+from .cache import JudgeCache, default_cache_path
+from .cost import PRICES, CostMeter
 from .replay import ReplayJudge
+
+
+def _openai(model: str, **options: Any) -> JudgeBackend:
+    from .openai_api import load_openai_judge
+
+    return load_openai_judge(model, **options)
+
+
+def _hf(model: str, **options: Any) -> JudgeBackend:
+    from .hf import load_hf_judge
+
+    return load_hf_judge(model, **options)
+
 
 _REGISTRY: dict[str, Callable[..., JudgeBackend]] = {
     "replay": lambda arg, **kw: ReplayJudge.from_file(arg),
+    "openai": _openai,
+    "hf": _hf,
 }
 
 
@@ -27,7 +45,10 @@ def register_judge(kind: str, factory: Callable[..., JudgeBackend]) -> None:
 
 
 def load_judge(spec: str, **kwargs: Any) -> JudgeBackend:
-    """Build a judge from `KIND:ARG`, e.g. `replay:judges.jsonl`."""
+    """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `replay:FILE`.
+
+    Options a backend does not take (e.g. `concurrency` for replay) are ignored.
+    """
     kind, sep, arg = spec.partition(":")
     if not sep or kind not in _REGISTRY:
         known = ", ".join(f"{k}:..." for k in sorted(_REGISTRY))
@@ -36,7 +57,12 @@ def load_judge(spec: str, **kwargs: Any) -> JudgeBackend:
 
 
 __all__ = [
+    "PRICES",
+    "CostMeter",
+    "JudgeCache",
+    "default_cache_path",
     "JudgeBackend",
+    "JudgeConfigError",
     "JudgeParseError",
     "JudgeRequest",
     "JudgeResult",

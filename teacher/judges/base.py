@@ -49,6 +49,10 @@ class JudgeBackend(Protocol):
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]: ...
 
 
+class JudgeConfigError(RuntimeError):
+    """The judge cannot work at all (credentials, model name): stop, do not label errors."""
+
+
 class JudgeParseError(ValueError):
     """The judge's text is not a schema-valid judge object."""
 

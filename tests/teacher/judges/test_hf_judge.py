@@ -1,0 +1,89 @@
+"""The `hf:` judge: schema-constrained decoding with the tiny Qwen2, SmolLM2 end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepgap.data_builders.schema import Judge
+from stepgap.teacher.judges import JudgeCache, load_judge
+from stepgap.teacher.judges.hf import judge_regex
+from stepgap.teacher.prompt import build_requests
+from tests.fixtures.models import smollm2_gguf
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def requests_(example_traces):
+    return [r for t in example_traces[:2] for r in build_requests(t.id, t.question, t.steps)]
+
+
+def test_constrained_decoding_gives_schema_valid_judges_from_random_weights(
+    tiny_qwen2, requests_, tmp_path
+):
+    judge = load_judge(
+        f"hf:{tiny_qwen2}",
+        max_string_chars=12,
+        max_new_tokens=300,
+        batch_size=4,
+        cache=JudgeCache(tmp_path / "c.sqlite"),
+    )
+    results = judge.judge(requests_)
+    assert len(results) == len(requests_) == 6
+    for r in results:
+        assert r.error is None and isinstance(r.judge, Judge)
+        assert len(r.judge.step_1_quote_search.evidence_quote) <= 12
+        assert set(r.confidences) == {"A", "B", "C"}
+        assert all(0 < p <= 1 for p in r.confidences.values())
+        assert r.usage["completion_tokens"] > 0
+    assert judge.meter.calls == 6 and judge.meter.completion_tokens > 0
+    # Same prompts again: answered from the cache, identical objects, no generation.
+    again = judge.judge(requests_)
+    assert [r.judge for r in again] == [r.judge for r in results]
+    assert judge.meter.cache_hits == 6 and judge.meter.calls == 6
+
+
+def test_unconstrained_random_model_failures_are_reported_not_guessed(tiny_qwen2, requests_):
+    judge = load_judge(f"hf:{tiny_qwen2}", constrained=False, max_new_tokens=16)
+    results = judge.judge(requests_[:3])
+    assert all(r.judge is None for r in results)
+    assert all("truncated" in r.error or "not JSON" in r.error for r in results)
+    assert judge.meter.failures == 3
+
+
+def test_regex_caps_free_text_only():
+    import re
+
+    capped = judge_regex(max_string_chars=5)
+    assert '{0,5}' in capped and re.search(r"entity_drift", capped)
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        load_judge(f"hf:{tmp_path / 'nope'}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tiny_nli):
+    gguf = smollm2_gguf()
+    assert gguf.is_file()
+    out = tmp_path / "verdicts.jsonl"
+    cmd = [
+        sys.executable, "-m", "stepgap.cli", "label", str(examples_dir / "traces.jsonl"),
+        "-o", str(out), "--judge", f"hf:{gguf}", "--nli", str(tiny_nli),
+        "--max-string-chars", "40", "--max-tokens", "320", "--judge-batch-size", "8",
+        "--batch-size", "32", "--cache", str(tmp_path / "c.sqlite"), "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(verdicts) == 28
+    for v in verdicts:  # every step: a schema-valid judge object and a label, or a stated error
+        assert (v["judge"] is not None and v["label"] is not None) or v["error"]
+    assert sum(v["label"] is not None for v in verdicts) >= 20

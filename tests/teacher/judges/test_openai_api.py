@@ -1,0 +1,139 @@
+"""The `openai:` judge against a real HTTP server on 127.0.0.1 that injects every fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
+from stepgap.teacher.judges import CostMeter, JudgeCache, JudgeConfigError, load_judge
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _judge(server, tmp_path, **kw):
+    options = dict(
+        base_url=server.base_url, max_retries=2, timeout=1.0, concurrency=4, invalid_retries=2
+    )
+    options.update(kw)
+    return load_judge("openai:gpt-4.1-mini", cache=JudgeCache(tmp_path / "cache.sqlite"), **options)
+
+
+def _run(judge, traces, examples_dir):
+    nli = ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")
+    return [v for vs in Checker(judge, nli).check(traces) for v in vs]
+
+
+@pytest.fixture
+def replay_verdicts(example_traces, examples_dir):
+    judge = ReplayJudge.from_file(examples_dir / "judge_replay.jsonl")
+    return {(v.trace_id, v.step): v for v in _run(judge, example_traces, examples_dir)}
+
+
+def test_labels_equal_replay_and_cost_and_confidences_are_counted(
+    fake_openai, tmp_path, example_traces, examples_dir, replay_verdicts
+):
+    judge = _judge(fake_openai, tmp_path)
+    verdicts = _run(judge, example_traces, examples_dir)
+    assert len(verdicts) == len(replay_verdicts) == 28
+    for v in verdicts:
+        ref = replay_verdicts[(v.trace_id, v.step)]
+        assert (v.label, v.path, v.error) == (ref.label, ref.path, None)
+        # The server gives every token p=0.9: stage A has one decisive field, B and C two.
+        assert v.judge_confidences == pytest.approx({"A": 0.9, "B": 0.81, "C": 0.81})
+    m = judge.meter
+    assert (m.calls, m.cache_hits, m.prompt_tokens, m.completion_tokens) == (28, 0, 28000, 2800)
+    assert m.cost == pytest.approx(28 * (1000 * 0.40 + 100 * 1.60) / 1e6)
+    # A second run is served from the cache: no request reaches the server, nothing is paid.
+    sent = len(fake_openai.events)
+    again = _judge(fake_openai, tmp_path)
+    assert [v.label for v in _run(again, example_traces, examples_dir)] == [
+        v.label for v in verdicts
+    ]
+    assert len(fake_openai.events) == sent
+    assert (again.meter.calls, again.meter.cache_hits, again.meter.cost) == (0, 28, 0.0)
+
+
+TRANSIENT = ["429", "500", "drop", "slow", "invalid_json", "truncated", "refusal"]
+
+
+def test_each_transient_fault_is_retried_and_every_step_gets_one_verdict(
+    fake_openai, tmp_path, example_traces, example_prompts, examples_dir, replay_verdicts
+):
+    fake_openai.slow_seconds = 2.5  # past the 1 s client timeout
+    keys = list(dict.fromkeys(example_prompts.values()))
+    for fault, key in zip(TRANSIENT, keys, strict=False):
+        fake_openai.faults[key] = [fault]
+    verdicts = _run(_judge(fake_openai, tmp_path), example_traces, examples_dir)
+    assert sorted((v.trace_id, v.step) for v in verdicts) == sorted(replay_verdicts)
+    assert all(v.error is None for v in verdicts)
+    assert all(v.label == replay_verdicts[(v.trace_id, v.step)].label for v in verdicts)
+    by_key: dict[str, list] = {}
+    for e in fake_openai.events:
+        by_key.setdefault(e.key, []).append(e)
+    for fault, key in zip(TRANSIENT, keys, strict=False):
+        attempts = by_key[key]
+        assert [e.action for e in attempts] == [fault, "ok"], fault
+    first, second = by_key[keys[0]]  # 429 with Retry-After: 1
+    assert second.time - first.time >= 0.9
+
+
+@pytest.mark.parametrize(
+    ("fault", "times", "message"),
+    [
+        ("invalid_json", 3, "not JSON"),
+        ("truncated", 3, "truncated"),
+        ("refusal", 3, "refused"),
+        ("500", 3, "judge API error"),
+        ("slow", 3, "judge API error"),
+        ("drop", 3, "judge API error"),
+    ],
+)
+def test_a_persistent_fault_becomes_an_error_verdict_never_a_label(
+    fault, times, message, fake_openai, tmp_path, example_traces, example_prompts, examples_dir
+):
+    fake_openai.slow_seconds = 1.5
+    key = example_prompts[("case1-whitehorse", 1)]
+    fake_openai.faults[key] = [fault] * times
+    verdicts = _run(
+        _judge(fake_openai, tmp_path, invalid_retries=2, max_retries=2),
+        example_traces,
+        examples_dir,
+    )
+    assert len(verdicts) == 28
+    (bad,) = [v for v in verdicts if v.error]
+    assert (bad.trace_id, bad.step, bad.label) == ("case1-whitehorse", 1, None)
+    assert message in bad.error
+    # Failures are not cached: the next run asks again and now gets an answer.
+    again = _run(_judge(fake_openai, tmp_path), example_traces, examples_dir)
+    assert all(v.error is None for v in again)
+
+
+def test_bad_credentials_stop_the_run(fake_openai, tmp_path, example_traces, examples_dir):
+    for key in fake_openai.answers:
+        fake_openai.faults[key] = ["401"]
+    with pytest.raises(JudgeConfigError, match="refused the credentials"):
+        _run(_judge(fake_openai, tmp_path), example_traces, examples_dir)
+
+
+def test_missing_key_without_base_url_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(JudgeConfigError, match=r"\$OPENAI_API_KEY"):
+        load_judge("openai:gpt-4.1-mini")
+
+
+def test_price_table_file_and_prefix_match(tmp_path):
+    from stepgap.teacher.judges.cost import load_prices, price_for
+
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"my-model": {"input": 1.0, "output": 2.0}}))
+    table = load_prices(path)
+    assert price_for("my-model", table) == (1.0, 1.0, 2.0)
+    meter = CostMeter(model="gpt-4.1-mini-2025-04-14")  # dated snapshot -> gpt-4.1-mini
+    meter.add({"prompt_tokens": 1_000_000, "cached_tokens": 500_000, "completion_tokens": 0})
+    assert meter.cost == pytest.approx(0.5 * 0.40 + 0.5 * 0.10)
+    path.write_text(json.dumps({"bad": {"input": "x"}}))
+    with pytest.raises(ValueError, match="bad"):
+        load_prices(path)
