@@ -15,9 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from stepgap.data_builders.io import ErrorReport, JsonlWriter
 from stepgap.data_builders.schema import Trace
-from tqdm.auto import tqdm
 
 from .checker import Checker
 

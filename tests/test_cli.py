@@ -9,7 +9,6 @@ from pathlib import Path
 
 from stepgap.cli import COMMANDS, main
 
-
 # The console script installed next to the interpreter running the tests (CI does not activate
 # the virtual environment, so `stepgap` need not be on PATH).
 STEPGAP = str(Path(sys.executable).parent / "stepgap")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
+
 from stepgap.data_builders.schema import Judge, StepType
 
 Messages = list[dict[str, str]]

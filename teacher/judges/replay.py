@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+
 from stepgap.data_builders.io import ErrorReport, read_models
 from stepgap.data_builders.schema import Judge, Verdict
 

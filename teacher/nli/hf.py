@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 
 from stepgap.data_builders.schema import NLIProbs
-
 from stepgap.models import check_model_ref
 
 from .base import NLIError, Pair

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from stepgap.data_builders import (
     ErrorReport,
     SegmentationError,

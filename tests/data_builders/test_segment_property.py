@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from stepgap.data_builders import SegmentationError, Trace, segment_response
 from stepgap.data_builders.segment import segment_trace
 

@@ -14,6 +14,7 @@ from sklearn.metrics import (
     precision_score,
     recall_score,
 )
+
 from stepgap.eval.metrics import (
     answer_gap_table,
     binary_counts,

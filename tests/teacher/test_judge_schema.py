@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from stepgap.teacher.judges import (
     JudgeParseError,
     judge_json_schema,

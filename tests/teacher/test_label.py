@@ -57,7 +57,9 @@ def test_sigkill_half_way_then_rerun_labels_each_step_once_and_never_asks_twice(
 ):
     out, cache = tmp_path / "verdicts.jsonl", tmp_path / "cache.sqlite"
     fake_openai.hang_after = 12  # answer 12 prompts, then hang every request
-    cmd = _label_cmd(fake_openai, examples_dir, out, cache, "--batch-size", "2", "--concurrency", "2")
+    cmd = _label_cmd(
+        fake_openai, examples_dir, out, cache, "--batch-size", "2", "--concurrency", "2"
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while _cached(cache) < 12 and time.monotonic() < deadline:
@@ -135,7 +137,14 @@ def test_canary_api_key_never_reaches_logs_cache_or_verdicts(fake_openai, tmp_pa
     fake_openai.faults[keys[1]] = ["invalid_json", "ok"]
     env = {**os.environ, "OPENAI_API_KEY": canary}
     cmd = _label_cmd(
-        fake_openai, examples_dir, out, cache, "--max-retries", "1", "--summary", str(tmp_path / "s.json")
+        fake_openai,
+        examples_dir,
+        out,
+        cache,
+        "--max-retries",
+        "1",
+        "--summary",
+        str(tmp_path / "s.json"),
     )
     done = subprocess.run(
         [*cmd[:3], "-vv", *cmd[3:]], cwd=REPO, env=env, capture_output=True, text=True
@@ -143,7 +152,9 @@ def test_canary_api_key_never_reaches_logs_cache_or_verdicts(fake_openai, tmp_pa
     assert done.returncode == 0, done.stderr
     (tmp_path / "stderr.log").write_text(done.stderr + done.stdout)
     assert "HTTP Request" in done.stderr  # debug logging was on
-    assert fake_openai.auth_headers and all(h == f"Bearer {canary}" for h in fake_openai.auth_headers)
+    assert fake_openai.auth_headers and all(
+        h == f"Bearer {canary}" for h in fake_openai.auth_headers
+    )
     assert any(json.loads(x)["error"] for x in out.read_text().splitlines())
     for path in tmp_path.rglob("*"):
         if path.is_file():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from stepgap.teacher.nli import HFNLI, load_nli
 from stepgap.teacher.nli.hf import labels_from_id2label
-
 from tests.fixtures import models
 
 PAIRS = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from stepgap.data_builders import Verdict, iter_traces
-from stepgap.teacher import Checker, RelabelError, ReplayJudge, ReplayNLI, TreeConfig, relabel
 
 from stepgap.cli import main
+from stepgap.data_builders import Verdict, iter_traces
+from stepgap.teacher import Checker, RelabelError, ReplayJudge, ReplayNLI, TreeConfig, relabel
 
 # Under a higher entailment or contradiction threshold only NLI-decided labels may move, and
 # only to the classes the tree allows at that stage.

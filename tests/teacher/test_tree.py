@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from stepgap.data_builders.schema import REPAIRS
 from stepgap.teacher.judges.base import JudgeResult
 from stepgap.teacher.tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence

@@ -60,7 +60,7 @@ def test_regex_caps_free_text_only():
     import re
 
     capped = judge_regex(max_string_chars=5)
-    assert '{0,5}' in capped and re.search(r"entity_drift", capped)
+    assert "{0,5}" in capped and re.search(r"entity_drift", capped)
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
