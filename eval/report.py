@@ -1,0 +1,266 @@
+"""The evaluation report of SPEC section 1 from gold and predicted verdict files.
+
+Predictions are joined to gold on (trace id, step). A gold step absent from a prediction file is
+counted in `missing_steps`, a step whose check failed (label null) in `error_steps`; both are
+reported and left out of the step metrics, never silently scored as no_gap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from stepgap.data_builders.io import ErrorReport, read_models, read_records
+from stepgap.data_builders.schema import GapLabel, GoldStep, GoldTrace
+
+from .metrics import (
+    answer_gap_table,
+    balanced_accuracy_from_counts,
+    binary_counts,
+    binary_f1,
+    bootstrap_ci,
+    distribution,
+    first_gap_types,
+    flag_everything_q_f1,
+    is_healthy,
+    kappa_from_counts,
+    q_f1,
+    step_metrics,
+    typed_macro_f1,
+)
+
+SWEEP_THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(13))  # 0.30 .. 0.90
+
+
+class PredStep(BaseModel):
+    """The part of a verdict the report reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    trace_id: str
+    step: int
+    label: GapLabel | None = None
+    confidence: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Gold:
+    steps: dict[tuple[str, int], str]  # (trace id, step) -> label
+    correct: dict[str, bool]  # trace id -> final answer correct
+
+
+def load_gold(paths: Sequence[str | Path], report: ErrorReport | None = None) -> Gold:
+    """Gold step labels and trace correctness, in one file or several (SPEC section 1)."""
+    report = report if report is not None else ErrorReport()
+    steps: dict[tuple[str, int], str] = {}
+    correct: dict[str, bool] = {}
+    for path in paths:
+        for line, obj in read_records(path, report):
+            model: type[BaseModel] = GoldStep if "label" in obj else GoldTrace
+            try:
+                rec = model.model_validate(obj)
+            except Exception as exc:  # pydantic.ValidationError
+                report.add_validation(path, line, exc)  # type: ignore[arg-type]
+                continue
+            if isinstance(rec, GoldStep):
+                steps[(rec.trace_id, rec.step)] = rec.label
+            else:
+                correct[rec.trace_id] = rec.correct
+    if not steps:
+        raise ValueError(f"no gold step labels found in {', '.join(map(str, paths))}")
+    return Gold(steps, correct)
+
+
+def load_predictions(path: str | Path, report: ErrorReport | None = None) -> list[PredStep]:
+    return [rec for _, rec in read_models(path, PredStep, report)]
+
+
+def _ci(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values]
+
+
+def _nan_to_none(obj: Any) -> Any:
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
+def evaluate_checker(
+    gold: Gold,
+    preds: Iterable[PredStep],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    unit: Literal["step", "trace"] = "step",
+    silver: Sequence[PredStep] | None = None,
+) -> dict[str, Any]:
+    """Every figure of the report for one checker."""
+    by_key = {(p.trace_id, p.step): p for p in preds}
+    keys = sorted(gold.steps)
+    missing = [k for k in keys if k not in by_key]
+    errored = [k for k in keys if k in by_key and by_key[k].label is None]
+    scored = [k for k in keys if k in by_key and by_key[k].label is not None]
+    if not scored:
+        raise ValueError("no gold step has a predicted label; nothing to score")
+    g = np.array([gold.steps[k] for k in scored], dtype=object)
+    p = np.array([by_key[k].label for k in scored], dtype=object)
+    out: dict[str, Any] = step_metrics(list(g), list(p))
+
+    pred_by_trace: dict[str, list[str | None]] = defaultdict(list)
+    for k in keys:
+        pred_by_trace[k[0]].append(by_key[k].label if k in by_key else None)
+    flagged = {
+        t: any(lab not in (None, "no_gap") for lab in labs) for t, labs in pred_by_trace.items()
+    }
+    correct = {t: c for t, c in gold.correct.items() if t in pred_by_trace}
+    table = answer_gap_table(correct, flagged)
+    out["QF1"] = q_f1(table) if correct else float("nan")
+    out["answer_gap"] = table
+    wrong_rate = sum(not c for c in correct.values()) / len(correct) if correct else float("nan")
+    out["wrong_rate"] = wrong_rate
+    out["QF1_flag_everything"] = flag_everything_q_f1(wrong_rate) if correct else float("nan")
+
+    # Bootstrap: step metrics over steps (or whole traces), Q-F1 always over traces.
+    gg, pp = g != "no_gap", p != "no_gap"
+    trace_of = np.array([k[0] for k in scored], dtype=object)
+    traces = sorted(set(trace_of))
+    rows_of = {t: np.flatnonzero(trace_of == t) for t in traces}
+
+    def rows(idx: np.ndarray) -> np.ndarray:
+        if unit == "step":
+            return idx
+        return np.concatenate([rows_of[traces[i]] for i in idx])
+
+    def counts(idx: np.ndarray) -> tuple[int, int, int, int]:
+        r = rows(idx)
+        return binary_counts(gg[r], pp[r])
+
+    n_units = len(scored) if unit == "step" else len(traces)
+    stats = {
+        "sP": lambda i: (lambda tp, fp, fn, tn: tp / (tp + fp) if tp + fp else float("nan"))(*counts(i)),
+        "sR": lambda i: (lambda tp, fp, fn, tn: tp / (tp + fn) if tp + fn else float("nan"))(*counts(i)),
+        "sF1": lambda i: (lambda tp, fp, fn, tn: 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan"))(*counts(i)),
+        "BA": lambda i: balanced_accuracy_from_counts(*counts(i)),
+        "kappa": lambda i: kappa_from_counts(*counts(i)),
+    }  # fmt: skip
+    ci = {
+        m: _ci(bootstrap_ci(f, n_units, resamples=resamples, seed=seed)) for m, f in stats.items()
+    }
+    if correct:
+        tids = sorted(correct)
+
+        def qf1_stat(idx: np.ndarray) -> float:
+            t = {"TP": 0, "FN": 0, "FP": 0, "TN": 0}
+            for i in idx:
+                ok, hit = correct[tids[i]], flagged.get(tids[i], False)
+                t[("FP" if hit else "TN") if ok else ("TP" if hit else "FN")] += 1
+            return q_f1(t)
+
+        ci["QF1"] = _ci(bootstrap_ci(qf1_stat, len(tids), resamples=resamples, seed=seed))
+    out["ci"] = ci
+
+    all_pred = [by_key[k].label for k in keys if k in by_key]
+    dist = distribution(all_pred)
+    out["distribution"] = dist
+    out["healthy"] = is_healthy(dist)
+    wrong = {t for t, c in correct.items() if not c}
+    out["first_gap"] = first_gap_types(pred_by_trace, wrong)
+    out["missing_steps"] = len(missing)
+    out["error_steps"] = len(errored)
+    out["extra_steps"] = len(set(by_key) - set(gold.steps))
+    out["n_scored"] = len(scored)
+    out["threshold_sweep"] = threshold_sweep(g, [by_key[k] for k in scored])
+    if silver is not None:
+        out["silver"] = silver_agreement(by_key, silver)
+    return out
+
+
+def threshold_sweep(
+    gold_labels: np.ndarray,
+    preds: Sequence[PredStep],
+    thresholds: Sequence[float] = SWEEP_THRESHOLDS,
+) -> list[dict[str, float]]:
+    """Flag a gap only where the stored confidence reaches tau (no confidence: always kept)."""
+    rows = []
+    gg = gold_labels != "no_gap"
+    for tau in thresholds:
+        labels = [
+            p.label
+            if p.label != "no_gap" and (p.confidence is None or p.confidence >= tau)
+            else "no_gap"
+            for p in preds
+        ]
+        pp = np.array(labels, dtype=object) != "no_gap"
+        tp, fp, fn, tn = binary_counts(gg, pp)
+        dist = distribution(labels)
+        rows.append(
+            {
+                "threshold": tau,
+                "sF1": 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0,
+                "BA": balanced_accuracy_from_counts(tp, fp, fn, tn),
+                "IE_share": dist["IE"],
+                "flagged_share": float(pp.mean()),
+            }
+        )
+    return rows
+
+
+def silver_agreement(
+    by_key: Mapping[tuple[str, int], PredStep], silver: Sequence[PredStep]
+) -> dict[str, float | int]:
+    """Binary F1 and typed macro F1 of this checker against a reference checker's verdicts."""
+    ref = {(s.trace_id, s.step): s.label for s in silver if s.label is not None}
+    keys = [k for k in sorted(ref) if k in by_key and by_key[k].label is not None]
+    if not keys:
+        return {"binary_f1": float("nan"), "typed_macro_f1": float("nan"), "n": 0}
+    g = [ref[k] for k in keys]
+    p = [by_key[k].label for k in keys]
+    return {
+        "binary_f1": binary_f1([x != "no_gap" for x in g], [x != "no_gap" for x in p]),
+        "typed_macro_f1": typed_macro_f1(g, p),
+        "n": len(keys),
+    }
+
+
+def build_report(
+    gold: Gold,
+    checkers: Mapping[str, Sequence[PredStep]],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    unit: Literal["step", "trace"] = "step",
+    silver: str | None = None,
+) -> dict[str, Any]:
+    """`report.json`: every figure for every checker; `silver` names the reference checker."""
+    reference = checkers.get(silver) if silver else None
+    if silver and reference is None:
+        raise ValueError(f"--silver {silver!r} is not one of the --pred names")
+    report = {
+        "n_steps": len(gold.steps),
+        "n_traces": len({t for t, _ in gold.steps}),
+        "bootstrap": {"resamples": resamples, "seed": seed, "unit": unit, "level": 0.95},
+        "checkers": {
+            name: evaluate_checker(
+                gold,
+                preds,
+                resamples=resamples,
+                seed=seed,
+                unit=unit,
+                silver=reference if name != silver else None,
+            )
+            for name, preds in checkers.items()
+        },
+    }
+    return _nan_to_none(report)
