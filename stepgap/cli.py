@@ -391,6 +391,87 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
 
 
+# --------------------------------------------------------------------------- reward
+def _reward(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport, JsonlWriter, Verdict, iter_traces, read_models
+    from stepgap.serving.reward import compute_reward
+
+    report = ErrorReport()
+    by_trace: dict[str, list] = {}
+    for _, v in read_models(args.verdicts, Verdict, report):
+        by_trace.setdefault(v.trace_id, []).append(v)
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        from stepgap.models import check_model_ref
+
+        tokenizer = AutoTokenizer.from_pretrained(check_model_ref(args.tokenizer))
+    n = 0
+    with JsonlWriter(args.output) as out:
+        for trace in iter_traces(args.input, report):
+            try:
+                result = compute_reward(
+                    trace,
+                    by_trace.get(trace.id, []),
+                    variant=args.variant,
+                    lam=args.lam,
+                    tokenizer=tokenizer,
+                )
+            except ValueError as exc:
+                report.add(args.verdicts, 0, str(exc), field="step")
+                continue
+            out.write(result.as_dict())
+            n += 1
+    return _finish(report, args.errors, n, f"rewards to {args.output}")
+
+
+def _add_reward_options(p) -> None:
+    from stepgap.serving.reward import VARIANTS
+
+    p.add_argument("--variant", choices=VARIANTS, default="typed_shape", help="SPEC section 4")
+    p.add_argument("--lam", type=float, default=1.0, help="weight of the step rewards")
+
+
+def _reward_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument("--verdicts", required=True, help="verdicts for those traces")
+    p.add_argument("-o", "--output", required=True, help="one reward line per trace (JSONL)")
+    p.add_argument("--tokenizer", help="hub id or path: adds token spans (the dense form)")
+    p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+    _add_reward_options(p)
+
+
+# --------------------------------------------------------------------------- serve
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from stepgap.serving.reward import StepGapReward
+    from stepgap.serving.server import create_app
+
+    app = create_app(
+        StepGapReward(_build_checker(args), args.variant, args.lam),
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_mb * 1024 * 1024,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    return 0
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=32, help="traces per checker call")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait this long to fill a batch")
+    p.add_argument("--max-queue", type=int, default=1024, help="queued traces before 503")
+    p.add_argument("--max-body-mb", type=int, default=8, help="largest request body (MB)")
+    _add_reward_options(p)
+    _add_judge_options(p)
+    _add_nli_options(p)
+
+
 # name -> (help, add arguments, run); later issues add label, reward, eval, train, ...
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "segment": ("split raw responses into steps (SPEC section 2)", _segment_args, _segment),
@@ -409,6 +490,16 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         "score checkers against gold labels: report.json, report.md and PNG plots",
         _eval_args,
         _eval,
+    ),
+    "reward": (
+        "typed GRPO rewards (SPEC section 4) for stored traces and verdicts",
+        _reward_args,
+        _reward,
+    ),
+    "serve": (
+        "serve /check, /reward and OpenRLHF's /get_reward with micro-batching",
+        _serve_args,
+        _serve,
     ),
     "relabel": (
         "re-decide stored verdicts (ablation, thresholds) without calling a model",

@@ -1,0 +1,89 @@
+"""The reward as a TRL reward function: `GRPOTrainer(reward_funcs=[stepgap_reward_func(...)])`.
+
+TRL calls it with `prompts`, `completions` (plain strings or conversational message lists) and
+every dataset column as a keyword argument; the golden answers come from the `golden_answers`
+column (Search-R1's name; another column via `answers_column`). Per-label step rates and EM are
+logged through TRL's `log_metric` when it is passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .inputs import golden_list, question_from_prompt, text_of
+from .reward import RewardResult, StepGapReward
+
+
+def _rates(results: Sequence[RewardResult]) -> dict[str, float]:
+    counts = Counter(s.label for r in results for s in r.steps)
+    total = sum(counts.values())
+    rates = {
+        f"stepgap/rate_{lab}": (counts.get(lab, 0) / total if total else 0.0)
+        for lab in ("no_gap", "CC", "IE", "MB")
+    }
+    rates["stepgap/failed_checks"] = counts.get(None, 0) / total if total else 0.0
+    rates["stepgap/em"] = sum(r.em for r in results) / len(results) if results else 0.0
+    return rates
+
+
+def _score(
+    reward: StepGapReward,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    answers_column: str,
+    question_column: str,
+    kwargs: dict[str, Any],
+) -> list[float]:
+    if answers_column not in kwargs:
+        raise ValueError(
+            f"the stepgap reward needs the dataset column {answers_column!r} (golden answers); "
+            f"columns passed: {sorted(k for k in kwargs if k not in ('trainer_state', 'log_metric', 'log_extra'))}"
+        )
+    golden = [golden_list(g) for g in kwargs[answers_column]]
+    questions = kwargs.get(question_column) or [question_from_prompt(p) for p in prompts]
+    responses = [text_of(c) for c in completions]
+    results = reward.score(responses, list(questions), golden)
+    log_metric = kwargs.get("log_metric")
+    if callable(log_metric):
+        for name, value in _rates(results).items():
+            log_metric(name, value)
+    return [r.reward for r in results]
+
+
+def stepgap_reward_func(
+    reward: StepGapReward,
+    *,
+    answers_column: str = "golden_answers",
+    question_column: str = "question",
+) -> Callable[..., list[float]]:
+    """A plain callable TRL reward function (its `__name__` names the logged reward)."""
+
+    def reward_func(
+        prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> list[float]:
+        return _score(reward, prompts, completions, answers_column, question_column, kwargs)
+
+    reward_func.__name__ = f"stepgap_{reward.variant}"
+    return reward_func
+
+
+def stepgap_async_reward_func(
+    reward: StepGapReward,
+    *,
+    answers_column: str = "golden_answers",
+    question_column: str = "question",
+) -> Callable[..., Any]:
+    """The same as an `async` function: TRL runs async reward functions concurrently."""
+
+    async def reward_func(
+        prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> list[float]:
+        return await asyncio.to_thread(
+            _score, reward, prompts, completions, answers_column, question_column, kwargs
+        )
+
+    reward_func.__name__ = f"stepgap_{reward.variant}_async"
+    return reward_func

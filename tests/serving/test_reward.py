@@ -1,0 +1,207 @@
+"""SPEC section 4 on hand-computed traces: every shaping case, first case wins, boundaries."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepgap.data_builders.schema import REPAIRS, Step, Trace, Verdict
+from stepgap.serving.reward import (
+    compute_reward,
+    exact_match,
+    final_answer,
+    is_near_duplicate,
+    is_retraction,
+    normalize_answer,
+    token_f1,
+)
+
+
+def search(i: int, query: str, claim: str = "I need to look this up.") -> Step:
+    return Step(index=i, type="inference", claim=claim, query=query, evidence=[])
+
+
+def answer(i: int, ans: str, claim: str = "So the answer is clear.") -> Step:
+    return Step(index=i, type="conclusion", claim=claim, answer=ans, evidence=[])
+
+
+def trace(steps: list[Step], golden=("Paris",), response=None) -> Trace:
+    return Trace(id="t", question="q?", golden_answers=list(golden), steps=steps, response=response)
+
+
+def verdicts(labels: list[str | None]) -> list[Verdict]:
+    return [
+        Verdict(
+            trace_id="t",
+            step=i,
+            type="inference",
+            label=lab,
+            repair=REPAIRS[lab] if lab else None,
+            error=None if lab else "judge failed",
+        )  # fmt: skip
+        for i, lab in enumerate(labels)
+    ]
+
+
+def brackets(t: Trace, labels: list[str | None], variant: str = "typed_shape"):
+    r = compute_reward(t, verdicts(labels), variant=variant)
+    return [(s.base, s.shape, s.bracket) for s in r.steps], r
+
+
+def test_case1_research_after_ie_or_mb_earns_plus_0_10():
+    t = trace([search(0, "birthplace of ernst kuhn"), search(1, "pertramer film director")])
+    rows, _ = brackets(t, ["IE", "no_gap"])
+    assert rows == [(-0.10, 0.0, -0.10), (0.20, 0.10, pytest.approx(0.30))]
+    rows, _ = brackets(t, ["MB", "MB"])
+    assert rows[1] == (-0.05, 0.10, pytest.approx(0.05))
+
+
+def test_case2_retraction_after_cc_earns_plus_0_15():
+    t = trace([
+        search(0, "q one", claim="Kuhn was born in Berlin in 1912."),
+        search(1, "q two", claim="Actually, the record says Vienna; I misread the first snippet."),
+    ])  # fmt: skip
+    rows, _ = brackets(t, ["CC", "no_gap"])
+    assert rows[1] == (0.20, 0.15, pytest.approx(0.35))
+
+
+def test_case3_answering_over_an_open_gap_costs_0_15():
+    for prev in ("IE", "MB", "CC"):
+        t = trace([search(0, "q"), answer(1, "Paris")])
+        rows, _ = brackets(t, [prev, "no_gap"])
+        assert rows[1] == (0.20, -0.15, pytest.approx(0.05)), prev
+
+
+def test_case4_near_duplicate_research_costs_0_05():
+    t = trace([search(0, "where was ernst kuhn born"), search(1, "where was ernst kuhn born?")])
+    rows, _ = brackets(t, ["IE", "IE"])
+    assert rows[1] == (-0.10, -0.05, pytest.approx(-0.15))
+
+
+def test_case5_otherwise_zero_and_first_step_looks_back_at_no_gap():
+    t = trace([search(0, "a"), search(1, "b"), answer(2, "Paris")])
+    rows, _ = brackets(t, ["no_gap", "no_gap", "no_gap"])
+    assert [s for _, s, _ in rows] == [0.0, 0.0, 0.0]
+    rows, _ = brackets(trace([answer(0, "Paris")]), ["CC"])  # t_0 is no_gap: no case 3
+    assert rows == [(0.05, 0.0, 0.05)]
+
+
+def test_first_case_wins_retraction_before_answer_penalty():
+    # A conclusion after CC whose claim retracts: case 2 (+0.15) fires before case 3 (-0.15).
+    t = trace([
+        search(0, "q", claim="Kuhn directed Pertramer's film."),
+        answer(1, "Paris", claim="Wait, I was wrong: the evidence names Paris instead."),
+    ])  # fmt: skip
+    r = compute_reward(t, verdicts(["CC", "no_gap"]))
+    assert (r.steps[1].shape, r.steps[1].shape_case) == (0.15, 2)
+
+
+def test_near_duplicate_boundary_f1_exactly_0_7_is_not_a_duplicate():
+    earlier = "a1 a2 a3 a4 a5 a6 a7 x1 x2 x3"  # 10 tokens, 7 shared with the query
+    query = "a1 a2 a3 a4 a5 a6 a7 y1 y2 y3"
+    assert token_f1(query, earlier) == pytest.approx(0.7)
+    assert not is_near_duplicate(query, [earlier])
+    assert is_near_duplicate("a1 a2 a3 a4 a5 a6 a7 a8 y2 y3", ["a1 a2 a3 a4 a5 a6 a7 a8 x2 x3"])
+    t = trace([search(0, earlier), search(1, query)])
+    assert brackets(t, ["IE", "IE"])[0][1][1] == 0.10  # case 1, not case 4
+
+
+@pytest.mark.parametrize(
+    ("claim", "cue"),
+    [
+        ("Actually, it was Vienna.", True),
+        ("WAIT - the snippet says Vienna.", True),
+        ("Correction: Vienna, not Berlin.", True),
+        ("I was wrong about Berlin; it is Vienna.", True),
+        ("He awaits the verdict in Vienna.", False),  # word-bounded: 'awaits' is no cue
+        ("The actuality of Vienna.", False),
+        ("It was Vienna.", False),
+    ],
+)
+def test_retraction_cues_are_word_bounded_and_case_insensitive(claim, cue):
+    assert is_retraction(claim, "Kuhn was born in Berlin in 1912.") is cue
+
+
+def test_retraction_needs_a_changed_claim():
+    previous = "Kuhn was born in Berlin in 1912 according to the record."
+    assert not is_retraction(
+        "Actually Kuhn was born in Berlin in 1912 according to the record.", previous
+    )
+
+
+def test_em_normalisation_and_last_answer():
+    assert normalize_answer("  The Eiffel-Tower! ") == "eiffeltower"
+    assert normalize_answer("An Apple a day") == "apple day"
+    assert exact_match("the  Paris.", ["paris"]) == 1.0
+    assert exact_match("Paris, France", ["Paris"]) == 0.0
+    assert exact_match(None, ["Paris"]) == 0.0
+    response = "<answer>Berlin</answer> hmm <answer>The Paris</answer>"
+    assert final_answer(response, []) == "The Paris"
+
+
+def test_each_variant_on_one_trace():
+    steps = [search(0, "first query"), search(1, "second query"), answer(2, "Paris")]
+    t = trace(steps, response="<search>x</search><answer>Paris</answer>")
+    labels = ["IE", "no_gap", "no_gap"]
+    expect = {
+        "search_only": 1.0,
+        "binary_gap": 1.0 + 0.0 + 0.20 + 0.20,
+        "typed_base": 1.0 - 0.10 + 0.20 + 0.20,
+        "typed_shape": 1.0 - 0.10 + (0.20 + 0.10) + 0.20,
+        "untyped_dense": 1.0 - 0.10 + 0.20 + 0.20,
+    }
+    for variant, value in expect.items():
+        r = compute_reward(t, verdicts(labels), variant=variant, lam=1.0)
+        assert r.em == 1.0 and r.reward == pytest.approx(value), variant
+    r = compute_reward(t, verdicts(labels), variant="typed_shape", lam=0.5)
+    assert r.reward == pytest.approx(1.0 + 0.5 * (-0.10 + 0.30 + 0.20))
+    assert compute_reward(t, [], variant="search_only").reward == 1.0
+    with pytest.raises(ValueError, match="no verdict"):
+        compute_reward(t, [], variant="typed_shape")
+    with pytest.raises(ValueError, match="unknown reward variant"):
+        compute_reward(t, verdicts(labels), variant="typed")
+
+
+def test_a_failed_check_earns_nothing_and_shapes_nothing():
+    t = trace([search(0, "q1"), search(1, "q2")])
+    rows, _ = brackets(t, [None, "no_gap"])
+    assert rows == [(0.0, 0.0, 0.0), (0.20, 0.0, 0.20)]
+
+
+LABELS = st.sampled_from(["no_gap", "CC", "IE", "MB", None])
+WORDS = st.lists(
+    st.sampled_from(["actually", "wait", "kuhn", "vienna", "born", "the", "film"]), max_size=6
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(LABELS, st.booleans(), WORDS, WORDS), min_size=1, max_size=8), st.sampled_from(
+    ["binary_gap", "typed_base", "typed_shape", "untyped_dense"]))  # fmt: skip
+def test_every_bracket_lies_in_the_spec_range(rows, variant):
+    steps = []
+    for i, (_, is_answer, q, c) in enumerate(rows):
+        claim = " ".join(c)
+        steps.append(answer(i, "x", claim) if is_answer else search(i, " ".join(q) or "q", claim))
+    r = compute_reward(trace(steps), verdicts([lab for lab, *_ in rows]), variant=variant)
+    assert all(-0.25 - 1e-12 <= s.bracket <= 0.35 + 1e-12 for s in r.steps)
+
+
+def test_dense_form_token_spans_cover_each_step(examples_dir):
+    from stepgap.data_builders import iter_traces
+    from tests.fixtures.models import qwen_tokenizer
+
+    tok = qwen_tokenizer()
+    t = next(iter(iter_traces(examples_dir / "traces.jsonl")))
+    vs = [
+        Verdict(trace_id=t.id, step=s.index, type=s.type, label="no_gap", repair="none")
+        for s in t.steps
+    ]
+    r = compute_reward(t, vs, tokenizer=tok)
+    ids = tok(t.response, add_special_tokens=False)["input_ids"]
+    assert r.em_token == len(ids) - 1
+    for s, step in zip(r.steps, t.steps, strict=True):
+        first, last = s.token_span
+        text = tok.decode(ids[first:last])
+        start, end = step.span
+        assert t.response[start:end].strip()[:20] in text
