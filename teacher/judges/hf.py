@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stepgap.models import check_model_ref
+from stepgap.models import resolve_model_ref
 
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
@@ -99,7 +99,7 @@ def load_causal_lm(ref: str, device: str | None = None, dtype: str | None = None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_model_ref(ref)
+    ref = resolve_model_ref(ref)
     kwargs: dict[str, Any] = {}
     source = ref
     if ref.endswith(".gguf"):

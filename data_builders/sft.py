@@ -1,0 +1,127 @@
+"""Teacher verdicts -> a chat SFT data set for the student judge (path-supervised).
+
+Each example is one step: the prompt is exactly the teacher's judge prompt for that step, the
+completion is the teacher's judge JSON extended with its `pipeline_path` and `gap_type`, so the
+student learns how the tree reached the label, not only the label. Splits are drawn by trace
+(a hash of the trace id), so no trace has steps on both sides; gold-benchmark traces can be
+excluded by id. Steps whose teacher check failed are skipped and counted, never guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .schema import Verdict
+
+STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
+
+
+def student_target(verdict: Verdict) -> str:
+    """The judge JSON plus the teacher's path and label, as the student should write it."""
+    if verdict.judge is None or verdict.label is None:
+        raise ValueError(f"trace {verdict.trace_id!r} step {verdict.step}: no teacher judge/label")
+    obj = verdict.judge.model_dump(mode="json")
+    obj["pipeline_path"] = list(verdict.path)
+    obj["gap_type"] = verdict.label
+    return json.dumps(obj, ensure_ascii=False)
+
+
+@dataclass
+class SFTStats:
+    examples: int = 0
+    traces: int = 0
+    skipped_failed: int = 0  # teacher check failed: nothing to imitate
+    skipped_excluded: int = 0  # steps of excluded (gold benchmark) traces
+    skipped_incomplete: int = 0  # traces whose verdicts lack question/step_data
+    labels: dict[str, int] = field(default_factory=dict)
+
+
+def sft_examples(
+    verdicts: Iterable[Verdict], *, exclude_ids: Iterable[str] = (), stats: SFTStats | None = None
+) -> Iterator[dict[str, Any]]:
+    """Prompt-completion chat examples, one per successfully labeled step."""
+    from stepgap.teacher.checker import group_by_trace
+    from stepgap.teacher.prompt import build_messages
+
+    stats = stats if stats is not None else SFTStats()
+    excluded = set(exclude_ids)
+    for trace_id, group in group_by_trace(verdicts).items():
+        if trace_id in excluded:
+            stats.skipped_excluded += len(group)
+            continue
+        steps = [v.step_data for v in group]
+        question = group[0].question
+        if question is None or any(s is None for s in steps):
+            stats.skipped_incomplete += len(group)
+            continue
+        stats.traces += 1
+        for i, v in enumerate(group):
+            if v.judge is None or v.label is None:
+                stats.skipped_failed += 1
+                continue
+            stats.examples += 1
+            stats.labels[v.label] = stats.labels.get(v.label, 0) + 1
+            yield {
+                "prompt": build_messages(question, steps, i),  # type: ignore[arg-type]
+                "completion": [{"role": "assistant", "content": student_target(v)}],
+                "trace_id": trace_id,
+                "step": v.step,
+                "label": v.label,
+                "path": list(v.path),
+            }
+
+
+def in_eval_split(trace_id: str, eval_fraction: float, seed: int = 0) -> bool:
+    """Deterministic by trace id: every step of a trace lands on the same side."""
+    digest = hashlib.sha256(f"{seed}:{trace_id}".encode()).hexdigest()
+    return int(digest[:8], 16) / 0x100000000 < eval_fraction
+
+
+def split_by_trace(
+    examples: Sequence[dict[str, Any]], eval_fraction: float = 0.1, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    train, held = [], []
+    for ex in examples:
+        (held if in_eval_split(ex["trace_id"], eval_fraction, seed) else train).append(ex)
+    return train, held
+
+
+def build_sft_dataset(
+    verdicts: Iterable[Verdict],
+    *,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    exclude_ids: Iterable[str] = (),
+    stats: SFTStats | None = None,
+) -> Any:
+    """A `datasets.DatasetDict` with `train` and (when non-empty) `test` splits."""
+    from datasets import Dataset, DatasetDict
+
+    examples = list(sft_examples(verdicts, exclude_ids=exclude_ids, stats=stats))
+    if not examples:
+        raise ValueError("no labeled steps to learn from (all failed, excluded or incomplete)")
+    train, held = split_by_trace(examples, eval_fraction, seed)
+    splits = {"train": Dataset.from_list(train)}
+    if held:
+        splits["test"] = Dataset.from_list(held)
+    return DatasetDict(splits)
+
+
+def read_ids(path: str | Path) -> set[str]:
+    """Trace ids to exclude: one per line, or JSONL with `trace_id` / `id`."""
+    ids = set()
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            obj = json.loads(line)
+            ids.add(str(obj.get("trace_id", obj.get("id"))))
+        else:
+            ids.add(line)
+    return ids

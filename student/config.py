@@ -1,0 +1,76 @@
+"""The student training configuration: one YAML file per recipe under `student/configs/`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StudentTrainConfig(BaseModel):
+    """Every key a recipe may set; the YAML files document each one next to its value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="base model: hub id, local folder or .gguf file")
+    dataset: str = Field(description="`stepgap sft-data` output folder (DatasetDict on disk)")
+    output_dir: str
+    # LoRA
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+    init_adapter: str | None = None  # continue from this adapter (hard-negative augmentation)
+    # quantisation and precision
+    load_in_4bit: bool = False  # QLoRA: nf4 weights through bitsandbytes, bf16 compute
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # optimisation
+    learning_rate: float = 2e-4
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = 0.03
+    num_train_epochs: float = 3.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 4
+    per_device_eval_batch_size: int = 4
+    gradient_accumulation_steps: int = 4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int = 4096
+    packing: bool = False
+    padding_free: bool = False
+    gradient_checkpointing: bool = True
+    # bookkeeping
+    eval_steps: int | None = None  # evaluate on the held-out split every N steps (None: per epoch)
+    save_steps: int = 200
+    save_total_limit: int | None = 3
+    logging_steps: int = 10
+    seed: int = 0
+    use_cpu: bool = False
+    report_to: str | list[str] = "none"
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> StudentTrainConfig:
+    """Read a YAML recipe, apply `key=value` overrides, validate (unknown keys are errors)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    data.update(overrides or {})
+    try:
+        return StudentTrainConfig.model_validate(data)
+    except Exception as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` strings; values are parsed as YAML scalars (numbers, booleans, null)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out

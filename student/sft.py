@@ -1,0 +1,140 @@
+"""LoRA / QLoRA SFT of the student with TRL: loss on the assistant reply only.
+
+The data set is prompt-completion chat data (`stepgap sft-data`), so TRL computes the loss on the
+completion (the judge JSON with path and label) and never on the long judge prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .config import StudentTrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def _dtype(cfg: StudentTrainConfig) -> Any:
+    import torch
+
+    if cfg.dtype == "auto":
+        if cfg.use_cpu or not torch.cuda.is_available():
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, cfg.dtype)
+
+
+def load_student_base(cfg: StudentTrainConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) for training; 4-bit nf4 when `load_in_4bit` (QLoRA)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stepgap.models import resolve_model_ref
+
+    ref = resolve_model_ref(cfg.model)
+    kwargs: dict[str, Any] = {}
+    source = ref
+    if ref.endswith(".gguf"):
+        source, kwargs["gguf_file"] = str(Path(ref).parent), Path(ref).name
+    dtype = _dtype(cfg)
+    if cfg.load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    if cfg.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, cfg.gradient_checkpointing)
+    return model, tokenizer
+
+
+def _peft(cfg: StudentTrainConfig, model: Any) -> tuple[Any, Any]:
+    """(model, peft_config): a fresh LoRA adapter, or the `init_adapter` made trainable again."""
+    from peft import LoraConfig, PeftModel
+
+    if cfg.init_adapter:
+        return PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True), None
+    return model, LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=cfg.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Train and save the adapter (and tokenizer) to `cfg.output_dir`; returns the metrics."""
+    from datasets import load_from_disk
+    from trl import SFTConfig, SFTTrainer
+
+    data = load_from_disk(cfg.dataset)
+    columns = ["prompt", "completion"]
+    train_set = data["train"].select_columns(columns)
+    eval_set = data["test"].select_columns(columns) if "test" in data else None
+    model, tokenizer = load_student_base(cfg)
+    model, peft_config = _peft(cfg, model)
+    args = SFTConfig(
+        output_dir=cfg.output_dir,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_ratio=cfg.warmup_ratio,
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        max_length=cfg.max_length,
+        packing=cfg.packing,
+        padding_free=cfg.padding_free,
+        completion_only_loss=True,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        bf16=_dtype(cfg).__repr__() == "torch.bfloat16" or cfg.load_in_4bit,
+        eval_strategy=("steps" if cfg.eval_steps else "epoch") if eval_set is not None else "no",
+        eval_steps=cfg.eval_steps,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps,
+        seed=cfg.seed,
+        use_cpu=cfg.use_cpu,
+        report_to=cfg.report_to,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    checkpoint = _last_checkpoint(cfg.output_dir) if resume else None
+    if resume and checkpoint is None:
+        log.warning("--resume: no checkpoint in %s; starting from scratch", cfg.output_dir)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(cfg.output_dir)
+    tokenizer.save_pretrained(cfg.output_dir)
+    metrics = dict(result.metrics)
+    metrics["global_step"] = trainer.state.global_step
+    if eval_set is not None:
+        metrics.update(trainer.evaluate())
+    trainer.save_state()
+    return metrics
+
+
+def _last_checkpoint(output_dir: str) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
