@@ -28,7 +28,9 @@ def student_target(verdict: Verdict) -> str:
     obj = verdict.judge.model_dump(mode="json")
     obj["pipeline_path"] = list(verdict.path)
     obj["gap_type"] = verdict.label
-    return json.dumps(obj, ensure_ascii=False)
+    return json.dumps(
+        obj, ensure_ascii=False, separators=(",", ":")
+    )  # as constrained decoding writes it
 
 
 @dataclass

@@ -72,7 +72,7 @@ def _add_judge_options(p: argparse.ArgumentParser, required: bool = True) -> Non
             required=True,
             metavar="SPEC",
             help="openai:MODEL (any OpenAI-compatible server), hf:PATH_OR_ID (local causal LM, "
-            "also a .gguf file) or replay:FILE",
+            "also a .gguf file), student:PATH (trained adapter or merged student) or replay:FILE",
         )
     g.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     g.add_argument(
@@ -105,6 +105,11 @@ def _add_judge_options(p: argparse.ArgumentParser, required: bool = True) -> Non
     )
     g.add_argument(
         "--unconstrained", action="store_true", help="hf judge: no schema-constrained decoding"
+    )
+    g.add_argument(
+        "--student-base",
+        metavar="ID_OR_PATH",
+        help="student judge: base model of the adapter (default: the one in adapter_config.json)",
     )
     g.add_argument(
         "--cache",
@@ -145,6 +150,7 @@ def _build_judge(args: argparse.Namespace):
         batch_size=args.judge_batch_size,
         max_string_chars=args.max_string_chars,
         constrained=not args.unconstrained,
+        base=args.student_base,
         cache=cache,
         meter=CostMeter(model=model, prices=prices),
     )
@@ -472,6 +478,135 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     _add_nli_options(p)
 
 
+# --------------------------------------------------------------------------- student
+def _read_verdicts(path: str, report) -> list:
+    from stepgap.data_builders.io import read_models
+    from stepgap.data_builders.schema import Verdict
+
+    return [v for _, v in read_models(path, Verdict, report)]
+
+
+def _sft_data(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.data_builders.sft import SFTStats, build_sft_dataset, read_ids
+
+    report = ErrorReport()
+    verdicts = [v for path in args.verdicts for v in _read_verdicts(path, report)]
+    exclude = set().union(*(read_ids(p) for p in args.exclude_ids or []))
+    stats = SFTStats()
+    data = build_sft_dataset(
+        verdicts, eval_fraction=args.eval_fraction, seed=args.seed, exclude_ids=exclude, stats=stats
+    )
+    data.save_to_disk(args.output)
+    if args.push_to_hub:
+        data.push_to_hub(args.push_to_hub, private=args.private)
+    sizes = ", ".join(f"{k}: {len(v)}" for k, v in data.items())
+    print(f"stepgap sft-data: {sizes}; {stats}", file=sys.stderr)
+    return _finish(report, args.errors, stats.examples, f"SFT examples to {args.output}")
+
+
+def _sft_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("verdicts", nargs="+", help="teacher verdicts (JSONL), one or more files")
+    p.add_argument("-o", "--output", required=True, help="DatasetDict folder (save_to_disk)")
+    p.add_argument("--eval-fraction", type=float, default=0.1, help="share of traces held out")
+    p.add_argument("--seed", type=int, default=0, help="seed of the trace-level split")
+    p.add_argument(
+        "--exclude-ids",
+        action="append",
+        metavar="FILE",
+        help="trace ids to leave out (gold benchmark): one per line or JSONL with trace_id",
+    )
+    p.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the data set to the Hub")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: a private repo")
+    p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from stepgap.student.train import run
+
+    return run(args)
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    from stepgap.student.train import add_arguments
+
+    add_arguments(p)
+
+
+def _student_judge(args: argparse.Namespace, path: str):
+    from stepgap.teacher.judges import load_judge
+
+    return load_judge(
+        f"student:{path}",
+        base=args.student_base,
+        device=args.judge_device,
+        dtype=args.judge_dtype,
+        batch_size=args.judge_batch_size,
+        max_new_tokens=args.max_tokens,
+    )
+
+
+def _mine(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from stepgap.data_builders import ErrorReport
+    from stepgap.student.mine import ShortCircuit, compare, mine, write_mined
+
+    report = ErrorReport()
+    pool = _read_verdicts(args.pool, report)
+    gold = None
+    if args.gold:
+        from stepgap.eval.report import load_gold
+
+        gold = load_gold(args.gold, report).steps
+    comparisons = compare(_student_judge(args, args.student), pool)
+    result = mine(comparisons, gold, held_out_fraction=args.held_out_fraction, seed=args.seed)
+    out = write_mined(result, pool, args.output)
+    summary = result.summary()
+    if args.augment_config and result.train:
+        from stepgap.student.mine import augment
+
+        adapter = augment(
+            args.augment_config,
+            args.student,
+            out,
+            max_steps=args.augment_steps,
+            learning_rate=args.augment_lr,
+            overrides=args.set,
+        )
+        after = ShortCircuit.of(compare(_student_judge(args, str(adapter)), pool))
+        summary["augmented_adapter"] = str(adapter)
+        summary["short_circuit_after"] = after.__dict__
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    print(json.dumps(summary, indent=2))
+    return _finish(report, args.errors, len(result.mined), f"hard negatives to {out}")
+
+
+def _mine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pool", help="teacher verdicts of the labeled pool (JSONL)")
+    p.add_argument("--student", required=True, metavar="PATH", help="trained adapter or merged")
+    p.add_argument("-o", "--output", required=True, help="folder for the mined steps")
+    p.add_argument("--gold", nargs="+", help="gold labels: keep steps the paper's way")
+    p.add_argument("--held-out-fraction", type=float, default=0.5, help="by trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--augment-config",
+        metavar="YAML",
+        help="continue training the adapter on the mined half with this recipe, then re-measure",
+    )
+    p.add_argument("--augment-steps", type=int, default=200, help="augmentation optimiser steps")
+    p.add_argument("--augment-lr", type=float, default=5e-7, help="augmentation learning rate")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe key")
+    g = p.add_argument_group("student judge")
+    g.add_argument("--student-base", metavar="ID_OR_PATH", help="base of the adapter")
+    g.add_argument("--judge-device", default=None, help="device (default auto)")
+    g.add_argument("--judge-dtype", default=None, help="dtype (float32, bfloat16, ...)")
+    g.add_argument("--judge-batch-size", type=int, default=8, help="generation batch")
+    g.add_argument("--max-tokens", type=int, default=None, help="answer token budget")
+    p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+
+
 # name -> (help, add arguments, run); later issues add label, reward, eval, train, ...
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "segment": ("split raw responses into steps (SPEC section 2)", _segment_args, _segment),
@@ -505,6 +640,17 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         "re-decide stored verdicts (ablation, thresholds) without calling a model",
         _relabel_args,
         _relabel,
+    ),
+    "sft-data": (
+        "teacher verdicts -> path-supervised chat SFT data set, split by trace",
+        _sft_data_args,
+        _sft_data,
+    ),
+    "train": ("train the student (LoRA/QLoRA SFT): same as student/train.py", _train_args, _train),
+    "mine": (
+        "hard negatives where the student parts from the teacher; optional augmentation run",
+        _mine_args,
+        _mine,
     ),
 }
 

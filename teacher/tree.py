@@ -42,6 +42,29 @@ class TreeConfig:
             raise ValueError(f"unknown hypothesis mode {self.hypothesis!r}")
 
 
+# Every token a verdict path can hold, in stage order (the student is held to this vocabulary).
+PATH_TOKENS: tuple[str, ...] = (
+    "stageA:on_target",
+    "stageA:off_target:entity_drift",
+    "stageA:off_target:relation_drift",
+    "stageA:off_target:scope_drift",
+    "stageA:off_target:none",
+    "stageB:grounded_abstention",
+    "stageB:wrong_abstention",
+    "stageB:not_abstention",
+    "stageC:entity_mismatch",
+    "stageC:quote",
+    "stageC:quote_not_verbatim",
+    "stageC:no_quote",
+    "stageD:entailment",
+    "stageD:neutral",
+    "stageD:contradiction",
+    "stageE:no_premises",
+    "stageE:entailed",
+    "stageE:not_entailed",
+)
+
+
 def hypothesis_for(step: Step, question: str, mode: HypothesisMode = "answer_statement") -> str:
     """The NLI hypothesis: an inference step's claim, a conclusion's answer statement."""
     if step.type == "inference" or mode == "claim":

@@ -32,10 +32,17 @@ def _hf(model: str, **options: Any) -> JudgeBackend:
     return load_hf_judge(model, **options)
 
 
+def _student(model: str, **options: Any) -> JudgeBackend:
+    from stepgap.student.judge import load_student_judge
+
+    return load_student_judge(model, **options)
+
+
 _REGISTRY: dict[str, Callable[..., JudgeBackend]] = {
     "replay": lambda arg, **kw: ReplayJudge.from_file(arg),
     "openai": _openai,
     "hf": _hf,
+    "student": _student,
 }
 
 
@@ -45,7 +52,8 @@ def register_judge(kind: str, factory: Callable[..., JudgeBackend]) -> None:
 
 
 def load_judge(spec: str, **kwargs: Any) -> JudgeBackend:
-    """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `replay:FILE`.
+    """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `student:PATH`,
+    `replay:FILE`.
 
     Options a backend does not take (e.g. `concurrency` for replay) are ignored.
     """

@@ -37,6 +37,7 @@ class JudgeResult:
     confidences: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # beyond the judge: a student's path, label
 
     @classmethod
     def failed(cls, error: str, usage: dict[str, int] | None = None) -> JudgeResult:

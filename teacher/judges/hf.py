@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from stepgap.data_builders.schema import Judge
 from stepgap.models import resolve_model_ref
 
 from ..nli.hf import resolve_device, resolve_dtype
@@ -29,14 +30,14 @@ from .cost import CostMeter
 log = logging.getLogger(__name__)
 
 
-def judge_regex(max_string_chars: int | None = None) -> str:
-    """The judge schema as a compact-JSON regular expression (no optional whitespace)."""
+def judge_regex(max_string_chars: int | None = None, schema: dict[str, Any] | None = None) -> str:
+    """A judge schema (default: the teacher's) as a compact-JSON regular expression."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    schema = judge_json_schema()
+    schema = schema if schema is not None else judge_json_schema()
     if max_string_chars is not None:
         for section in schema["properties"].values():
-            for prop in section["properties"].values():
+            for prop in section.get("properties", {}).values():
                 if prop.get("type") == "string" and "enum" not in prop:
                     prop["maxLength"] = max_string_chars
     return build_regex_from_schema(json.dumps(schema), whitespace_pattern="")
@@ -119,6 +120,9 @@ def load_causal_lm(ref: str, device: str | None = None, dtype: str | None = None
 
 
 class HFJudge:
+    """Batched greedy generation of judge objects; subclasses change how the model loads, the
+    schema it is held to and how an answer is parsed (see `stepgap.student.judge`)."""
+
     name = "hf"
 
     def __init__(
@@ -136,13 +140,15 @@ class HFJudge:
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
     ) -> None:
         self.model_ref = model
-        self.tokenizer, self.model = load_causal_lm(model, device, dtype)
+        self.tokenizer, self.model = self.load(model, device, dtype)
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.constrained = constrained
         self.max_string_chars = max_string_chars
         self.index = (
-            build_index(self.tokenizer, judge_regex(max_string_chars)) if constrained else None
+            build_index(self.tokenizer, judge_regex(max_string_chars, self.schema()))
+            if constrained
+            else None
         )
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
@@ -152,6 +158,17 @@ class HFJudge:
             "constrained": constrained,
             "max_string_chars": max_string_chars,
         }
+
+    def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
+        return load_causal_lm(model, device, dtype)
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema that constrained decoding follows."""
+        return judge_json_schema()
+
+    def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
+        """(judge object, anything the answer holds beyond it)."""
+        return parse_judge(text), {}
 
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
         results: list[JudgeResult | None] = [None] * len(requests)
@@ -235,7 +252,7 @@ class HFJudge:
                 continue
             text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
             try:
-                judge = parse_judge(text)
+                judge, extra = self.parse(text)
             except JudgeParseError as exc:
                 results.append(JudgeResult.failed(str(exc), usage))
                 continue
@@ -244,7 +261,7 @@ class HFJudge:
                 for k, t in enumerate(ids[:n])
             ]
             conf = {s: p for s, p in stage_confidences(tokens).items() if math.isfinite(p)}
-            results.append(JudgeResult(judge=judge, confidences=conf, usage=usage))
+            results.append(JudgeResult(judge=judge, confidences=conf, usage=usage, extra=extra))
         return results
 
 

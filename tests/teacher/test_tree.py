@@ -215,3 +215,35 @@ def test_bad_config_is_rejected():
         TreeConfig(ablate="C")
     with pytest.raises(ValueError):
         TreeConfig(entail_threshold=0)
+
+
+def test_every_path_token_the_tree_writes_is_in_path_tokens():
+    """The student's constrained vocabulary (PATH_TOKENS) covers every branch, and no more."""
+    import itertools
+
+    from stepgap.teacher.tree import PATH_TOKENS
+
+    seen: set[str] = set()
+    for off, drift, abstain, accurate, entity, found, quote, step_type, nli_probs in (
+        itertools.product(
+            [False, True], ["none", "entity_drift", "relation_drift", "scope_drift"],
+            [False, True], [False, True], [False, True], [False, True],
+            [QUOTE, "not in the evidence at all"], ["inference", "conclusion"],
+            [ENTAIL, NEUTRAL, CONTRA],
+        )
+    ):  # fmt: skip
+        step_judge = judge(
+            off=off, drift=drift, abstain=abstain, accurate=accurate, entity=entity,
+            found=found, quote=quote,
+        )  # fmt: skip
+        v, _ = one_step(step_judge, step_type=step_type, nli_probs=nli_probs)
+        seen.update(v.path)
+    # stage E with premises needs an earlier entity-matched step
+    earlier = inference(0, "Kurosawa directed it.", EVIDENCE)
+    final = conclusion(1, "Tokyo")
+    for p in (ENTAIL, NEUTRAL):
+        nli = TableNLI({}, default=p)
+        vs = decide_trace("t", Q, [earlier, final], [ok(judge()), ok(judge())], nli)
+        seen.update(vs[1].path)
+    assert seen == set(PATH_TOKENS)
+    assert len(PATH_TOKENS) == len(set(PATH_TOKENS))

@@ -1,0 +1,100 @@
+"""`student:PATH`: the distilled student as the judge of stages A-C.
+
+PATH is a LoRA adapter folder (its base is read from `adapter_config.json`, or given with
+`base=`) or a merged model folder. The student writes the judge JSON plus the path and label it
+learned from the teacher (`pipeline_path`, `gap_type`); decoding is held to that extended schema,
+the extra keys go to `JudgeResult.extra` (hard-negative mining compares them with the teacher's)
+and the judge object alone is fed to the same decision tree as the teacher's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from stepgap.data_builders.schema import LABELS, Judge
+from stepgap.data_builders.sft import STUDENT_KEYS
+from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
+from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
+from stepgap.teacher.tree import PATH_TOKENS
+
+log = logging.getLogger(__name__)
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def student_json_schema() -> dict[str, Any]:
+    """The teacher's judge schema plus the student's `pipeline_path` and `gap_type`."""
+    schema = judge_json_schema()
+    schema["properties"]["pipeline_path"] = {
+        "type": "array",
+        "items": {"type": "string", "enum": list(PATH_TOKENS)},
+        "minItems": 1,
+        "maxItems": 5,
+    }
+    schema["properties"]["gap_type"] = {"type": "string", "enum": list(LABELS)}
+    schema["required"] = [*schema["required"], *STUDENT_KEYS]
+    return schema
+
+
+def is_adapter(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def load_student(
+    path: str, base: str | None = None, device: str | None = None, dtype: str | None = None
+) -> tuple[Any, Any]:
+    """(tokenizer, model): an adapter merged into its base for fast generation, or a merged model."""
+    if not is_adapter(path):
+        return load_causal_lm(path, device, dtype)
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    base = base or config.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base model; pass base=ID_OR_PATH")
+    tokenizer, model = load_causal_lm(base, device, dtype)
+    if (Path(path) / "tokenizer_config.json").is_file():  # the trained chat template wins
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+    model = PeftModel.from_pretrained(model, path).merge_and_unload()
+    model.eval()
+    return tokenizer, model
+
+
+class StudentJudge(HFJudge):
+    name = "student"
+
+    def __init__(self, model: str, *, base: str | None = None, **options: Any) -> None:
+        self.base = base
+        super().__init__(model, **options)
+
+    def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
+        return load_student(model, self.base, device, dtype)
+
+    def schema(self) -> dict[str, Any]:
+        return student_json_schema()
+
+    def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
+        """The judge object, and the student's own path and label split off from it."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            return parse_judge(text), {}  # raises with the position
+        if not isinstance(obj, dict):
+            raise JudgeParseError("student answer is not a JSON object")
+        claims = {key: obj.pop(key, None) for key in STUDENT_KEYS}
+        return parse_judge(json.dumps(obj)), claims
+
+
+def load_student_judge(model: str, **options: Any) -> StudentJudge:
+    known = {
+        "base", "device", "dtype", "batch_size", "max_new_tokens", "constrained",
+        "max_string_chars", "cache", "meter", "on_result",
+    }  # fmt: skip
+    return StudentJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})

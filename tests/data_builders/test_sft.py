@@ -1,0 +1,123 @@
+"""Teacher verdicts -> path-supervised SFT data: targets, trace-level splits, exclusions, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepgap.cli import main
+from stepgap.data_builders import iter_traces
+from stepgap.data_builders.io import read_models
+from stepgap.data_builders.schema import Verdict
+from stepgap.data_builders.sft import (
+    SFTStats,
+    build_sft_dataset,
+    sft_examples,
+    split_by_trace,
+    student_target,
+)
+from stepgap.teacher.checker import Checker
+from stepgap.teacher.judges import ReplayJudge
+from stepgap.teacher.nli.replay import ReplayNLI
+from stepgap.teacher.prompt import build_messages
+
+
+@pytest.fixture(scope="module")
+def verdicts(examples_dir) -> list[Verdict]:
+    return [v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict)]
+
+
+def _many_traces(verdicts: list[Verdict], copies: int) -> list[Verdict]:
+    """The example verdicts under `copies` distinct trace ids each."""
+    return [
+        v.model_copy(update={"trace_id": f"{v.trace_id}#{k}"})
+        for k in range(copies)
+        for v in verdicts
+    ]
+
+
+def test_shipped_teacher_verdicts_are_what_the_replay_teacher_says(examples_dir, verdicts):
+    traces = list(iter_traces(examples_dir / "traces.jsonl"))
+    checker = Checker(
+        ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"),
+        ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"),
+    )
+    fresh = [v for vs in checker.check(traces) for v in vs]
+    assert [(v.trace_id, v.step, v.label, v.path) for v in fresh] == [
+        (v.trace_id, v.step, v.label, v.path) for v in verdicts
+    ]
+
+
+def test_target_is_the_judge_json_plus_path_and_label(verdicts):
+    v = next(v for v in verdicts if v.label == "MB")
+    target = json.loads(student_target(v))
+    assert target.pop("pipeline_path") == v.path
+    assert target.pop("gap_type") == "MB"
+    assert target == v.judge.model_dump(mode="json")
+    assert ", " not in student_target(v)[:40]  # compact, as constrained decoding writes JSON
+
+
+def test_prompt_is_the_teachers_judge_prompt(verdicts):
+    ex = next(sft_examples(verdicts))
+    group = [v for v in verdicts if v.trace_id == ex["trace_id"]]
+    steps = [v.step_data for v in group]
+    assert ex["prompt"] == build_messages(group[0].question, steps, ex["step"])
+    assert ex["completion"][0]["role"] == "assistant"
+
+
+def test_split_never_puts_one_trace_on_both_sides(verdicts):
+    data = build_sft_dataset(_many_traces(verdicts, 20), eval_fraction=0.3, seed=7)
+    train, test = set(data["train"]["trace_id"]), set(data["test"]["trace_id"])
+    assert train and test and not train & test
+    # every step of a held-out trace is held out
+    for tid in test:
+        assert tid not in train
+    assert 0.15 < len(test) / (len(test) + len(train)) < 0.45
+    again = build_sft_dataset(_many_traces(verdicts, 20), eval_fraction=0.3, seed=7)
+    assert set(again["test"]["trace_id"]) == test  # deterministic
+    other = build_sft_dataset(_many_traces(verdicts, 20), eval_fraction=0.3, seed=8)
+    assert set(other["test"]["trace_id"]) != test
+
+
+def test_split_by_trace_is_stable_under_reordering(verdicts):
+    examples = list(sft_examples(_many_traces(verdicts, 5)))
+    a = split_by_trace(examples, 0.5)
+    b = split_by_trace(list(reversed(examples)), 0.5)
+    assert {e["trace_id"] for e in a[1]} == {e["trace_id"] for e in b[1]}
+
+
+def test_excluded_and_failed_steps_are_counted_not_learned(verdicts):
+    failed = verdicts[0].model_copy(update={"label": None, "judge": None, "error": "boom"})
+    stats = SFTStats()
+    excluded = {"case2-kuhn-pertramer"}
+    out = list(sft_examples([failed, *verdicts[1:]], exclude_ids=excluded, stats=stats))
+    assert stats.skipped_failed == 1
+    assert stats.skipped_excluded == sum(v.trace_id in excluded for v in verdicts)
+    assert not {e["trace_id"] for e in out} & excluded
+    assert stats.examples == len(out) == len(verdicts) - 1 - stats.skipped_excluded
+
+
+def test_cli_sft_data(tmp_path, examples_dir, capsys):
+    from datasets import load_from_disk
+
+    ids = tmp_path / "gold_ids.txt"
+    ids.write_text("case1-whitehorse\n")
+    out = tmp_path / "sft"
+    rc = main(
+        [
+            "sft-data",
+            str(examples_dir / "teacher_verdicts.jsonl"),
+            "-o",
+            str(out),
+            "--eval-fraction",
+            "0.3",
+            "--exclude-ids",
+            str(ids),
+        ]
+    )
+    assert rc == 0
+    data = load_from_disk(str(out))
+    seen = set(data["train"]["trace_id"]) | set(data.get("test", data["train"])["trace_id"])
+    assert "case1-whitehorse" not in seen
+    assert set(data["train"].column_names) >= {"prompt", "completion", "trace_id", "step"}

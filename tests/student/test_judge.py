@@ -1,0 +1,57 @@
+"""The student judge backend: its schema, answer parsing, and loading by spec."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepgap.data_builders.schema import LABELS
+from stepgap.data_builders.sft import STUDENT_KEYS, student_target
+from stepgap.student.judge import StudentJudge, is_adapter, student_json_schema
+from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema
+from stepgap.teacher.judges.hf import judge_regex
+from stepgap.teacher.tree import PATH_TOKENS
+
+
+def test_student_schema_extends_the_judge_schema():
+    schema = student_json_schema()
+    teacher = judge_json_schema()
+    assert list(schema["properties"])[: len(teacher["properties"])] == list(teacher["properties"])
+    assert schema["properties"]["gap_type"]["enum"] == list(LABELS)
+    assert set(schema["properties"]["pipeline_path"]["items"]["enum"]) == set(PATH_TOKENS)
+    assert schema["required"][-2:] == list(STUDENT_KEYS)
+
+
+def test_every_teacher_target_matches_the_constrained_regex(examples_dir):
+    """What the student is trained to write is exactly what constrained decoding allows."""
+    import re
+
+    from stepgap.data_builders.io import read_models
+    from stepgap.data_builders.schema import Verdict
+
+    pattern = re.compile(judge_regex(schema=student_json_schema()))
+    verdicts = [v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict)]
+    assert verdicts
+    for v in verdicts:
+        assert pattern.fullmatch(student_target(v)), (v.trace_id, v.step)
+
+
+def test_parse_splits_off_the_students_path_and_label(examples_dir):
+    from stepgap.data_builders.io import read_models
+    from stepgap.data_builders.schema import Verdict
+
+    v = next(v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict))
+    judge, extra = StudentJudge.parse(object.__new__(StudentJudge), student_target(v))
+    assert judge == v.judge
+    assert extra == {"pipeline_path": v.path, "gap_type": v.label}
+    with pytest.raises(JudgeParseError):
+        StudentJudge.parse(object.__new__(StudentJudge), json.dumps({"gap_type": "CC"}))
+    with pytest.raises(JudgeParseError):
+        StudentJudge.parse(object.__new__(StudentJudge), "[1, 2]")
+
+
+def test_adapter_detection(tmp_path):
+    assert not is_adapter(tmp_path)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert is_adapter(tmp_path)

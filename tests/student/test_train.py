@@ -1,0 +1,116 @@
+"""The student trainer on CPU: the tiny recipe learns the teacher's JSON, resumes exactly, and
+runs under `accelerate launch` from the repo root as users run it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from stepgap.student.config import load_config
+from stepgap.student.judge import StudentJudge
+from stepgap.student.mine import student_requests
+from stepgap.student.sft import train
+
+from .conftest import REPO, TINY
+
+
+def test_tiny_student_reproduces_the_teachers_judge_json(tiny_student, pool):
+    out, metrics = tiny_student
+    assert metrics["global_step"] == 100
+    assert (out / "adapter_model.safetensors").is_file()
+    requests = student_requests(pool)[:16]  # the 16 training steps, in data-set order
+    teacher = {(v.trace_id, v.step): v for v in pool}
+    judge = StudentJudge(str(out), batch_size=8, max_new_tokens=256)
+    results = judge.judge(requests)
+    same_json = [
+        r.judge == teacher[(q.trace_id, q.step)].judge
+        for q, r in zip(requests, results, strict=True)
+    ]
+    assert sum(same_json) >= math.ceil(0.9 * len(requests)), same_json
+    same_label = [
+        r.extra.get("gap_type") == teacher[(q.trace_id, q.step)].label
+        for q, r in zip(requests, results, strict=True)
+    ]
+    assert sum(same_label) >= math.ceil(0.9 * len(requests))
+
+
+def test_untrained_student_does_not_reproduce_it(tiny_student, pool):
+    """The bar above is not met by chance: the tiny base without the adapter fails it."""
+    out, _ = tiny_student
+    base = StudentJudge(str(out / "tiny-base"), batch_size=8, max_new_tokens=64)
+    requests = student_requests(pool)[:4]
+    teacher = {(v.trace_id, v.step): v for v in pool}
+    results = base.judge(requests)
+    assert not any(
+        r.judge == teacher[(q.trace_id, q.step)].judge
+        for q, r in zip(requests, results, strict=True)
+    )
+
+
+def test_resume_continues_from_the_checkpoint_with_the_same_step_count(
+    tmp_path, examples_dir, monkeypatch
+):
+    from safetensors.torch import load_file
+    from trl import SFTTrainer
+
+    settings = {
+        "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
+        "max_train_examples": 8,
+        "max_steps": 4,
+        "save_steps": 2,
+        "save_total_limit": None,
+    }
+    out = tmp_path / "run"
+    full = train(load_config(TINY, {**settings, "output_dir": str(out)}))
+    assert full["global_step"] == 4 and full["resumed_from"] is None
+    reference = load_file(out / "adapter_model.safetensors")
+    # a crash after step 2: the step-4 checkpoint and the final adapter never got written
+    shutil.rmtree(out / "checkpoint-4")
+    (out / "adapter_model.safetensors").unlink()
+    steps_run = []
+    original = SFTTrainer.training_step
+    monkeypatch.setattr(
+        SFTTrainer,
+        "training_step",
+        lambda self, *a, **k: steps_run.append(1) or original(self, *a, **k),
+    )
+    resumed = train(load_config(TINY, {**settings, "output_dir": str(out)}), resume=True)
+    assert resumed["resumed_from"].endswith("checkpoint-2")
+    assert resumed["global_step"] == full["global_step"] == 4
+    assert len(steps_run) == 2  # only the two missing steps were run
+    again = load_file(out / "adapter_model.safetensors")
+    assert again.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert (again[name] - tensor).abs().max() < 1e-5, name
+
+
+def test_accelerate_launch_from_the_repo_root(tmp_path):
+    """`accelerate launch student/train.py --config student/configs/tiny.yaml`, shortened."""
+    accelerate = Path(sys.executable).parent / "accelerate"
+    out = tmp_path / "launched"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [
+        str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+        "student/train.py", "--config", "student/configs/tiny.yaml",
+        "--set", f"output_dir={out}", "--set", "max_steps=2", "--set", "max_train_examples=4",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads(proc.stdout[proc.stdout.rindex("\n{\n") + 1 :])  # the printed metrics
+    assert metrics["global_step"] == 2
+    assert (out / "adapter_model.safetensors").is_file()
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == 64
+
+
+def test_bad_recipe_is_a_clear_error(tmp_path):
+    from stepgap.student.train import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: x\ndataset: y\noutput_dir: z\nlora_rank: 8\n")
+    assert main(["--config", str(bad)]) == 2
