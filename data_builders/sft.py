@@ -19,6 +19,7 @@ from typing import Any
 from .schema import Verdict
 
 STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
+SFT_META = "stepgap_sft.json"  # beside a saved data set: how its prompts were built
 
 
 def student_target(verdict: Verdict) -> str:
@@ -44,10 +45,18 @@ class SFTStats:
 
 
 def sft_examples(
-    verdicts: Iterable[Verdict], *, exclude_ids: Iterable[str] = (), stats: SFTStats | None = None
+    verdicts: Iterable[Verdict],
+    *,
+    exclude_ids: Iterable[str] = (),
+    stats: SFTStats | None = None,
+    nli: Any = None,
 ) -> Iterator[dict[str, Any]]:
-    """Prompt-completion chat examples, one per successfully labeled step."""
-    from stepgap.teacher.checker import group_by_trace
+    """Prompt-completion chat examples, one per successfully labeled step.
+
+    With an NLI backend, each prompt also carries the step's NLI features (the "with NLI"
+    student); without, it is the teacher's prompt exactly (the paper's "no NLI" ablation).
+    """
+    from stepgap.teacher.checker import group_by_trace, step_nli_features
     from stepgap.teacher.prompt import build_messages
 
     stats = stats if stats is not None else SFTStats()
@@ -62,6 +71,7 @@ def sft_examples(
             stats.skipped_incomplete += len(group)
             continue
         stats.traces += 1
+        features = step_nli_features(question, steps, nli) if nli is not None else None  # type: ignore[arg-type]
         for i, v in enumerate(group):
             if v.judge is None or v.label is None:
                 stats.skipped_failed += 1
@@ -69,7 +79,7 @@ def sft_examples(
             stats.examples += 1
             stats.labels[v.label] = stats.labels.get(v.label, 0) + 1
             yield {
-                "prompt": build_messages(question, steps, i),  # type: ignore[arg-type]
+                "prompt": build_messages(question, steps, i, features[i] if features else None),  # type: ignore[arg-type]
                 "completion": [{"role": "assistant", "content": student_target(v)}],
                 "trace_id": trace_id,
                 "step": v.step,
@@ -100,11 +110,12 @@ def build_sft_dataset(
     seed: int = 0,
     exclude_ids: Iterable[str] = (),
     stats: SFTStats | None = None,
+    nli: Any = None,
 ) -> Any:
     """A `datasets.DatasetDict` with `train` and (when non-empty) `test` splits."""
     from datasets import Dataset, DatasetDict
 
-    examples = list(sft_examples(verdicts, exclude_ids=exclude_ids, stats=stats))
+    examples = list(sft_examples(verdicts, exclude_ids=exclude_ids, stats=stats, nli=nli))
     if not examples:
         raise ValueError("no labeled steps to learn from (all failed, excluded or incomplete)")
     train, held = split_by_trace(examples, eval_fraction, seed)
@@ -112,6 +123,24 @@ def build_sft_dataset(
     if held:
         splits["test"] = Dataset.from_list(held)
     return DatasetDict(splits)
+
+
+def save_sft_dataset(data: Any, path: str | Path, *, nli_features: bool, **info: Any) -> None:
+    """`save_to_disk` plus a `stepgap_sft.json` that the trainer copies into the adapter, so the
+    student judge knows whether its prompts need NLI features."""
+    from stepgap.teacher.prompt import PROMPT_VERSION
+
+    data.save_to_disk(str(path))
+    meta = {"nli_features": nli_features, "prompt_version": PROMPT_VERSION, **info}
+    (Path(path) / SFT_META).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+
+
+def read_sft_metadata(path: str | Path) -> dict[str, Any]:
+    """The data set's metadata; a folder without one (or a verdicts file) has no NLI features."""
+    meta = Path(path) / SFT_META
+    if meta.is_file():
+        return json.loads(meta.read_text(encoding="utf-8"))
+    return {"nli_features": False}
 
 
 def read_ids(path: str | Path) -> set[str]:

@@ -488,16 +488,34 @@ def _read_verdicts(path: str, report) -> list:
 
 def _sft_data(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
-    from stepgap.data_builders.sft import SFTStats, build_sft_dataset, read_ids
+    from stepgap.data_builders.sft import SFTStats, build_sft_dataset, read_ids, save_sft_dataset
 
     report = ErrorReport()
     verdicts = [v for path in args.verdicts for v in _read_verdicts(path, report)]
     exclude = set().union(*(read_ids(p) for p in args.exclude_ids or []))
     stats = SFTStats()
+    nli = None
+    if args.nli_features:
+        from stepgap.teacher import load_nli
+
+        nli = load_nli(args.nli_features, device=args.device)
     data = build_sft_dataset(
-        verdicts, eval_fraction=args.eval_fraction, seed=args.seed, exclude_ids=exclude, stats=stats
+        verdicts,
+        eval_fraction=args.eval_fraction,
+        seed=args.seed,
+        exclude_ids=exclude,
+        stats=stats,
+        nli=nli,
     )
-    data.save_to_disk(args.output)
+    save_sft_dataset(
+        data,
+        args.output,
+        nli_features=nli is not None,
+        nli_model=args.nli_features,
+        eval_fraction=args.eval_fraction,
+        seed=args.seed,
+        stats=stats.__dict__,
+    )
     if args.push_to_hub:
         data.push_to_hub(args.push_to_hub, private=args.private)
     sizes = ", ".join(f"{k}: {len(v)}" for k, v in data.items())
@@ -516,6 +534,13 @@ def _sft_data_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="trace ids to leave out (gold benchmark): one per line or JSONL with trace_id",
     )
+    p.add_argument(
+        "--nli-features",
+        metavar="SPEC",
+        help="add each step's NLI probabilities to its prompt, scored by this NLI model "
+        "(hf:ID_OR_PATH, a hub id/path or replay:FILE); without it: the paper's no-NLI student",
+    )
+    p.add_argument("--device", default=None, help="device of the --nli-features model")
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the data set to the Hub")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: a private repo")
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
@@ -560,9 +585,15 @@ def _mine(args: argparse.Namespace) -> int:
         from stepgap.eval.report import load_gold
 
         gold = load_gold(args.gold, report).steps
-    comparisons = compare(_student_judge(args, args.student), pool)
+    nli = None
+    if args.nli:
+        from stepgap.teacher import load_nli
+
+        nli = load_nli(args.nli, device=args.device)
+    student = _student_judge(args, args.student)
+    comparisons = compare(student, pool, nli)
     result = mine(comparisons, gold, held_out_fraction=args.held_out_fraction, seed=args.seed)
-    out = write_mined(result, pool, args.output)
+    out = write_mined(result, pool, args.output, nli if student.nli_features else None)
     summary = result.summary()
     if args.augment_config and result.train:
         from stepgap.student.mine import augment
@@ -575,7 +606,7 @@ def _mine(args: argparse.Namespace) -> int:
             learning_rate=args.augment_lr,
             overrides=args.set,
         )
-        after = ShortCircuit.of(compare(_student_judge(args, str(adapter)), pool))
+        after = ShortCircuit.of(compare(_student_judge(args, str(adapter)), pool, nli))
         summary["augmented_adapter"] = str(adapter)
         summary["short_circuit_after"] = after.__dict__
     (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -600,6 +631,8 @@ def _mine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe key")
     g = p.add_argument_group("student judge")
     g.add_argument("--student-base", metavar="ID_OR_PATH", help="base of the adapter")
+    g.add_argument("--nli", metavar="SPEC", help="NLI model for a student trained with features")
+    g.add_argument("--device", default=None, help="device of the --nli model")
     g.add_argument("--judge-device", default=None, help="device (default auto)")
     g.add_argument("--judge-dtype", default=None, help="dtype (float32, bfloat16, ...)")
     g.add_argument("--judge-batch-size", type=int, default=8, help="generation batch")

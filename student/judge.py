@@ -23,6 +23,7 @@ from stepgap.teacher.tree import PATH_TOKENS
 log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
+STUDENT_META = "stepgap_student.json"  # written by the trainer: how to prompt this student
 
 
 def student_json_schema() -> dict[str, Any]:
@@ -72,6 +73,9 @@ class StudentJudge(HFJudge):
 
     def __init__(self, model: str, *, base: str | None = None, **options: Any) -> None:
         self.base = base
+        meta = Path(model) / STUDENT_META
+        info = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
+        self.nli_features = bool(info.get("nli_features", False))  # the Checker adds them
         super().__init__(model, **options)
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:

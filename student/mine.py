@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from stepgap.data_builders.schema import Verdict
-from stepgap.data_builders.sft import build_sft_dataset, in_eval_split
-from stepgap.teacher.checker import group_by_trace
+from stepgap.data_builders.sft import build_sft_dataset, in_eval_split, save_sft_dataset
+from stepgap.teacher.checker import group_by_trace, step_nli_features
 from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest, JudgeResult
+from stepgap.teacher.nli.base import NLIBackend
 from stepgap.teacher.prompt import build_messages
 
 NO_GAP = "no_gap"
@@ -68,26 +69,31 @@ class Comparison:
         )
 
 
-def student_requests(pool: Sequence[Verdict]) -> list[JudgeRequest]:
-    """The teacher's judge prompt for every step of the pool that the teacher labeled."""
+def student_requests(pool: Sequence[Verdict], nli: NLIBackend | None = None) -> list[JudgeRequest]:
+    """The judge prompt for every step of the pool that the teacher labeled (with NLI
+    features when an NLI backend is given, for students trained with them)."""
     requests = []
     for trace_id, group in group_by_trace(pool).items():
         steps = [v.step_data for v in group]
         question = group[0].question
         if question is None or any(s is None for s in steps):
             continue
+        feats = step_nli_features(question, steps, nli) if nli is not None else None  # type: ignore[arg-type]
         for i, v in enumerate(group):
             if v.label is not None and v.judge is not None:
-                requests.append(
-                    JudgeRequest(trace_id, v.step, v.type, build_messages(question, steps, i))  # type: ignore[arg-type]
-                )
+                messages = build_messages(question, steps, i, feats[i] if feats else None)  # type: ignore[arg-type]
+                requests.append(JudgeRequest(trace_id, v.step, v.type, messages))
     return requests
 
 
-def compare(judge: JudgeBackend, pool: Sequence[Verdict]) -> list[Comparison]:
+def compare(
+    judge: JudgeBackend, pool: Sequence[Verdict], nli: NLIBackend | None = None
+) -> list[Comparison]:
     """Ask the student about every teacher-labeled step of the pool."""
+    if getattr(judge, "nli_features", False) and nli is None:
+        raise ValueError("this student was trained with NLI features: give an NLI model (--nli)")
     by_key = {(v.trace_id, v.step): v for v in pool}
-    requests = student_requests(pool)
+    requests = student_requests(pool, nli if getattr(judge, "nli_features", False) else None)
     results = judge.judge(requests)
     return [
         Comparison(by_key[(r.trace_id, r.step)], res)
@@ -175,7 +181,12 @@ def _teacher_matches_gold_nearby(
     return False
 
 
-def write_mined(result: MineResult, pool: Sequence[Verdict], out_dir: str | Path) -> Path:
+def write_mined(
+    result: MineResult,
+    pool: Sequence[Verdict],
+    out_dir: str | Path,
+    nli: NLIBackend | None = None,
+) -> Path:
     """hard_negatives.jsonl (with reasons), sft/ (train = mined half, test = held-out half),
     and summary.json; the SFT examples keep the teacher's full prompt context from the pool."""
     out = Path(out_dir)
@@ -192,13 +203,13 @@ def write_mined(result: MineResult, pool: Sequence[Verdict], out_dir: str | Path
         for v in pool
     ]  # whole traces for the prompts; only mined steps become examples
     if result.mined:
-        data = build_sft_dataset(context, eval_fraction=0.0)
+        data = build_sft_dataset(context, eval_fraction=0.0, nli=nli)
         train = data["train"].filter(lambda ex: (ex["trace_id"], ex["step"]) not in held)
         test = data["train"].filter(lambda ex: (ex["trace_id"], ex["step"]) in held)
         from datasets import DatasetDict
 
         splits = {"train": train} | ({"test": test} if len(test) else {})
-        DatasetDict(splits).save_to_disk(str(out / "sft"))
+        save_sft_dataset(DatasetDict(splits), out / "sft", nli_features=nli is not None)
     (out / "summary.json").write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
     return out
 

@@ -6,9 +6,12 @@ completion (the judge JSON with path and label) and never on the long judge prom
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
+
+from stepgap.data_builders.sft import read_sft_metadata
 
 from .config import StudentTrainConfig
 
@@ -114,6 +117,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     from trl import SFTConfig, SFTTrainer
 
     data = load_sft_data(cfg)
+    data_meta = read_sft_metadata(cfg.dataset) if Path(cfg.dataset).is_dir() else {}
     columns = ["prompt", "completion"]
     train_set = data["train"].select_columns(columns)
     eval_set = data["test"].select_columns(columns) if "test" in data else None
@@ -161,6 +165,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(cfg.output_dir)
     tokenizer.save_pretrained(cfg.output_dir)
+    write_student_metadata(cfg, data_meta)
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
     metrics["resumed_from"] = checkpoint
@@ -168,6 +173,22 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         metrics.update(trainer.evaluate())
     trainer.save_state()
     return metrics
+
+
+def write_student_metadata(cfg: StudentTrainConfig, data_meta: dict[str, Any]) -> None:
+    """`stepgap_student.json` next to the adapter: how to prompt this student."""
+    from stepgap.teacher.prompt import PROMPT_VERSION
+
+    from .judge import STUDENT_META
+
+    meta = {
+        "nli_features": bool(data_meta.get("nli_features", False)),
+        "nli_model": data_meta.get("nli_model"),
+        "prompt_version": data_meta.get("prompt_version", PROMPT_VERSION),
+        "base_model": cfg.model,
+        "init_adapter": cfg.init_adapter,
+    }
+    (Path(cfg.output_dir) / STUDENT_META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

@@ -18,7 +18,7 @@ from .judges.replay import ReplayJudge
 from .nli.base import NLIBackend, NLIError, Pair
 from .nli.replay import ReplayNLI
 from .prompt import PROMPT_VERSION, build_requests
-from .tree import TreeConfig, ablation_configs, decide_trace, nli_pairs_needed
+from .tree import TreeConfig, ablation_configs, decide_trace, hypothesis_for, nli_pairs_needed
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,43 @@ def _decide_batch(
     return out
 
 
+def step_nli_features(
+    question: str, steps: Sequence[Step], nli: NLIBackend, config: TreeConfig | None = None
+) -> list[list[dict[str, object]]]:
+    """Per step, the NLI probabilities of each of its own snippets against its hypothesis.
+
+    The input of the paper's "with NLI features" student; scored in one batched NLI call.
+    """
+    config = config or TreeConfig()
+    pairs = [
+        (snip.text, hypothesis_for(step, question, config.hypothesis))
+        for step in steps
+        for snip in step.evidence
+    ]
+    probs = iter(nli.predict(pairs) if pairs else [])
+    out = []
+    for step in steps:
+        feats: list[dict[str, object]] = []
+        for snip in step.evidence:
+            p = next(probs)
+            feats.append(
+                {
+                    "title": snip.title,
+                    "entailment": round(p.entailment, 3),
+                    "neutral": round(p.neutral, 3),
+                    "contradiction": round(p.contradiction, 3),
+                }
+            )
+        out.append(feats)
+    return out
+
+
 class Checker:
-    """Labels every step of segmented traces with a typed gap verdict."""
+    """Labels every step of segmented traces with a typed gap verdict.
+
+    A judge with `nli_features = True` (a student trained with them) gets each step's NLI
+    features in its prompt, computed with the checker's own NLI backend.
+    """
 
     def __init__(
         self, judge: JudgeBackend, nli: NLIBackend, config: TreeConfig | None = None
@@ -112,10 +147,16 @@ class Checker:
     def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
         """Stages A-C for every step of every trace, in one call to the judge backend."""
         requests = []
+        with_features = getattr(self.judge, "nli_features", False)
         for t in traces:
             if t.steps is None:
                 raise ValueError(f"trace {t.id!r} is not segmented; run segment_trace first")
-            requests.extend(build_requests(t.id, t.question, t.steps))
+            features = (
+                step_nli_features(t.question, t.steps, self.nli, self.config)
+                if with_features
+                else None
+            )
+            requests.extend(build_requests(t.id, t.question, t.steps, features))
         results = iter(self.judge.judge(requests))
         return [[next(results) for _ in t.steps] for t in traces]  # type: ignore[union-attr]
 

@@ -120,8 +120,17 @@ def _snippets(steps: Sequence[Step]) -> list[dict[str, object]]:
     ]
 
 
-def build_messages(question: str, steps: Sequence[Step], index: int) -> Messages:
-    """The chat messages that ask the judge about step `index` of a segmented trace."""
+def build_messages(
+    question: str,
+    steps: Sequence[Step],
+    index: int,
+    nli_features: Sequence[dict[str, object]] | None = None,
+) -> Messages:
+    """The chat messages that ask the judge about step `index` of a segmented trace.
+
+    `nli_features` (the NLI probabilities of the step's own snippets against its claim) is
+    only given to a student trained with them; the teacher's prompt never has it.
+    """
     step = steps[index]
     data: dict[str, object] = {
         "question": question,
@@ -140,15 +149,27 @@ def build_messages(question: str, steps: Sequence[Step], index: int) -> Messages
         data["global_evidence"] = earlier
     else:
         data["earlier_evidence"] = earlier
+    if nli_features is not None:
+        data["nli_features"] = list(nli_features)
     return [
         {"role": "system", "content": system_prompt(step.type)},
         {"role": "user", "content": _USER_TEMPLATE.format(data=_json_data(data))},
     ]
 
 
-def build_requests(trace_id: str, question: str, steps: Sequence[Step]) -> list[JudgeRequest]:
-    """One judge request per step of a trace."""
+def build_requests(
+    trace_id: str,
+    question: str,
+    steps: Sequence[Step],
+    nli_features: Sequence[Sequence[dict[str, object]]] | None = None,
+) -> list[JudgeRequest]:
+    """One judge request per step of a trace (with per-step NLI features for such students)."""
     return [
-        JudgeRequest(trace_id, s.index, s.type, build_messages(question, steps, i))
+        JudgeRequest(
+            trace_id,
+            s.index,
+            s.type,
+            build_messages(question, steps, i, nli_features[i] if nli_features else None),
+        )
         for i, s in enumerate(steps)
     ]

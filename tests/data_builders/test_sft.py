@@ -121,3 +121,29 @@ def test_cli_sft_data(tmp_path, examples_dir, capsys):
     seen = set(data["train"]["trace_id"]) | set(data.get("test", data["train"])["trace_id"])
     assert "case1-whitehorse" not in seen
     assert set(data["train"].column_names) >= {"prompt", "completion", "trace_id", "step"}
+
+
+def test_nli_features_variant(tmp_path, examples_dir, tiny_nli, verdicts):
+    """--nli-features puts each step's NLI probabilities in its prompt and says so on disk."""
+    from datasets import load_from_disk
+
+    from stepgap.data_builders.sft import read_sft_metadata
+    from stepgap.teacher import load_nli
+
+    plain, feats = tmp_path / "plain", tmp_path / "feats"
+    src = str(examples_dir / "teacher_verdicts.jsonl")
+    assert main(["sft-data", src, "-o", str(plain), "--eval-fraction", "0"]) == 0
+    assert main(["sft-data", src, "-o", str(feats), "--eval-fraction", "0",
+                 "--nli-features", str(tiny_nli)]) == 0  # fmt: skip
+    assert read_sft_metadata(plain)["nli_features"] is False
+    assert read_sft_metadata(feats)["nli_features"] is True
+    a, b = load_from_disk(str(plain))["train"], load_from_disk(str(feats))["train"]
+    assert "nli_features" not in a[0]["prompt"][1]["content"]
+    assert a["completion"] == b["completion"]  # same targets, only the prompt differs
+    nli = load_nli(str(tiny_nli))
+    first = next(sft_examples(verdicts, nli=nli))
+    step = next(v for v in verdicts if v.trace_id == first["trace_id"] and v.step == first["step"])
+    user = first["prompt"][1]["content"]
+    assert '"nli_features"' in user
+    assert len(step.step_data.evidence) == user.count('"entailment"')
+    assert b[0]["prompt"] == first["prompt"]

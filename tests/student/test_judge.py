@@ -55,3 +55,39 @@ def test_adapter_detection(tmp_path):
     assert not is_adapter(tmp_path)
     (tmp_path / "adapter_config.json").write_text("{}")
     assert is_adapter(tmp_path)
+
+
+def test_checker_gives_a_features_student_its_nli_features(examples_dir, tiny_nli):
+    """A judge that asks for NLI features gets them from the checker's own NLI model."""
+    from stepgap.data_builders import iter_traces
+    from stepgap.teacher import Checker, load_nli
+    from stepgap.teacher.judges import ReplayJudge
+
+    class Recorder(ReplayJudge):
+        def judge(self, requests):
+            self.seen = [r.messages[1]["content"] for r in requests]
+            return super().judge(requests)
+
+    class FeatureStudent(Recorder):
+        nli_features = True
+
+    traces = list(iter_traces(examples_dir / "traces.jsonl"))[:2]
+    nli = load_nli(str(tiny_nli))
+    student = FeatureStudent.from_file(examples_dir / "judge_replay.jsonl")
+    teacher = Recorder.from_file(examples_dir / "judge_replay.jsonl")
+    Checker(student, nli).check(traces)
+    Checker(teacher, nli).check(traces)
+    assert len(student.seen) == len(teacher.seen) == sum(len(t.steps) for t in traces)
+    assert all('"nli_features"' in text for text in student.seen)
+    assert not any('"nli_features"' in text for text in teacher.seen)
+
+
+def test_mining_a_features_student_needs_an_nli_model(examples_dir):
+    from stepgap.student.mine import compare
+
+    class FeatureStudent:
+        name = "x"
+        nli_features = True
+
+    with pytest.raises(ValueError, match="NLI features"):
+        compare(FeatureStudent(), [])
