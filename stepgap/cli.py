@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 
 from stepgap import __version__
+from stepgap.export.bundle import BundleError
+from stepgap.export.onnx_nli import ExportError
 from stepgap.redact import install_redaction, redact
 from stepgap.teacher.judges.base import JudgeConfigError
 
@@ -64,12 +66,14 @@ def _segment_args(p: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------- judges
-def _add_judge_options(p: argparse.ArgumentParser, required: bool = True) -> None:
+def _add_judge_options(
+    p: argparse.ArgumentParser, required: bool = True, spec: bool | None = None
+) -> None:
     g = p.add_argument_group("judge (stages A-C)")
-    if required:  # `baseline` declares its own optional --judge
+    if spec if spec is not None else required:  # `baseline` declares its own optional --judge
         g.add_argument(
             "--judge",
-            required=True,
+            required=required,
             metavar="SPEC",
             help="openai:MODEL (any OpenAI-compatible server), hf:PATH_OR_ID (local causal LM, "
             "also a .gguf file), student:PATH (trained adapter or merged student) or replay:FILE",
@@ -156,10 +160,13 @@ def _build_judge(args: argparse.Namespace):
     )
 
 
-def _add_nli_options(p: argparse.ArgumentParser) -> None:
+def _add_nli_options(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_argument_group("NLI (stages D-E) and the tree")
     g.add_argument(
-        "--nli", required=True, metavar="SPEC", help="replay:FILE, hf:ID_OR_PATH or a hub id/path"
+        "--nli",
+        required=required,
+        metavar="SPEC",
+        help="replay:FILE, hf:ID_OR_PATH, onnx:EXPORTED_FOLDER or a hub id/path",
     )
     g.add_argument("--device", default=None, help="NLI device (cpu, cuda, cuda:1; default auto)")
     g.add_argument(
@@ -171,9 +178,38 @@ def _add_nli_options(p: argparse.ArgumentParser) -> None:
     _add_tree_options(g)
 
 
+def _add_checker_options(p: argparse.ArgumentParser) -> None:
+    """A checker from --judge and --nli, or the offline one from --bundle."""
+    p.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="offline checker exported by `stepgap export` (no --judge/--nli, no API key)",
+    )
+    p.add_argument(
+        "--nli-precision", choices=["fp32", "int8", "fp16"], help="--bundle: which ONNX graph"
+    )
+    _add_judge_options(p, required=False, spec=True)
+    _add_nli_options(p, required=False)
+
+
 def _build_checker(args: argparse.Namespace):
     from stepgap.teacher import Checker, load_nli
 
+    if getattr(args, "bundle", None):
+        from stepgap.serving.offline import OfflineChecker
+
+        if args.judge or args.nli:
+            raise ValueError("--bundle brings its own judge and NLI model; drop --judge/--nli")
+        return OfflineChecker.from_bundle(
+            args.bundle,
+            nli_precision=args.nli_precision,
+            device=args.judge_device,
+            dtype=args.judge_dtype,
+            batch_size=args.judge_batch_size,
+            max_new_tokens=args.max_tokens or 768,
+        )
+    if not args.judge or not args.nli:
+        raise ValueError("give --judge and --nli, or --bundle")
     return Checker(_build_judge(args), load_nli(args.nli, device=args.device), _tree_config(args))
 
 
@@ -199,8 +235,7 @@ def _check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="verdicts (JSONL), overwritten")
     p.add_argument("--batch-size", type=int, default=64, help="traces per judge+NLI batch")
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
-    _add_judge_options(p)
-    _add_nli_options(p)
+    _add_checker_options(p)
 
 
 # --------------------------------------------------------------------------- label
@@ -474,8 +509,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=1024, help="queued traces before 503")
     p.add_argument("--max-body-mb", type=int, default=8, help="largest request body (MB)")
     _add_reward_options(p)
-    _add_judge_options(p)
-    _add_nli_options(p)
+    _add_checker_options(p)
 
 
 # --------------------------------------------------------------------------- student
@@ -640,6 +674,100 @@ def _mine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
 
 
+# --------------------------------------------------------------------------- export, push
+def _export(args: argparse.Namespace) -> int:
+    from stepgap.export.bundle import eval_summary, export_bundle
+
+    probe = []
+    if args.probe_verdicts:
+        from stepgap.data_builders import ErrorReport
+
+        for v in _read_verdicts(args.probe_verdicts, ErrorReport()):
+            probe.extend((c.premise, c.hypothesis) for c in [*v.nli, *v.nli_extra])
+    out = export_bundle(
+        args.student,
+        args.nli,
+        args.output,
+        base=args.base,
+        merge=args.merge,
+        dtype=args.dtype,
+        nli_quantize=args.nli_quantize,
+        nli_fp16=args.nli_fp16,
+        probe=probe,
+        parity_floor=args.parity_floor,
+        tree={
+            "entail_threshold": args.entail_threshold,
+            "contradict_threshold": args.contradict_threshold,
+            "hypothesis": args.hypothesis,
+        },
+        eval_summary=eval_summary(args.eval_report, args.eval_checker)
+        if args.eval_report
+        else None,
+        overwrite=args.overwrite,
+    )
+    import json
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    print(json.dumps({"bundle": str(out), "nli_parity": manifest["nli"]["parity"]}, indent=2))
+    return 0
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--student", required=True, metavar="PATH", help="trained adapter or merged")
+    p.add_argument("--base", metavar="ID_OR_PATH", help="the adapter's base (default: its config)")
+    p.add_argument("--nli", required=True, metavar="ID_OR_PATH", help="NLI cross-encoder")
+    p.add_argument("-o", "--output", required=True, metavar="BUNDLE", help="bundle folder")
+    p.add_argument("--merge", action="store_true", help="merge the LoRA into the base weights")
+    p.add_argument("--dtype", help="merged weights dtype (float32, bfloat16; default float32)")
+    p.add_argument("--nli-quantize", choices=["int8"], help="add a dynamic int8 graph (CPU)")
+    p.add_argument("--nli-fp16", action="store_true", help="add an fp16 graph (GPU)")
+    p.add_argument(
+        "--parity-floor",
+        type=float,
+        default=0.99,
+        help="least label agreement of int8/fp16 with fp32 on the probe set",
+    )
+    p.add_argument(
+        "--probe-verdicts",
+        metavar="FILE",
+        help="verdicts whose NLI pairs join the parity probe set",
+    )
+    p.add_argument("--eval-report", metavar="JSON", help="stepgap eval report.json for the card")
+    p.add_argument("--eval-checker", metavar="NAME", help="which checker of the report")
+    p.add_argument("--hypothesis", choices=["answer_statement", "answer", "claim"],
+                   default="answer_statement", help="NLI hypothesis of a conclusion step")  # fmt: skip
+    p.add_argument("--entail-threshold", type=float, default=0.5, metavar="X")
+    p.add_argument("--contradict-threshold", type=float, default=0.5, metavar="X")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
+
+
+def _push(args: argparse.Namespace) -> int:
+    from stepgap.export.hub import push_bundle
+
+    plan = push_bundle(
+        args.bundle,
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        dry_run=args.dry_run,
+    )
+    verb = "would upload" if args.dry_run else "uploaded"
+    print(f"stepgap push: {verb} {len(plan.files)} files to {args.repo_id}:", file=sys.stderr)
+    for f in plan.files:
+        print(f)
+    if args.dry_run:
+        print("\n----- README.md (model card) -----\n" + plan.card)
+    return 0
+
+
+def _push_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", help="folder written by stepgap export")
+    p.add_argument("--repo-id", required=True, metavar="USER/NAME")
+    p.add_argument("--private", action="store_true", help="create a private repo")
+    p.add_argument("--revision", metavar="BRANCH", help="push to this branch (created if needed)")
+    p.add_argument("--dry-run", action="store_true", help="list the files and print the card")
+
+
 # name -> (help, add arguments, run); later issues add label, reward, eval, train, ...
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "segment": ("split raw responses into steps (SPEC section 2)", _segment_args, _segment),
@@ -685,6 +813,12 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         _mine_args,
         _mine,
     ),
+    "export": (
+        "one offline bundle: student (merged or adapter) + ONNX NLI + checksummed manifest",
+        _export_args,
+        _export,
+    ),
+    "push": ("upload a bundle and its model card to the Hugging Face Hub", _push_args, _push),
 }
 
 
@@ -712,7 +846,14 @@ def main(argv: list[str] | None = None) -> int:
     install_redaction()
     try:
         return int(args._run(args) or 0)
-    except (FileNotFoundError, ValueError, JudgeConfigError) as exc:
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,
+        JudgeConfigError,
+        BundleError,
+        ExportError,
+    ) as exc:
         print(f"stepgap {args.command}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 

@@ -104,22 +104,26 @@ class HFNLI:
             log.info("%s: id2label is uninformative; probe set columns %s", model, columns)
         self.columns = columns
 
-    def _logits(self, pairs: Sequence[Pair]):
-        torch = self._torch
+    def _encode(self, pairs: Sequence[Pair], tensors: str = "pt") -> dict:
+        """Tokenize pairs, truncating the premise only."""
         premises = [p for p, _ in pairs]
         hypotheses = [h for _, h in pairs]
         try:
-            enc = self.tokenizer(
+            return self.tokenizer(
                 premises,
                 hypotheses,
                 padding=True,
                 truncation="only_first",
                 max_length=self.max_length,
-                return_tensors="pt",
+                return_tensors=tensors,
             )
         except Exception as exc:  # the hypothesis alone is longer than max_length
             raise NLIError(f"cannot fit the pair into {self.max_length} tokens: {exc}") from exc
-        enc = {k: v.to(self.device) for k, v in enc.items()}
+
+    def _logits(self, pairs: Sequence[Pair]):
+        """Raw logits (batch, 3) as a float32 torch tensor, in the model's column order."""
+        torch = self._torch
+        enc = {k: v.to(self.device) for k, v in self._encode(pairs).items()}
         with torch.inference_mode():
             return self.model(**enc).logits.float()
 

@@ -1,0 +1,156 @@
+"""The model card (from the top-level MODEL_CARD.md template) and `stepgap push` to the Hub.
+
+Only the files the manifest lists, the manifest and the generated card go up, in one commit:
+caches, `.env` files and anything else lying in the folder never leave the machine. The token
+comes from the environment (HF_TOKEN) through huggingface_hub, never from the command line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import yaml
+
+from .bundle import MANIFEST, verify_bundle
+
+TEMPLATE = Path(__file__).with_name("MODEL_CARD.md")
+CARD = "README.md"
+# stepgap eval's metric names -> Hub metric types
+METRICS = {
+    "sF1": "f1",
+    "sP": "precision",
+    "sR": "recall",
+    "BA": "balanced_accuracy",
+    "kappa": "cohen_kappa",
+    "QF1": "f1",
+}
+
+
+def card_metadata(manifest: dict[str, Any], repo_id: str | None = None) -> dict[str, Any]:
+    """YAML front matter: license, base_model, tags, pipeline tag, and metrics if evaluated."""
+    student = manifest["student"]
+    meta: dict[str, Any] = {
+        "license": "apache-2.0",
+        "library_name": "stepgap",
+        "pipeline_tag": "text-generation",
+        "tags": ["stepgap", "process-reward", "search-agent", "rag", "nli", "onnx", "grpo"],
+    }
+    base = student.get("base")
+    if base and not Path(str(base)).exists():  # a hub id; local paths mean nothing on the Hub
+        meta["base_model"] = base
+    results = _results(manifest.get("eval"))
+    if results:
+        meta["model-index"] = [{"name": repo_id or "stepgap-checker", "results": results}]
+    return meta
+
+
+def _results(summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not summary:
+        return []
+    metrics = [
+        {"type": METRICS[k], "name": k, "value": float(v)}
+        for k, v in summary.get("metrics", summary).items()
+        if k in METRICS and isinstance(v, (int, float))
+    ]
+    if not metrics:
+        return []
+    dataset = summary.get("dataset", "stepgap gold steps")
+    return [
+        {
+            "task": {"type": "text-classification", "name": "step-level gap detection"},
+            "dataset": {"type": str(dataset), "name": str(dataset)},
+            "metrics": metrics,
+        }
+    ]
+
+
+def _eval_table(summary: dict[str, Any] | None) -> str:
+    if not summary:
+        return "No evaluation summary was given at export (`stepgap export --eval-report`)."
+    rows = [
+        f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
+        for k, v in summary.get("metrics", summary).items()
+        if isinstance(v, (int, float, str))
+    ]
+    return "| metric | value |\n| --- | --- |\n" + "\n".join(rows)
+
+
+def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
+    student, nli = manifest["student"], manifest["nli"]
+    kind = "merged into its base" if student["merged"] else f"LoRA adapter on `{student['base']}`"
+    usage = (
+        "```bash\n"
+        f"huggingface-cli download {repo_id or 'USER/NAME'} --local-dir bundle\n"
+        "stepgap check traces.jsonl --bundle bundle -o verdicts.jsonl\n"
+        "stepgap serve --bundle bundle --port 8000   # /reward, /get_reward, /check\n"
+        "```\n\n"
+        "```python\n"
+        "from stepgap.serving import OfflineChecker, StepGapReward\n"
+        'reward = StepGapReward(OfflineChecker.from_bundle("bundle"))\n'
+        "```"
+    )
+    return Template(TEMPLATE.read_text(encoding="utf-8")).safe_substitute(
+        metadata=yaml.safe_dump(card_metadata(manifest, repo_id), sort_keys=False).strip(),
+        title=repo_id or "stepgap checker",
+        student=f"`{student['source']}`, {kind}"
+        + (" (prompted with NLI features)" if student.get("nli_features") else ""),
+        nli=f"`{nli['source']}` ({', '.join(nli['precisions'])}; parity: "
+        f"{json.dumps(nli['parity']['label_agreement_with_fp32']) or 'fp32 only'})",
+        prompt_version=manifest["prompt_version"],
+        stepgap_version=manifest["stepgap_version"],
+        eval_table=_eval_table(manifest.get("eval")),
+        usage=usage,
+    )
+
+
+@dataclass
+class PushPlan:
+    repo_id: str
+    files: list[str]  # paths in the repo, the card included
+    card: str
+
+
+def plan_push(bundle: str | Path, repo_id: str) -> PushPlan:
+    manifest = verify_bundle(bundle)
+    files = sorted([*manifest["files"], MANIFEST, CARD])
+    return PushPlan(repo_id, files, render_card(manifest, repo_id))
+
+
+def push_bundle(
+    bundle: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    dry_run: bool = False,
+    api: Any = None,
+) -> PushPlan:
+    """Create the repo and upload the bundle and its card in one commit (or only plan it)."""
+    plan = plan_push(bundle, repo_id)
+    if dry_run:
+        return plan
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = api or HfApi()
+    api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+    if revision:
+        api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+    root = Path(bundle)
+    operations = [
+        CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(root / f))
+        for f in plan.files
+        if f != CARD
+    ]
+    operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=plan.card.encode()))
+    api.create_commit(
+        repo_id,
+        operations=operations,
+        commit_message=f"stepgap bundle ({len(operations)} files)",
+        repo_type="model",
+        revision=revision,
+    )
+    return plan

@@ -1,0 +1,68 @@
+"""The offline checker: a bundle in, verdicts out; no API key, no network.
+
+`OfflineChecker.from_bundle` verifies every checksum, switches the Hub client offline, loads
+the student (safetensors only, no remote code) and the ONNX NLI model, and runs them through the
+same decision tree as the teacher with the thresholds recorded at export.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from stepgap.teacher.checker import Checker
+from stepgap.teacher.tree import TreeConfig
+
+
+def go_offline() -> None:
+    """Make every Hugging Face load local-only, also for libraries imported already."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import huggingface_hub.constants as constants
+
+        constants.HF_HUB_OFFLINE = True
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        pass
+
+
+class OfflineChecker(Checker):
+    manifest: dict[str, Any]
+
+    @classmethod
+    def from_bundle(
+        cls,
+        path: str | Path,
+        *,
+        nli_precision: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 8,
+        max_new_tokens: int = 768,
+        nli_batch_size: int = 32,
+    ) -> OfflineChecker:
+        from stepgap.export.bundle import verify_bundle
+        from stepgap.student.judge import StudentJudge
+        from stepgap.teacher.nli.onnx import ONNXNLI
+
+        go_offline()
+        root = Path(path)
+        manifest = verify_bundle(root)
+        student = manifest["student"]
+        judge = StudentJudge(
+            str(root / student["path"]),
+            base=None if student["merged"] else student["base"],
+            device=device,
+            dtype=dtype,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+        )
+        nli = ONNXNLI(
+            root / manifest["nli"]["path"],
+            precision=nli_precision or manifest["nli"]["default_precision"],
+            batch_size=nli_batch_size,
+        )
+        checker = cls(judge, nli, TreeConfig(**manifest["tree"]))
+        checker.manifest = manifest
+        return checker
