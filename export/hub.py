@@ -8,6 +8,7 @@ comes from the environment (HF_TOKEN) through huggingface_hub, never from the co
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -93,7 +94,8 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
         'reward = StepGapReward(OfflineChecker.from_bundle("bundle"))\n'
         "```"
     )
-    return Template(TEMPLATE.read_text(encoding="utf-8")).safe_substitute(
+    template = re.sub(r"<!--.*?-->\n*", "", TEMPLATE.read_text(encoding="utf-8"), flags=re.S)
+    return Template(template).safe_substitute(
         metadata=yaml.safe_dump(card_metadata(manifest, repo_id), sort_keys=False).strip(),
         title=repo_id or "stepgap checker",
         student=f"`{student['source']}`, {kind}"

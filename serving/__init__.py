@@ -1,4 +1,7 @@
-"""The typed GRPO process reward (SPEC section 4) and its adapters for TRL, veRL and OpenRLHF."""
+"""The typed GRPO process reward (SPEC section 4), its adapters for TRL, veRL and OpenRLHF, and
+the offline checker loaded from an exported bundle."""
+
+from .offline import OfflineChecker
 
 from .reward import (
     VARIANTS,
@@ -14,6 +17,7 @@ from .reward import (
 )
 
 __all__ = [
+    "OfflineChecker",
     "VARIANTS",
     "RewardResult",
     "StepGapReward",

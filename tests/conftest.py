@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from stepgap.data_builders import iter_traces
+from stepgap.data_builders.io import read_models
+from stepgap.data_builders.schema import Verdict
+from stepgap.student.config import load_config
+from stepgap.student.sft import train
 from stepgap.teacher.prompt import build_requests
 from tests.fixtures import models
 from tests.fixtures.openai_server import FakeOpenAI, prompt_key
@@ -68,6 +72,22 @@ def example_answers(example_prompts, examples_dir) -> dict[str, dict]:
         rec = json.loads(line)
         answers[example_prompts[(rec["trace_id"], rec["step"])]] = rec["judge"]
     return answers
+
+
+@pytest.fixture(scope="session")
+def pool(examples_dir) -> list[Verdict]:
+    return [v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict)]
+
+
+@pytest.fixture(scope="session")
+def tiny_student(tmp_path_factory, examples_dir) -> tuple[Path, dict]:
+    """The tiny recipe exactly as shipped (16 steps, 100 optimiser steps), in a temp folder."""
+    out = tmp_path_factory.mktemp("tiny-student")
+    cfg = load_config(
+        REPO / "student" / "configs" / "tiny.yaml",
+        {"output_dir": str(out), "dataset": str(examples_dir / "teacher_verdicts.jsonl")},
+    )
+    return out, train(cfg)
 
 
 @pytest.fixture

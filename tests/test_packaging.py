@@ -29,8 +29,14 @@ def test_wheel_has_only_the_stepgap_import_name(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"stepgap"}
-    for sub in ("teacher", "eval", "data_builders", "teacher/nli", "teacher/judges"):
+    for sub in (
+        "teacher", "eval", "data_builders", "teacher/nli", "teacher/judges", "serving",
+        "student", "export",
+    ):  # fmt: skip
         assert f"stepgap/{sub}/__init__.py" in names
+    assert "stepgap/student/configs/tiny.yaml" in names
+    card = zipfile.ZipFile(wheel).read("stepgap/export/MODEL_CARD.md").decode()
+    assert card == (Path(__file__).resolve().parents[1] / "MODEL_CARD.md").read_text()
 
 
 def test_installed_wheel_imports_outside_the_repo(wheel, tmp_path):
@@ -51,7 +57,10 @@ def test_installed_wheel_imports_outside_the_repo(wheel, tmp_path):
     )
     assert not GENERIC & {p.name for p in target.iterdir()}
     env = {**os.environ, "PYTHONPATH": str(target)}
-    code = "import stepgap.teacher, stepgap.eval, stepgap.data_builders as d; print(d.__file__)"
+    code = (
+        "import stepgap.teacher, stepgap.eval, stepgap.student, stepgap.export.hub as h, "
+        "stepgap.data_builders as d; assert 'stepgap' in h.TEMPLATE.read_text(); print(d.__file__)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

@@ -1,0 +1,196 @@
+"""The offline bundle: export, then load it in a fresh process with the network blocked and no
+API key, and get the verdicts the in-memory checker gives; tampering is caught by file name."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stepgap.cli import main
+from stepgap.export.bundle import BundleError, export_bundle, verify_bundle
+from stepgap.student.judge import StudentJudge
+from stepgap.teacher import Checker, load_nli
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs in the fresh process: any socket that is not loopback fails the run.
+GUARD = textwrap.dedent(
+    """
+    import socket, sys
+    _connect = socket.socket.connect
+    def _guarded(self, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and host not in ("127.0.0.1", "::1", "localhost"):
+            raise RuntimeError(f"network access attempted: {address}")
+        return _connect(self, address)
+    socket.socket.connect = _guarded
+    _cc = socket.create_connection
+    def _guarded_cc(address, *a, **k):
+        if address[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise RuntimeError(f"network access attempted: {address}")
+        return _cc(address, *a, **k)
+    socket.create_connection = _guarded_cc
+    """
+)
+
+LOAD = GUARD + textwrap.dedent(
+    """
+    import json, os
+    assert not any(k.endswith("API_KEY") for k in os.environ), "an API key leaked in"
+    from stepgap.data_builders import iter_traces
+    from stepgap.serving.offline import OfflineChecker
+    checker = OfflineChecker.from_bundle(sys.argv[1])
+    traces = list(iter_traces(sys.argv[2]))
+    with open(sys.argv[3], "w") as out:
+        for verdicts in checker.check(traces):
+            for v in verdicts:
+                out.write(v.model_dump_json() + "\\n")
+    """
+)
+
+
+def _fresh_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("API_KEY", "TOKEN"))}
+    env["HF_HUB_OFFLINE"] = "0"  # the bundle must switch itself offline
+    return env
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny_student, tiny_nli, tmp_path_factory, examples_dir):
+    adapter, _ = tiny_student
+    root = tmp_path_factory.mktemp("bundles")
+    probe = str(examples_dir / "teacher_verdicts.jsonl")
+    assert main(["export", "--student", str(adapter), "--nli", str(tiny_nli), "-o",
+                 str(root / "merged"), "--merge", "--nli-quantize", "int8",
+                 "--probe-verdicts", probe]) == 0  # fmt: skip
+    adapter_bundle = export_bundle(str(adapter), str(tiny_nli), root / "adapter")
+    return {"merged": root / "merged", "adapter": adapter_bundle}
+
+
+@pytest.fixture(scope="module")
+def in_memory(tiny_student, tiny_nli, example_traces):
+    adapter, _ = tiny_student
+    checker = Checker(StudentJudge(str(adapter), batch_size=8), load_nli(str(tiny_nli)))
+    return [v for vs in checker.check(example_traces) for v in vs]
+
+
+def _same_verdicts(a, b, atol: float = 1e-5) -> None:
+    """Same labels, paths, judge objects and NLI calls; NLI probabilities up to `atol`
+    (ONNX fp32 vs PyTorch is float noise; the int8 graph moves them by ~1e-5..1e-3)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert (x.trace_id, x.step, x.label, x.path, x.judge, x.error) == (
+            y.trace_id, y.step, y.label, y.path, y.judge, y.error,
+        )  # fmt: skip
+        assert [(c.premise, c.hypothesis) for c in x.nli] == [
+            (c.premise, c.hypothesis) for c in y.nli
+        ]
+        for cx, cy in zip(x.nli, y.nli, strict=True):
+            assert cx.probs.entailment == pytest.approx(cy.probs.entailment, abs=atol)
+            assert cx.label == cy.label
+
+
+def test_manifest_lists_every_file_with_its_checksum(bundles):
+    manifest = verify_bundle(bundles["merged"])
+    files = {
+        str(p.relative_to(bundles["merged"])) for p in bundles["merged"].rglob("*") if p.is_file()
+    }
+    assert set(manifest["files"]) == files - {"manifest.json"}
+    assert "student/model.safetensors" in files and "nli/model_quantized.onnx" in files
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    assert manifest["nli"]["parity"]["fp32_max_abs_logit_diff"] < 1e-3
+    assert manifest["nli"]["parity"]["label_agreement_with_fp32"]["int8"] >= 0.99
+    assert manifest["nli"]["parity"]["probe_pairs"] > 10  # the example pairs joined the probe
+    assert manifest["student"]["merged"] is True
+    assert set(manifest) >= {"format_version", "stepgap_version", "prompt_version", "tree", "eval"}
+    adapter = verify_bundle(bundles["adapter"])
+    assert adapter["student"]["merged"] is False
+    assert "student/adapter_model.safetensors" in adapter["files"]
+    assert not any("checkpoint" in f or "tiny-base" in f for f in adapter["files"])
+
+
+@pytest.mark.parametrize("kind", ["merged", "adapter"])
+def test_fresh_offline_process_gives_the_in_memory_verdicts(
+    bundles, kind, examples_dir, in_memory, tmp_path
+):
+    out = tmp_path / "verdicts.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD, str(bundles[kind]), str(examples_dir / "traces.jsonl"), str(out)],
+        cwd=tmp_path, env=_fresh_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from stepgap.data_builders.schema import Verdict
+
+    fresh = [Verdict.model_validate_json(x) for x in out.read_text().splitlines()]
+    _same_verdicts(fresh, in_memory, atol=2e-3 if kind == "merged" else 1e-5)  # merged: int8 NLI
+    assert sum(v.label is not None for v in fresh) >= 20
+
+
+def test_the_network_guard_would_catch_a_connection(tmp_path):
+    """The guard above is real: a non-loopback connection in that process fails."""
+    code = GUARD + "import socket\nsocket.create_connection(('198.51.100.1', 443), timeout=1)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0 and "network access attempted" in proc.stderr
+
+
+def test_cli_check_with_a_bundle(bundles, examples_dir, tmp_path, in_memory):
+    from stepgap.data_builders.io import read_models
+    from stepgap.data_builders.schema import Verdict
+
+    out = tmp_path / "v.jsonl"
+    assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle", str(bundles["merged"]),
+                 "-o", str(out), "--nli-precision", "fp32"]) == 0  # fmt: skip
+    _same_verdicts([v for _, v in read_models(out, Verdict)], in_memory)
+    assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle", str(bundles["merged"]),
+                 "--judge", "replay:x", "-o", str(out)]) == 2  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "victim", ["nli/model.onnx", "student/model.safetensors", "student/tokenizer.json"]
+)
+def test_a_tampered_file_fails_loading_naming_it(bundles, tmp_path, victim):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles["merged"], copy)
+    with (copy / victim).open("r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(BundleError, match=victim.replace(".", r"\.") + ".*sha256"):
+        verify_bundle(copy)
+    from stepgap.serving.offline import OfflineChecker
+
+    with pytest.raises(BundleError, match=victim.split("/")[-1]):
+        OfflineChecker.from_bundle(copy)
+    assert main(["check", "x.jsonl", "--bundle", str(copy), "-o", str(tmp_path / "o")]) == 2
+
+
+def test_missing_and_pickled_files_are_refused(bundles, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles["merged"], copy)
+    (copy / "student" / "pytorch_model.bin").write_bytes(b"not really a pickle")
+    with pytest.raises(BundleError, match="pytorch_model.bin.*pickled"):
+        verify_bundle(copy)
+    (copy / "student" / "pytorch_model.bin").unlink()
+    (copy / "nli" / "tokenizer.json").unlink()
+    with pytest.raises(BundleError, match="tokenizer.json.*missing"):
+        verify_bundle(copy)
+    with pytest.raises(BundleError, match="not a stepgap bundle"):
+        verify_bundle(tmp_path)
+
+
+def test_export_refuses_to_overwrite_and_leaves_no_partial_bundle(bundles, tiny_student, tmp_path):
+    adapter, _ = tiny_student
+    with pytest.raises(FileExistsError):
+        export_bundle(str(adapter), "unused", bundles["merged"])
+    with pytest.raises(Exception):  # noqa: B017 - the NLI model does not exist
+        export_bundle(str(adapter), str(tmp_path / "no-such-nli"), tmp_path / "b")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
+    assert json.loads((bundles["merged"] / "manifest.json").read_text())["format_version"] == 1
