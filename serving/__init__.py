@@ -2,7 +2,6 @@
 the offline checker loaded from an exported bundle."""
 
 from .offline import OfflineChecker
-
 from .reward import (
     VARIANTS,
     RewardResult,
