@@ -607,10 +607,11 @@ def _student_judge(args: argparse.Namespace, path: str):
 
 def _mine(args: argparse.Namespace) -> int:
     import json
+    from dataclasses import asdict
     from pathlib import Path
 
     from stepgap.data_builders import ErrorReport
-    from stepgap.student.mine import ShortCircuit, compare, mine, write_mined
+    from stepgap.student.mine import Agreement, ShortCircuit, compare, mine, write_mined
 
     report = ErrorReport()
     pool = _read_verdicts(args.pool, report)
@@ -640,9 +641,10 @@ def _mine(args: argparse.Namespace) -> int:
             learning_rate=args.augment_lr,
             overrides=args.set,
         )
-        after = ShortCircuit.of(compare(_student_judge(args, str(adapter)), pool, nli))
+        after = compare(_student_judge(args, str(adapter)), pool, nli)
         summary["augmented_adapter"] = str(adapter)
-        summary["short_circuit_after"] = after.__dict__
+        summary["short_circuit_after"] = asdict(ShortCircuit.of(after))
+        summary["agreement_after"] = asdict(Agreement.of(after))
     (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     print(json.dumps(summary, indent=2))
     return _finish(report, args.errors, len(result.mined), f"hard negatives to {out}")

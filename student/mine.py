@@ -125,12 +125,49 @@ class ShortCircuit:
 
 
 @dataclass
+class Agreement:
+    """How closely the student's own answers follow the teacher's, step by step."""
+
+    steps: int = 0
+    failed: int = 0  # no schema-valid answer
+    judge_json: float | None = None  # the whole judge object equal
+    path: float | None = None  # pipeline_path equal
+    nli_stage: float | None = None  # stage D/E part of the path equal
+    label: float | None = None  # gap_type equal
+
+    @classmethod
+    def of(cls, comparisons: Sequence[Comparison]) -> Agreement:
+        n = len(comparisons)
+        if not n:
+            return cls()
+
+        def rate(hits: int) -> float:
+            return hits / n
+
+        return cls(
+            steps=n,
+            failed=sum(c.result.judge is None for c in comparisons),
+            judge_json=rate(sum(c.result.judge == c.teacher.judge for c in comparisons)),
+            path=rate(sum(c.student_path == list(c.teacher.path) for c in comparisons)),
+            nli_stage=rate(
+                sum(
+                    c.result.judge is not None
+                    and nli_decision(c.student_path) == nli_decision(c.teacher.path)
+                    for c in comparisons
+                )
+            ),
+            label=rate(sum(c.student_label == c.teacher.label for c in comparisons)),
+        )
+
+
+@dataclass
 class MineResult:
     mined: list[tuple[Verdict, str]] = field(default_factory=list)  # (teacher verdict, reason)
     train: list[Verdict] = field(default_factory=list)
     held_out: list[Verdict] = field(default_factory=list)
     skipped_gold: int = 0
     short_circuit: ShortCircuit = field(default_factory=ShortCircuit)
+    agreement: Agreement = field(default_factory=Agreement)
 
     def summary(self) -> dict[str, Any]:
         reasons: dict[str, int] = {}
@@ -144,6 +181,7 @@ class MineResult:
             "reasons": reasons,
             "skipped_without_gold_support": self.skipped_gold,
             "short_circuit": asdict(self.short_circuit),
+            "agreement": asdict(self.agreement),
         }
 
 
@@ -156,7 +194,9 @@ def mine(
 ) -> MineResult:
     """Keep the disagreements (gold-supported ones when gold is given); split them by trace."""
     teacher = {(c.teacher.trace_id, c.teacher.step): c.teacher for c in comparisons}
-    out = MineResult(short_circuit=ShortCircuit.of(comparisons))
+    out = MineResult(
+        short_circuit=ShortCircuit.of(comparisons), agreement=Agreement.of(comparisons)
+    )
     for c in comparisons:
         reason = c.differs()
         if reason is None:

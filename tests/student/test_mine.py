@@ -158,8 +158,23 @@ def test_cli_mine_and_augment_with_the_tiny_student(tiny_student, examples_dir, 
     assert summary["short_circuit"]["steps"] == 28
     assert summary["mined"] == summary["train"] + summary["held_out"] > 0
     assert summary["short_circuit_after"]["steps"] == 28
+    assert summary["agreement"]["steps"] == 28 and summary["agreement"]["label"] >= 16 / 28
     assert (out / "augmented" / "adapter_model.safetensors").is_file()
     base = json.loads((out / "augmented" / "adapter_config.json").read_text())
     assert base["base_model_name_or_path"] == str(adapter / "tiny-base")
     mined = [json.loads(x) for x in (out / "hard_negatives.jsonl").read_text().splitlines()]
     assert len(mined) == summary["mined"]
+
+
+def test_agreement_rates(pool):
+    from stepgap.student.mine import Agreement
+
+    labeled = [v for v in pool if v.label is not None]
+    off = labeled[0]
+    overrides = {(off.trace_id, off.step): lambda v: JudgeResult(
+        judge=v.judge, extra={"pipeline_path": ["stageA:on_target"], "gap_type": v.label})}  # fmt: skip
+    agreement = Agreement.of(compare(ScriptedStudent(pool, overrides), pool))
+    n = len(labeled)
+    assert agreement.steps == n and agreement.failed == 0
+    assert agreement.judge_json == 1.0 and agreement.label == 1.0
+    assert agreement.path == pytest.approx((n - 1) / n)
