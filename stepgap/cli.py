@@ -678,6 +678,8 @@ def _mine_args(p: argparse.ArgumentParser) -> None:
 
 # --------------------------------------------------------------------------- export, push
 def _export(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from stepgap.export.bundle import eval_summary, export_bundle
 
     probe = []
@@ -697,11 +699,7 @@ def _export(args: argparse.Namespace) -> int:
         nli_fp16=args.nli_fp16,
         probe=probe,
         parity_floor=args.parity_floor,
-        tree={
-            "entail_threshold": args.entail_threshold,
-            "contradict_threshold": args.contradict_threshold,
-            "hypothesis": args.hypothesis,
-        },
+        tree=asdict(_tree_config(args)),
         eval_summary=eval_summary(args.eval_report, args.eval_checker)
         if args.eval_report
         else None,

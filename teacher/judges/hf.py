@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from stepgap.data_builders.schema import Judge
 from stepgap.models import resolve_model_ref
 
@@ -191,7 +193,10 @@ class HFJudge:
             for i in todo
         }
         todo.sort(key=lambda i: len(prompts[i]))  # similar lengths share a batch
-        for start in range(0, len(todo), self.batch_size):
+        batches = range(0, len(todo), self.batch_size)
+        for start in tqdm(
+            batches, desc=f"{self.name} judge", unit="batch", disable=None, leave=False
+        ):
             batch = todo[start : start + self.batch_size]
             for i, result in zip(batch, self._generate([prompts[i] for i in batch]), strict=True):
                 if result.judge is not None and self.cache is not None:
