@@ -86,7 +86,9 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's alone
+        source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stepgap.student.config import load_config
 from stepgap.student.judge import StudentJudge
 from stepgap.student.mine import student_requests
@@ -114,3 +116,24 @@ def test_bad_recipe_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: x\ndataset: y\noutput_dir: z\nlora_rank: 8\n")
     assert main(["--config", str(bad)]) == 2
+
+
+def test_qlora_trains_a_4bit_base(tmp_path, examples_dir):
+    """QLoRA: nf4 base weights through bitsandbytes (its CPU backend here), LoRA on top."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from stepgap.student.sft import load_sft_data, load_student_base
+
+    settings = {
+        "output_dir": str(tmp_path / "qlora"),
+        "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
+        "load_in_4bit": True,
+        "max_steps": 2,
+        "max_train_examples": 4,
+    }
+    cfg = load_config(TINY, settings)
+    model, _ = load_student_base(cfg, load_sft_data(cfg))
+    four_bit = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert four_bit and all(m.weight.quant_type == "nf4" for m in four_bit)
+    metrics = train(cfg)
+    assert metrics["global_step"] == 2
+    assert (tmp_path / "qlora" / "adapter_model.safetensors").is_file()
