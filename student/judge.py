@@ -16,6 +16,7 @@ from typing import Any
 
 from stepgap.data_builders.schema import LABELS, Judge
 from stepgap.data_builders.sft import STUDENT_KEYS
+from stepgap.models import align_chat_eos
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
 from stepgap.teacher.tree import PATH_TOKENS
@@ -60,6 +61,7 @@ def load_student(
     tokenizer, model = load_causal_lm(base, device, dtype)
     if (Path(path) / "tokenizer_config.json").is_file():  # the trained chat template wins
         tokenizer = AutoTokenizer.from_pretrained(path)
+        align_chat_eos(tokenizer)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"

@@ -62,7 +62,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stepgap.models import resolve_model_ref
+    from stepgap.models import align_chat_eos, resolve_model_ref
 
     from .tiny import TINY_REF, tiny_student_base
 
@@ -89,6 +89,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's alone
         source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
     )
+    align_chat_eos(tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)

@@ -20,7 +20,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from stepgap.data_builders.schema import Judge
-from stepgap.models import resolve_model_ref
+from stepgap.models import align_chat_eos, resolve_model_ref
 
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
@@ -115,6 +115,7 @@ def load_causal_lm(ref: str, device: str | None = None, dtype: str | None = None
     model.eval()
     if tokenizer.chat_template is None:
         raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")
+    align_chat_eos(tokenizer)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
