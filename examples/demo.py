@@ -1,9 +1,11 @@
 """Run the stepgap pipeline offline on the shipped examples (what `make demo` does).
 
-Stages: segment -> check (teacher tree) -> relabel (ablations) -> baselines -> eval. The judge and
-NLI outputs of the main run are replayed from `examples/*_replay.jsonl`, hand-written from the
-paper's case studies. A second run swaps in a small stand-in NLI model (a tiny DebertaV2 with
-random weights, built here): it shows the real model path end to end, but its labels mean nothing.
+Stages: segment -> check (teacher tree) -> relabel (ablations) -> baselines -> eval -> distil a
+tiny student -> export an offline bundle and check with it. The judge and NLI outputs of the
+main run are replayed from `examples/*_replay.jsonl`, hand-written from the paper's case
+studies. Later runs swap in a small stand-in NLI model (a tiny DebertaV2 with random weights,
+built here) and a tiny random student: they show the real model paths end to end, but their
+labels mean nothing beyond the steps the student memorised.
 """
 
 from __future__ import annotations
@@ -117,9 +119,31 @@ def main_demo() -> None:
     )
     md = (OUT / "report" / "report.md").read_text()
     print(md.split("## Label distribution")[0])
+    print("\n== 7. distil: SFT data from the teacher verdicts, the tiny student recipe, mining")
+    run("sft-data", str(OUT / "verdicts.jsonl"), "-o", str(OUT / "sft_data"), "--eval-fraction=0.3")
+    student = OUT / "student_tiny"
+    run("train", "--config", str(REPO / "student/configs/tiny.yaml"),
+        f"--set=dataset={OUT / 'verdicts.jsonl'}", f"--set=output_dir={student}")  # fmt: skip
+    run("mine", str(OUT / "verdicts.jsonl"), f"--student={student}", "-o", str(OUT / "mined"))
+
+    print("\n== 8. export the student + ONNX NLI bundle, then check offline from it")
+    with tempfile.TemporaryDirectory() as tmp:
+        nli = build_deberta_nli(Path(tmp) / "tiny-nli")
+        run("export", f"--student={student}", f"--nli={nli}", "-o", str(OUT / "bundle"),
+            "--merge", "--nli-quantize=int8", "--overwrite",
+            f"--eval-report={OUT / 'report' / 'report.json'}")  # fmt: skip
+    run("check", str(OUT / "segmented.jsonl"), f"--bundle={OUT / 'bundle'}",
+        "-o", str(OUT / "verdicts_bundle.jsonl"))  # fmt: skip
+    show(
+        "  labels from the offline bundle (tiny student, stand-in NLI)",
+        OUT / "verdicts_bundle.jsonl",
+    )
+    run("push", str(OUT / "bundle"), "--repo-id=you/stepgap-demo", "--dry-run")
+
     print(
-        f"All outputs are in {OUT}/ (report in {OUT / 'report'}/). Stand-in models used: the "
-        "stage D/E NLI model in steps 4-5; those rows measure nothing about a real checker."
+        f"\nAll outputs are in {OUT}/ (report in {OUT / 'report'}/). Stand-in models used: the "
+        "stage D/E NLI model in steps 4-5 and 8, and the tiny student in 7-8; those rows measure "
+        "nothing about a real checker."
     )
 
 

