@@ -46,9 +46,20 @@ class _Block:
     end: int  # position after the closing tag (or len(text) when unclosed)
 
 
+_OPEN = re.compile(rf"<\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
+
+
 def _block(text: str, m: re.Match[str]) -> _Block:
+    """The block opened by `m`. A retrieval block ends at its *last* closing tag before the next
+    opening tag: retrieved text that contains a literal `</information>` (a page about HTML,
+    or an injection that fakes the end of the evidence) stays evidence, never model text."""
     name = m.group(2).lower()
     close = _CLOSE[name].search(text, m.end())
+    if close is not None and name in _EVIDENCE:
+        nxt = _OPEN.search(text, m.end())
+        limit = nxt.start() if nxt else len(text)
+        for later in _CLOSE[name].finditer(text, close.end(), limit):
+            close = later
     if close is None:
         return _Block(name, m.start(), m.end(), len(text), len(text))
     return _Block(name, m.start(), m.end(), close.start(), close.end())
