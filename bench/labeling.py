@@ -4,8 +4,9 @@ sequential vs `--concurrency 32`, and a fully cached rerun.
     python bench/labeling.py [--copies 10] [--latency 0.3] [--concurrency 32]
 
 The example traces are copied under new ids (`--copies`), the fake server of the tests answers
-each judge prompt after `--latency` seconds, NLI is replayed, and `stepgap label` runs in process
-exactly as a user runs it. Prints steps/s for each run and the ratios; writes JSON.
+each judge prompt after `--latency` seconds (in its own process, as a remote API would: its
+CPU work does not compete with the client's), NLI is replayed, and `stepgap label` runs in
+process exactly as a user runs it. Prints steps/s for each run and the ratios; writes JSON.
 """
 
 from __future__ import annotations
@@ -21,16 +22,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _serve(answers: dict, latency: float, urls) -> None:
+    """The fake OpenAI-compatible server, run in a child process until it is terminated."""
+    import threading
+
+    from tests.fixtures.openai_server import FakeOpenAI
+
+    urls.put(FakeOpenAI(answers=answers, latency=latency).start().base_url)
+    threading.Event().wait()
+
+
 def main() -> None:
+    import multiprocessing
+
     from stepgap.cli import main as stepgap
     from stepgap.data_builders import iter_traces
     from stepgap.teacher.prompt import build_requests
-    from tests.fixtures.openai_server import FakeOpenAI, prompt_key
+    from tests.fixtures.openai_server import prompt_key
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--copies", type=int, default=10)
     p.add_argument("--latency", type=float, default=0.3)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=64, help="stepgap label --batch-size")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args()
     ex = REPO / "examples"
@@ -42,7 +56,10 @@ def main() -> None:
         for r in build_requests(t.id, t.question, t.steps):
             if r.step == rec["step"]:
                 answers[prompt_key(r.messages)] = rec["judge"]
-    server = FakeOpenAI(answers=answers, latency=args.latency).start()
+    urls = multiprocessing.Queue()
+    server = multiprocessing.Process(target=_serve, args=(answers, args.latency, urls), daemon=True)
+    server.start()
+    base_url = urls.get(timeout=60)
     os.environ.setdefault("OPENAI_API_KEY", "bench-not-a-real-key")
     runs: dict[str, dict[str, float]] = {}
     try:
@@ -61,9 +78,9 @@ def main() -> None:
                 rc = stepgap(
                     [
                         "label", str(tmp / "traces.jsonl"), "-o", str(out),
-                        "--judge", "openai:gpt-4.1-mini", "--base-url", server.base_url,
+                        "--judge", "openai:gpt-4.1-mini", "--base-url", base_url,
                         "--nli", f"replay:{ex / 'nli_replay.jsonl'}", "--no-progress",
-                        "--concurrency", str(concurrency), "--batch-size", "64", *cache_args,
+                        "--concurrency", str(concurrency), "--batch-size", str(args.batch_size), *cache_args,
                     ]
                 )  # fmt: skip
                 seconds = time.perf_counter() - start
@@ -79,7 +96,7 @@ def main() -> None:
             label("cache_fill", args.concurrency, "--cache", cache)
             label("cached_rerun", args.concurrency, "--cache", cache)
     finally:
-        server.stop()
+        server.terminate()
     base = runs["sequential"]["steps_per_s"]
     print(f"{steps} steps, {args.latency * 1000:.0f} ms per judge answer")
     print(f"{'run':18} {'seconds':>8} {'steps/s':>9} {'x sequential':>13}")
