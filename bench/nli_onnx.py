@@ -24,35 +24,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def build_base_nli(path: Path) -> Path:
     """DeBERTa-v3-base's shape (12 x 768, relative attention), 3 NLI labels, random weights."""
-    import torch
-    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+    from tests.fixtures.models import build_deberta_nli
 
-    from tests.fixtures.models import minilm_dir
-
-    tok = AutoTokenizer.from_pretrained(minilm_dir())
-    labels = {0: "entailment", 1: "neutral", 2: "contradiction"}
-    config = DebertaV2Config(
+    return build_deberta_nli(
+        path,
         vocab_size=128100,
         hidden_size=768,
         num_hidden_layers=12,
         num_attention_heads=12,
         intermediate_size=3072,
-        max_position_embeddings=512,
-        relative_attention=True,
         position_buckets=256,
-        max_relative_positions=-1,
-        pos_att_type=["p2c", "c2p"],
-        position_biased_input=False,
-        type_vocab_size=0,
-        pad_token_id=tok.pad_token_id,
-        num_labels=3,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
     )
-    torch.manual_seed(0)
-    DebertaV2ForSequenceClassification(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def example_pairs(n: int) -> list[tuple[str, str]]:
