@@ -2,10 +2,15 @@
 
 A step whose check failed (label null) earns nothing and is treated as no_gap when the next
 step's shaping looks back at it: a checker fault must never be paid or punished as a gap.
+Inside training the reward never raises (`StepGapReward`): a checker that fails on a batch gives
+error verdicts (bracket 0 for each step), a response that cannot be segmented is scored on EM
+alone; both are logged and counted in `StepGapReward.failures` and in each result's scalars.
 """
 
 from __future__ import annotations
 
+import bisect
+import logging
 import re
 import string
 from collections import Counter
@@ -15,7 +20,9 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from stepgap.data_builders.schema import Step, Trace, Verdict
-from stepgap.data_builders.segment import segment_trace
+from stepgap.data_builders.segment import SegmentationError, segment_trace
+
+log = logging.getLogger(__name__)
 
 Variant = Literal["search_only", "binary_gap", "typed_base", "typed_shape", "untyped_dense"]
 VARIANTS: tuple[str, ...] = (
@@ -105,6 +112,8 @@ class RewardResult:
     reward: float
     steps: list[StepReward] = field(default_factory=list)
     em_token: int | None = None  # dense form: EM sits on the last response token
+    failed_checks: int = 0  # steps whose check failed (an error verdict): each earned bracket 0
+    unsegmented: bool = False  # the response could not be segmented: EM alone, no step brackets
 
     def scalars(self) -> dict[str, float]:
         """Score, EM and per-label step rates: what RL frameworks log per sample."""
@@ -115,6 +124,8 @@ class RewardResult:
             "em": self.em,
             "dense": self.reward - self.em,
             "n_steps": float(n),
+            "failed_checks": float(self.failed_checks),
+            "unsegmented": float(self.unsegmented),
         }
         for lab in ("no_gap", "CC", "IE", "MB"):
             out[f"rate_{lab}"] = counts.get(lab, 0) / n if n else 0.0
@@ -213,6 +224,8 @@ def compute_reward(
             queries.append(step.query or "")
     dense = 0.0 if variant == "search_only" else sum(r.bracket for r in rows)
     return RewardResult(
+        failed_checks=sum(1 for v in by_step.values() if v.label is None),
+        unsegmented=trace.steps == [],
         trace_id=trace.id,
         variant=variant,
         lam=lam,
@@ -229,17 +242,43 @@ def _token_offsets(text: str, tokenizer: Any) -> list[tuple[int, int]]:
 
 
 def _token_span(offsets: list[tuple[int, int]], span: list[int]) -> list[int] | None:
-    """[first, last + 1) of the tokens overlapping the character range [start, end)."""
+    """[first, last + 1) of the tokens overlapping the character range [start, end).
+
+    Token offsets run left to right, so both ends are binary searches: a 10,000-step response
+    costs steps x log(tokens), not steps x tokens.
+    """
     start, end = span
-    inside = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
-    return [inside[0], inside[-1] + 1] if inside else None
+    first = bisect.bisect_right(
+        offsets, start, key=lambda o: o[1]
+    )  # first token ending after start
+    last = bisect.bisect_left(offsets, end, key=lambda o: o[0])  # first token starting at/after end
+    return [first, last] if first < last else None
+
+
+def failed_verdicts(trace: Trace, reason: str) -> list[Verdict]:
+    """One error verdict per step: what a checker fault turns into (never a label)."""
+    return [
+        Verdict(trace_id=trace.id, step=s.index, type=s.type, label=None, repair=None, error=reason)
+        for s in trace.steps or []
+    ]
+
+
+def _complete(trace: Trace, verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The verdicts plus an error verdict for each step the checker left out."""
+    have = {v.step for v in verdicts}
+    missing = [s for s in trace.steps or [] if s.index not in have]
+    if not missing:
+        return list(verdicts)
+    gap = trace.model_copy(update={"steps": missing})
+    return [*verdicts, *failed_verdicts(gap, "checker gave no verdict for this step")]
 
 
 class StepGapReward:
     """Response in, reward out: segment, check every step, apply SPEC section 4.
 
     `checker` is anything with `check(traces) -> list[list[Verdict]]` (the teacher `Checker`,
-    an offline bundle's checker, or a remote one).
+    an offline bundle's checker, or a remote one). Scoring never raises on a checker fault or an
+    unreadable response (see the module docstring); `failures` counts both kinds.
     """
 
     def __init__(
@@ -253,30 +292,52 @@ class StepGapReward:
         self.variant = variant
         self.lam = lam
         self.tokenizer = tokenizer
+        self.failures: Counter[str] = Counter()
 
     def trace(
         self, response: str, question: str, golden_answers: Sequence[str] | str, trace_id: str = ""
     ) -> Trace:
+        """The segmented rollout; one that cannot be segmented gets no steps (EM alone)."""
         golden = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
-        return segment_trace(
-            Trace(
-                id=trace_id or "rollout",
-                question=question,
-                golden_answers=golden,
-                response=response,
-            )
+        raw = Trace(
+            id=trace_id or "rollout", question=question, golden_answers=golden, response=response
         )
+        try:
+            return segment_trace(raw)
+        except SegmentationError as exc:
+            self.failures["unsegmented"] += 1
+            log.warning("rollout %s cannot be segmented (%s): scored on EM alone", raw.id, exc)
+            return raw.model_copy(update={"steps": []})
+
+    def check(self, traces: Sequence[Trace]) -> list[list[Verdict]]:
+        """The checker's verdicts; if it fails, error verdicts for every step (logged, counted)."""
+        try:
+            verdicts = self.checker.check(list(traces))
+            if len(verdicts) != len(traces):
+                raise RuntimeError(f"checker answered {len(verdicts)} of {len(traces)} traces")
+        except Exception as exc:  # a reward inside training must not raise
+            log.exception("checker failed on %d traces; their steps earn bracket 0", len(traces))
+            verdicts = [failed_verdicts(t, f"checker failed: {exc!r}") for t in traces]
+        verdicts = [_complete(t, vs) for t, vs in zip(traces, verdicts, strict=True)]
+        failed = sum(1 for vs in verdicts for v in vs if v.label is None)
+        if failed:
+            self.failures["failed_checks"] += failed
+            log.warning("%d step check(s) failed in this batch: bracket 0 each", failed)
+        return verdicts
 
     def score_traces(self, traces: Sequence[Trace]) -> list[RewardResult]:
         """Rewards for many rollouts with one checker call (the checker batches judge and NLI)."""
         if self.variant == "search_only":  # EM alone: the checker is not called
             verdicts: list[list[Verdict]] = [[] for _ in traces]
         else:
-            verdicts = self.checker.check(list(traces))
-        return [
-            compute_reward(t, vs, variant=self.variant, lam=self.lam, tokenizer=self.tokenizer)
-            for t, vs in zip(traces, verdicts, strict=True)
-        ]
+            verdicts = self.check(traces)
+        return [self.result(t, vs) for t, vs in zip(traces, verdicts, strict=True)]
+
+    def result(self, trace: Trace, verdicts: Sequence[Verdict]) -> RewardResult:
+        """SPEC section 4 for one checked trace, with this reward's variant, lambda, tokenizer."""
+        return compute_reward(
+            trace, verdicts, variant=self.variant, lam=self.lam, tokenizer=self.tokenizer
+        )
 
     def score(
         self,

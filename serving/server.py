@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stepgap.data_builders.schema import Trace, Verdict
-from stepgap.data_builders.segment import segment_trace
+from stepgap.data_builders.segment import SegmentationError, segment_trace
 
 from .inputs import golden_list, question_from_prompt
-from .reward import StepGapReward, compute_reward
+from .reward import StepGapReward
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,11 @@ class MicroBatcher:
                     batch.append(await asyncio.wait_for(self.queue.get(), timeout))
                 except asyncio.TimeoutError:
                     break
+            # A client that disconnected cancelled its futures: its traces are not checked, and
+            # the rest of the batch is answered as usual.
+            batch = [i for i in batch if not i.future.done()]
+            if not batch:
+                continue
             if self.on_batch is not None:
                 self.on_batch(len(batch))
             try:
@@ -167,7 +172,7 @@ def create_app(
         traces_total.inc(n)
 
     batcher = MicroBatcher(
-        reward.checker.check,
+        reward.check,  # a checker fault becomes error verdicts (bracket 0), never a 500
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         max_queue=max_queue,
@@ -197,7 +202,7 @@ def create_app(
     async def checked(traces: list[Trace], route: str) -> list[list[Verdict]]:
         requests_total.labels(route).inc()
         try:
-            return await batcher.submit([segment_trace(t) for t in traces])
+            return await batcher.submit(traces)
         except QueueFull as exc:
             rejected.labels("queue_full").inc()
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
@@ -212,14 +217,17 @@ def create_app(
         if reward.variant == "search_only":
             return reward.score_traces(traces)
         verdicts = await checked(traces, route)
-        return [
-            compute_reward(t, v, variant=reward.variant, lam=reward.lam, tokenizer=reward.tokenizer)
-            for t, v in zip(traces, verdicts, strict=True)
-        ]
+        return [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
 
     @app.post("/check")
     async def check(body: CheckRequest) -> dict[str, Any]:
-        verdicts = await checked(body.traces, "check")
+        segmented = []
+        for i, t in enumerate(body.traces):
+            try:
+                segmented.append(segment_trace(t))
+            except SegmentationError as exc:
+                raise HTTPException(422, f"traces[{i}] ({t.id!r}): {exc}") from None
+        verdicts = await checked(segmented, "check")
         return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
 
     @app.post("/reward")

@@ -24,8 +24,10 @@ def _rates(results: Sequence[RewardResult]) -> dict[str, float]:
         f"stepgap/rate_{lab}": (counts.get(lab, 0) / total if total else 0.0)
         for lab in ("no_gap", "CC", "IE", "MB")
     }
-    rates["stepgap/failed_checks"] = counts.get(None, 0) / total if total else 0.0
-    rates["stepgap/em"] = sum(r.em for r in results) / len(results) if results else 0.0
+    n = len(results)
+    rates["stepgap/failed_checks"] = sum(r.failed_checks for r in results) / total if total else 0.0
+    rates["stepgap/unsegmented"] = sum(r.unsegmented for r in results) / n if n else 0.0
+    rates["stepgap/em"] = sum(r.em for r in results) / n if n else 0.0
     return rates
 
 

@@ -17,6 +17,10 @@ from stepgap.data_builders.schema import Step
 from .judges.base import JudgeRequest, Messages
 
 PREVIOUS_CLAIMS = 3  # earlier claims shown to the judge
+# Earlier evidence shown to the judge, most recent first, in characters of snippet text: about
+# 8K tokens, a dozen Search-R1 retrievals. Longer traces would otherwise send prompts that grow
+# with every step (quadratic cost, past any context window); the omitted count is stated.
+EARLIER_EVIDENCE_CHARS = 32_000
 
 _INTRO = """You check one step of a search agent's multi-hop reasoning against the evidence it
 retrieved. You answer with one JSON object and nothing else, filling three sections in order.
@@ -101,6 +105,7 @@ PROMPT_VERSION = hashlib.sha256(
             system_prompt("conclusion"),
             _USER_TEMPLATE,
             str(PREVIOUS_CLAIMS),
+            str(EARLIER_EVIDENCE_CHARS),
         ]
     ).encode()
 ).hexdigest()[:12]
@@ -118,6 +123,21 @@ def _snippets(steps: Sequence[Step]) -> list[dict[str, object]]:
         for s in steps
         for snip in s.evidence
     ]
+
+
+def _earlier_snippets(steps: Sequence[Step], index: int) -> tuple[list[dict[str, object]], int]:
+    """The snippets of steps before `index`, the most recent within the character budget, in
+    step order; and how many older snippets were left out."""
+    kept: list[dict[str, object]] = []
+    budget = EARLIER_EVIDENCE_CHARS
+    for s in reversed(steps[:index]):
+        for snip in reversed(s.evidence):
+            if budget - len(snip.text) < 0:
+                omitted = sum(len(e.evidence) for e in steps[:index]) - len(kept)
+                return kept[::-1], omitted
+            budget -= len(snip.text)
+            kept.append({"from_step": s.index, "title": snip.title, "text": snip.text})
+    return kept[::-1], 0
 
 
 def build_messages(
@@ -144,11 +164,11 @@ def build_messages(
         },
         "evidence": _snippets([step]),
     }
-    earlier = _snippets(steps[:index])
-    if step.type == "conclusion":
-        data["global_evidence"] = earlier
-    else:
-        data["earlier_evidence"] = earlier
+    earlier, omitted = _earlier_snippets(steps, index)
+    key = "global_evidence" if step.type == "conclusion" else "earlier_evidence"
+    data[key] = earlier
+    if omitted:
+        data[f"{key}_omitted_older_snippets"] = omitted
     if nli_features is not None:
         data["nli_features"] = list(nli_features)
     return [

@@ -79,10 +79,26 @@ def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
+class AccumulatedEvidence:
+    """The evidence of steps 0..i, each snippet normalised once for the verbatim quote check
+    (so checking every step of a long trace does not re-normalise all earlier snippets)."""
+
+    def __init__(self, snippets: Sequence[Snippet] = ()) -> None:
+        self._texts: list[str] = []
+        self.extend(snippets)
+
+    def extend(self, snippets: Sequence[Snippet]) -> None:
+        self._texts.extend(t for s in snippets for t in (_norm(s.text), _norm(s.title)))
+
+    def contains(self, quote: str) -> bool:
+        """Whether the quote occurs (whitespace collapsed, case folded) inside one snippet."""
+        q = _norm(quote)
+        return bool(q) and any(q in t for t in self._texts)
+
+
 def quote_in_evidence(quote: str, evidence: Sequence[Snippet]) -> bool:
     """Whether the quote occurs verbatim (whitespace collapsed, case folded) in one snippet."""
-    q = _norm(quote)
-    return bool(q) and any(q in _norm(s.text) or q in _norm(s.title) for s in evidence)
+    return AccumulatedEvidence(evidence).contains(quote)
 
 
 @dataclass
@@ -91,7 +107,7 @@ class _Walk:
 
     step: Step
     question: str
-    evidence: list[Snippet]  # accumulated evidence of steps 0..i
+    evidence: AccumulatedEvidence  # of steps 0..i
     premise_pool: list[Snippet]  # stage E premises: entity-matched earlier snippets
     judge: Judge
     judge_conf: dict[str, float]
@@ -164,7 +180,7 @@ def stage_c(w: _Walk) -> str | None:
         return "IE"
     w.reached_c_with_entity = True
     quote = c.evidence_quote
-    if c.found_quote and quote.strip() and quote_in_evidence(quote, w.evidence):
+    if c.found_quote and quote.strip() and w.evidence.contains(quote):
         w.visit("C", "stageC:quote")
         return stage_d(w)
     if c.found_quote and quote.strip():
@@ -228,9 +244,11 @@ def decide_trace(
         raise ValueError(f"trace {trace_id}: {len(steps)} steps but {len(judged)} judge results")
     verdicts: list[Verdict] = []
     pool: list[Snippet] = []
-    evidence: list[Snippet] = []
+    evidence = AccumulatedEvidence()
     for step, result in zip(steps, judged, strict=True):
-        evidence = evidence + step.evidence
+        # Shared and growing: each walk reads them before the next step appends (no copies,
+        # so checking a trace stays linear in its length).
+        evidence.extend(step.evidence)
         base = {
             "trace_id": trace_id,
             "step": step.index,
@@ -241,9 +259,7 @@ def decide_trace(
         if result.judge is None:
             verdicts.append(Verdict(**base, label=None, repair=None, error=result.error))
             continue
-        w = _Walk(
-            step, question, evidence, list(pool), result.judge, result.confidences, nli, config
-        )
+        w = _Walk(step, question, evidence, pool, result.judge, result.confidences, nli, config)
         try:
             label = stage_a(w) or stage_b(w) or stage_c(w)
             error = None

@@ -105,7 +105,11 @@ class HFNLI:
         self.columns = columns
 
     def _encode(self, pairs: Sequence[Pair], tensors: str = "pt") -> dict:
-        """Tokenize pairs, truncating the premise only."""
+        """Tokenize pairs, truncating the premise only.
+
+        Text that spells a special token (`[SEP]`, `[CLS]`, ...) is tokenized as plain text:
+        a retrieved snippet or a policy's claim must not move the premise/hypothesis boundary.
+        """
         premises = [p for p, _ in pairs]
         hypotheses = [h for _, h in pairs]
         try:
@@ -115,6 +119,7 @@ class HFNLI:
                 padding=True,
                 truncation="only_first",
                 max_length=self.max_length,
+                split_special_tokens=True,
                 return_tensors=tensors,
             )
         except Exception as exc:  # the hypothesis alone is longer than max_length

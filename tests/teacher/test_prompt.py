@@ -6,7 +6,12 @@ import json
 import re
 
 from stepgap.data_builders import Snippet, Step, segment_response
-from stepgap.teacher.prompt import PROMPT_VERSION, build_messages, build_requests
+from stepgap.teacher.prompt import (
+    EARLIER_EVIDENCE_CHARS,
+    PROMPT_VERSION,
+    build_messages,
+    build_requests,
+)
 
 RESPONSE = (
     "<think>Kuhn first.</think><search>Heinrich Gerhard Kuhn</search>"
@@ -79,3 +84,25 @@ def test_requests_and_version():
     reqs = build_requests("t1", Q, steps)
     assert [(r.trace_id, r.step, r.step_type) for r in reqs][-1] == ("t1", 4, "conclusion")
     assert re.fullmatch(r"[0-9a-f]{12}", PROMPT_VERSION)
+
+
+def test_a_long_trace_shows_the_most_recent_earlier_evidence_within_the_budget():
+    text = "lorem ipsum dolor sit amet " * 22  # ~600 characters, a Search-R1 snippet
+    steps = [
+        Step(
+            index=i,
+            type="inference",
+            claim=f"c{i}",
+            query=f"q{i}",
+            evidence=[Snippet(title=f"T{i}", text=f"{i} {text}")],
+        )
+        for i in range(200)
+    ]
+    data = _data(build_messages("q?", steps, 199))
+    shown = data["earlier_evidence"]
+    assert sum(len(s["text"]) for s in shown) <= EARLIER_EVIDENCE_CHARS
+    assert [s["from_step"] for s in shown] == list(range(199 - len(shown), 199))  # most recent
+    assert data["earlier_evidence_omitted_older_snippets"] == 199 - len(shown) > 0
+    short = _data(build_messages("q?", steps[:5], 4))
+    assert [s["from_step"] for s in short["earlier_evidence"]] == [0, 1, 2, 3]
+    assert "earlier_evidence_omitted_older_snippets" not in short

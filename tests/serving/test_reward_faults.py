@@ -1,0 +1,112 @@
+"""Rewards inside training never raise: checker faults and unreadable rollouts have a fallback.
+
+The fallback (RELIABILITY.md): a step whose check failed earns bracket 0, a rollout that cannot
+be segmented earns EM alone; both are logged, counted in `StepGapReward.failures`, and reported
+in the scalars every framework logs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from stepgap.serving import StepGapReward
+from stepgap.serving.trl import stepgap_reward_func
+
+BROKEN = "<think>look</think><tool_call>{not json</tool_call><answer>Paris</answer>"
+
+
+class FlakyChecker:
+    """Wraps a real checker: raises on chosen calls, or turns one trace's steps into errors."""
+
+    def __init__(
+        self, checker, *, raise_on_call: set[int] = frozenset(), drop_trace: int | None = None
+    ):
+        self.checker = checker
+        self.raise_on_call = raise_on_call
+        self.drop_trace = drop_trace
+        self.calls = 0
+
+    def check(self, traces):
+        self.calls += 1
+        if self.calls in self.raise_on_call:
+            raise ConnectionError("judge server went away")
+        out = self.checker.check(traces)
+        if self.drop_trace is not None:
+            out[self.drop_trace] = out[self.drop_trace][:-1]  # the checker forgot a step
+        return out
+
+
+def _inputs(traces):
+    return (
+        [t.response for t in traces],
+        [t.question for t in traces],
+        [t.golden_answers for t in traces],
+    )
+
+
+def test_a_checker_exception_gives_bracket_0_for_its_batch_and_is_logged(
+    reward, example_traces, expected_rewards, caplog
+):
+    flaky = StepGapReward(FlakyChecker(reward.checker, raise_on_call={1}))
+    responses, questions, golden = _inputs(example_traces)
+    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward"):
+        failed = flaky.score(responses, questions, golden)
+    for t, r in zip(example_traces, failed, strict=True):
+        assert [s.bracket for s in r.steps] == [0.0] * len(t.steps)
+        assert r.failed_checks == len(t.steps) and r.reward == r.em
+        assert r.scalars()["failed_checks"] == len(t.steps)
+    assert flaky.failures["failed_checks"] == sum(len(t.steps) for t in example_traces)
+    assert "judge server went away" in caplog.text
+    # The next batch is scored normally: the fault did not stick.
+    again = flaky.score(responses, questions, golden)
+    assert [r.reward for r in again] == pytest.approx(
+        [expected_rewards[t.id] for t in example_traces]
+    )
+    assert all(r.failed_checks == 0 for r in again)
+
+
+def test_a_step_the_checker_left_out_earns_0_and_the_rest_of_the_batch_is_scored(
+    reward, example_traces, expected_rewards
+):
+    flaky = StepGapReward(FlakyChecker(reward.checker, drop_trace=0))
+    results = flaky.score(*_inputs(example_traces))
+    first = results[0]
+    assert (
+        first.failed_checks == 1
+        and first.steps[-1].bracket == 0.0
+        and first.steps[-1].label is None
+    )
+    assert [r.reward for r in results[1:]] == pytest.approx(
+        [expected_rewards[t.id] for t in example_traces[1:]]
+    )
+
+
+def test_an_unsegmentable_rollout_earns_em_alone_and_the_others_are_scored(
+    reward, example_traces, expected_rewards
+):
+    responses, questions, golden = _inputs(example_traces[:2])
+    results = reward.score([responses[0], BROKEN, responses[1]], [questions[0], "q?", questions[1]],
+                           [golden[0], ["Paris"], golden[1]])  # fmt: skip
+    assert results[1].unsegmented and results[1].steps == [] and results[1].reward == 1.0
+    assert results[1].scalars()["unsegmented"] == 1.0
+    assert reward.failures["unsegmented"] == 1
+    assert [results[0].reward, results[2].reward] == pytest.approx(
+        [expected_rewards[t.id] for t in example_traces[:2]]
+    )
+
+
+def test_trl_logs_the_failure_rates(reward, example_traces):
+    func = stepgap_reward_func(StepGapReward(FlakyChecker(reward.checker, raise_on_call={1})))
+    responses, questions, golden = _inputs(example_traces)
+    logged: dict[str, float] = {}
+    out = func(
+        prompts=[f"Question: {q}" for q in questions] + ["Question: q?"],
+        completions=responses + [BROKEN],
+        golden_answers=golden + [["Rome"]],
+        log_metric=lambda name, value: logged.__setitem__(name, value),
+    )
+    assert len(out) == len(responses) + 1 and out[-1] == 0.0
+    assert logged["stepgap/failed_checks"] == 1.0
+    assert logged["stepgap/unsegmented"] == pytest.approx(1 / (len(responses) + 1))

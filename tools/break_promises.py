@@ -1,0 +1,288 @@
+"""Break each promise of RELIABILITY.md on purpose and show that its test catches it.
+
+For every promise: apply one small mutation to the package source (the kind of bug that would
+break the promise), run the promise's tests, expect them to FAIL, and restore the file. A
+mutation its tests do not catch is printed as MISSED and the exit status is 1.
+
+    python tools/break_promises.py            # all promises (about 10 minutes on 2 cores)
+    python tools/break_promises.py -k server  # those whose name contains "server"
+
+Edits files in place (the package is installed in editable mode, so tests must see the edited
+tree) and always restores them; it refuses to run on files with uncommitted changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    promise: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    timeout: int = 600
+
+
+MUTATIONS = [
+    Mutation(
+        "bad-record/invalid-json",
+        "data_builders/io.py",
+        'report.add(path, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")\n'
+        "                continue",
+        "raise",
+        ("tests/test_bad_input.py::test_segment",),
+    ),
+    Mutation(
+        "bad-record/non-utf8",
+        "data_builders/io.py",
+        'text = raw.decode("utf-8")',
+        'text = raw.decode("utf-8", errors="replace")',
+        ("tests/test_bad_input.py::test_relabel",),
+    ),
+    Mutation(
+        "bad-record/field-named",
+        "data_builders/io.py",
+        "            report.add_validation(path, lineno, exc)",
+        "            report.add(path, lineno, str(exc))",
+        ("tests/test_bad_input.py::test_relabel",),
+    ),
+    Mutation(
+        "long-trace/linear",
+        "teacher/prompt.py",
+        "EARLIER_EVIDENCE_CHARS = 32_000",
+        "EARLIER_EVIDENCE_CHARS = 10**12",
+        ("tests/test_bad_input.py::test_check_gives_every_step_of_every_good_trace_a_verdict",),
+    ),
+    Mutation(
+        "segmenter/spans-inside",
+        "data_builders/segment.py",
+        "span=(step_start, step_end),",
+        "span=(step_start, step_end + 1),",
+        ("tests/data_builders/test_segment_property.py",),
+    ),
+    Mutation(
+        "segmenter/fake-closing-tag",
+        "data_builders/segment.py",
+        "            close = later",
+        "            pass",
+        (
+            "tests/data_builders/test_segment.py::"
+            "test_a_fake_closing_tag_inside_retrieved_text_stays_evidence",
+        ),
+    ),
+    Mutation(
+        "prompt/data-block",
+        "teacher/prompt.py",
+        '.replace("<", "\\\\u003c")',
+        "",
+        ("tests/teacher/test_prompt.py::test_adversarial_evidence_stays_inside_the_data_block",),
+    ),
+    Mutation(
+        "nli/special-tokens",
+        "teacher/nli/hf.py",
+        "split_special_tokens=True",
+        "split_special_tokens=False",
+        (
+            "tests/teacher/test_nli_hf.py::"
+            "test_snippets_spelling_special_tokens_cannot_move_the_pair_boundary",
+        ),
+    ),
+    Mutation(
+        "nli/batch-independence",
+        "teacher/nli/hf.py",
+        "            return self.model(**enc).logits.float()",
+        '            enc.pop("attention_mask")\n            return self.model(**enc).logits.float()',
+        ("tests/teacher/test_nli_hf.py::test_an_adversarial_snippet_changes_no_other_pair",),
+    ),
+    Mutation(
+        "label/crash-safe",
+        "teacher/judges/cache.py",
+        "        if result.judge is None:\n            return",
+        "        if True:\n            return",
+        (
+            "tests/teacher/test_label.py::"
+            "test_sigkill_half_way_then_rerun_labels_each_step_once_and_never_asks_twice",
+        ),
+    ),
+    Mutation(
+        "judge/transient-retried",
+        "teacher/judges/openai_api.py",
+        "max_retries=self.max_retries,",
+        "max_retries=0,",
+        (
+            "tests/teacher/judges/test_openai_api.py::"
+            "test_each_transient_fault_is_retried_and_every_step_gets_one_verdict",
+        ),
+    ),
+    Mutation(
+        "reward/failed-check-0",
+        "serving/reward.py",
+        'if label is None or variant == "search_only":',
+        'if variant == "search_only":',
+        ("tests/serving/test_reward.py::test_a_failed_check_earns_nothing_and_shapes_nothing",),
+    ),
+    Mutation(
+        "reward/bracket-range",
+        "serving/reward.py",
+        '"CC": 0.05}',
+        '"CC": 0.5}',
+        ("tests/serving/test_reward.py::test_every_bracket_lies_in_the_spec_range",),
+    ),
+    Mutation(
+        "reward/checker-fault",
+        "serving/reward.py",
+        "except Exception as exc:  # a reward inside training must not raise",
+        "except ZeroDivisionError as exc:",
+        ("tests/serving/test_reward_faults.py",),
+    ),
+    Mutation(
+        "reward/unsegmentable",
+        "serving/reward.py",
+        "        except SegmentationError as exc:\n            self.failures",
+        "        except ZeroDivisionError as exc:\n            self.failures",
+        ("tests/serving/test_reward_faults.py",),
+    ),
+    Mutation(
+        "server/503-retry-after",
+        "serving/server.py",
+        'headers={"Retry-After": "1"}',
+        "headers={}",
+        (
+            "tests/serving/test_server_load.py::"
+            "test_above_capacity_only_503_with_retry_after_and_the_server_survives",
+        ),
+    ),
+    Mutation(
+        "server/flat-memory",
+        "serving/server.py",
+        "        items = [_Item(t, loop.create_future()) for t in traces]",
+        "        items = [_Item(t, loop.create_future()) for t in traces]\n"
+        '        self.__dict__.setdefault("kept", []).append(items)',
+        (
+            "tests/serving/test_server_load.py::"
+            "test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat",
+        ),
+    ),
+    Mutation(
+        "server/no-lost-request",
+        "serving/server.py",
+        "            for item, verdicts in zip(batch, results, strict=True):",
+        "            for item, verdicts in list(zip(batch, results, strict=True))[:-1]:",
+        (
+            "tests/serving/test_server_load.py::"
+            "test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat",
+        ),
+    ),
+    Mutation(
+        "secrets/logs-cache-verdicts",
+        "teacher/judges/openai_api.py",
+        'return JudgeResult.failed(f"judge API error: {redact(str(exc))}", usage)',
+        'return JudgeResult.failed(f"judge API error: {exc} (key {client.api_key})", usage)',
+        ("tests/teacher/test_label.py::test_canary_api_key_never_reaches_logs_cache_or_verdicts",),
+    ),
+    Mutation(
+        "secrets/bundle-card-push",
+        "export/bundle.py",
+        '            "prompt_version": PROMPT_VERSION,',
+        '            "prompt_version": PROMPT_VERSION,\n'
+        '            "environment": dict(__import__("os").environ),',
+        ("tests/export/test_secrets.py",),
+    ),
+    Mutation(
+        "bundle/tampered",
+        "export/bundle.py",
+        "        if sha256_file(file) != expected:",
+        "        if False:",
+        ("tests/export/test_bundle.py::test_a_tampered_file_fails_loading_naming_it",),
+    ),
+    Mutation(
+        "bundle/pickle-refused",
+        "export/bundle.py",
+        "        if file.suffix in PICKLE_SUFFIXES:",
+        "        if False:",
+        ("tests/export/test_bundle.py::test_missing_and_pickled_files_are_refused",),
+    ),
+    Mutation(
+        "push/exact-files",
+        "export/hub.py",
+        '    files = sorted([*manifest["files"], MANIFEST, CARD])',
+        "    files = sorted(\n"
+        "        [str(p.relative_to(bundle)) for p in Path(bundle).rglob('*') if p.is_file()] + [CARD]\n"
+        "    )",
+        ("tests/export/test_hub.py::test_dry_run_lists_exactly_the_bundle_files_and_the_card",),
+    ),
+    Mutation(
+        "metrics/never-raise",
+        "eval/metrics.py",
+        "    return float(num) / float(den) if den else 0.0",
+        "    return float(num) / float(den)",
+        ("tests/eval/test_metrics_property.py",),
+    ),
+]
+
+
+def _dirty(files: set[str]) -> list[str]:
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--", *sorted(files)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line[3:] for line in out.splitlines()]
+
+
+def run(mutation: Mutation) -> tuple[bool, float, str]:
+    """(caught, seconds, last lines of pytest's output) for one mutation."""
+    path = REPO / mutation.file
+    original = path.read_text(encoding="utf-8")
+    if original.count(mutation.old) != 1:
+        raise SystemExit(f"{mutation.promise}: the code to mutate is not found once in {path}")
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(mutation.old, mutation.new), encoding="utf-8")
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                 "-o", f"timeout={mutation.timeout}", *mutation.tests],
+                cwd=REPO, capture_output=True, text=True, timeout=mutation.timeout + 120,
+            )  # fmt: skip
+            caught, tail = done.returncode != 0, done.stdout.strip().splitlines()[-1:]
+        except subprocess.TimeoutExpired:
+            caught, tail = True, ["timed out"]
+    finally:
+        path.write_text(original, encoding="utf-8")
+    return caught, time.monotonic() - started, " ".join(tail)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", default="", help="only promises whose name contains this")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if args.k in m.promise]
+    dirty = _dirty({m.file for m in chosen})
+    if dirty:
+        raise SystemExit(f"commit or stash these first: {', '.join(dirty)}")
+    missed = 0
+    print("| promise | mutation (file) | result | seconds |")
+    print("| --- | --- | --- | --- |")
+    for m in chosen:
+        caught, seconds, tail = run(m)
+        missed += not caught
+        verdict = "caught" if caught else "MISSED"
+        print(f"| {m.promise} | `{m.file}` | {verdict}: {tail} | {seconds:.0f} |", flush=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
