@@ -3,7 +3,8 @@
 Requests from many rollout workers are queued per trace and answered by one checker call per
 micro-batch (up to `max_batch` traces, waiting at most `max_wait_ms` for more), so the judge and
 the NLI model see large batches. A full queue answers 503 with Retry-After; an oversized body
-413. Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
+413; a client that hangs up before its answer has its queued traces dropped (counted as
+`stepgap_rejected{reason="client_gone"}`) while the rest of its batch is answered. Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
 `/metrics` (Prometheus).
 """
 
@@ -17,6 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+try:  # the `serve` extra; at module level so FastAPI can resolve the routes' annotations
+    from starlette.requests import Request
+except ImportError:  # pragma: no cover - without the extra, create_app says what to install
+    Request = Any  # type: ignore[misc,assignment]
 
 from stepgap.data_builders.schema import Trace, Verdict
 from stepgap.data_builders.segment import SegmentationError, segment_trace
@@ -69,14 +75,30 @@ class MicroBatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def submit(self, traces: Sequence[Trace]) -> list[list[Verdict]]:
+    async def submit(
+        self, traces: Sequence[Trace], disconnected: Any = None
+    ) -> list[list[Verdict]] | None:
+        """Verdicts per trace. With `disconnected` (an awaitable that returns when the client
+        hangs up), a client that leaves first gets None and its queued traces are dropped."""
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise QueueFull(f"{self.queue.qsize()} traces queued (max {self.max_queue})")
         loop = asyncio.get_running_loop()
         items = [_Item(t, loop.create_future()) for t in traces]
         for item in items:
             self.queue.put_nowait(item)
-        return list(await asyncio.gather(*(i.future for i in items)))
+        answers = asyncio.gather(*(i.future for i in items))
+        if disconnected is None:
+            return list(await answers)
+        gone = asyncio.ensure_future(disconnected)
+        try:
+            await asyncio.wait({answers, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not answers.done():
+            answers.cancel()  # cancels the items' futures: the batch loop skips them
+            answers.add_done_callback(_retrieve)  # nobody awaits it: no "never retrieved" log
+            return None
+        return list(answers.result())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -111,6 +133,18 @@ class MicroBatcher:
                     item.future.set_result(verdicts)
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _until_disconnected(request: Any) -> None:
+    """Returns when the client hangs up (the body is already read, so the next ASGI message
+    is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class CheckRequest(BaseModel):
     traces: list[Trace] = Field(min_length=1)
 
@@ -137,7 +171,7 @@ def create_app(
     max_queue: int = 1024,
     max_body_bytes: int = 8 * 1024 * 1024,
 ) -> Any:
-    from fastapi import FastAPI, HTTPException, Request
+    from fastapi import FastAPI, HTTPException
     from fastapi.responses import JSONResponse, Response
     from prometheus_client import (
         CONTENT_TYPE_LATEST,
@@ -199,16 +233,20 @@ def create_app(
             )
         return await call_next(request)
 
-    async def checked(traces: list[Trace], route: str) -> list[list[Verdict]]:
+    async def checked(traces: list[Trace], route: str, request: Request) -> list[list[Verdict]]:
         requests_total.labels(route).inc()
         try:
-            return await batcher.submit(traces)
+            verdicts = await batcher.submit(traces, _until_disconnected(request))
         except QueueFull as exc:
             rejected.labels("queue_full").inc()
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
+        if verdicts is None:  # nobody is listening any more; nginx's "client closed request"
+            rejected.labels("client_gone").inc()
+            raise HTTPException(499, "client disconnected")
+        return verdicts
 
     async def rewards(
-        responses: list[str], questions: list[str], golden: list[Any], route: str
+        responses: list[str], questions: list[str], golden: list[Any], route: str, request: Request
     ) -> list[Any]:
         traces = [
             reward.trace(r, q, golden_list(g), f"{route}-{i}")
@@ -216,31 +254,33 @@ def create_app(
         ]
         if reward.variant == "search_only":
             return reward.score_traces(traces)
-        verdicts = await checked(traces, route)
+        verdicts = await checked(traces, route, request)
         return [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
 
     @app.post("/check")
-    async def check(body: CheckRequest) -> dict[str, Any]:
+    async def check(body: CheckRequest, request: Request) -> dict[str, Any]:
         segmented = []
         for i, t in enumerate(body.traces):
             try:
                 segmented.append(segment_trace(t))
             except SegmentationError as exc:
                 raise HTTPException(422, f"traces[{i}] ({t.id!r}): {exc}") from None
-        verdicts = await checked(segmented, "check")
+        verdicts = await checked(segmented, "check", request)
         return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
 
     @app.post("/reward")
-    async def reward_route(body: RewardRequest) -> dict[str, Any]:
+    async def reward_route(body: RewardRequest, request: Request) -> dict[str, Any]:
         if not len(body.responses) == len(body.questions) == len(body.golden_answers):
             raise HTTPException(
                 422, "responses, questions and golden_answers must have equal lengths"
             )
-        results = await rewards(body.responses, body.questions, body.golden_answers, "reward")
+        results = await rewards(
+            body.responses, body.questions, body.golden_answers, "reward", request
+        )
         return {"rewards": [r.reward for r in results], "results": [r.as_dict() for r in results]}
 
     @app.post("/get_reward")
-    async def get_reward(body: OpenRLHFRequest) -> dict[str, Any]:
+    async def get_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any]:
         n = len(body.query)
         prompts = body.prompts or [""] * n
         if body.labels is None or len(body.labels) != n or len(prompts) != n:
@@ -252,7 +292,7 @@ def create_app(
             for q, p in zip(body.query, prompts, strict=True)
         ]
         questions = [question_from_prompt(p or q) for q, p in zip(body.query, prompts, strict=True)]
-        results = await rewards(responses, questions, body.labels, "get_reward")
+        results = await rewards(responses, questions, body.labels, "get_reward", request)
         breakdowns = [r.scalars() for r in results]
         extra = {k: [b[k] for b in breakdowns] for k in breakdowns[0] if k != "score"}
         scores = [r.reward for r in results]

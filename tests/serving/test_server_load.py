@@ -8,6 +8,7 @@ and the server still answers afterwards.
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat(
         time.sleep(1)  # let the batches of hung-up clients finish
         rss_after = _rss_mib(server.proc.pid)
         health = httpx.get(f"{server.url}/health").json()
+        metrics = httpx.get(f"{server.url}/metrics").text
         # A request after the load is answered exactly.
         t = example_traces[0]
         last = httpx.post(f"{server.url}/reward", json=_body(t), timeout=60).json()
@@ -141,6 +143,9 @@ def test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat(
     assert set(outcomes) <= {"200", "hung up", "answered before hang-up"}, outcomes
     assert outcomes["200"] > 200 and outcomes["hung up"] >= 5  # real load, real hang-ups
     assert health["status"] == "ok" and health["queued"] == 0
+    # The hung-up clients' traces were dropped, not checked for nobody.
+    gone = re.search(r'^stepgap_rejected_total\{reason="client_gone"\} (\S+)', metrics, re.M)
+    assert gone and float(gone.group(1)) >= 1
     assert last["rewards"] == pytest.approx([expected_rewards[t.id]])
     # Keeping each finished request's body would add 200 KB x requests (over 40 MiB).
     assert rss_after - rss_before < 20, f"memory grew {rss_after - rss_before:.1f} MiB under load"
