@@ -83,8 +83,8 @@ MUTATIONS = [
     Mutation(
         "prompt/data-block",
         "teacher/prompt.py",
-        '.replace("<", "\\\\u003c")',
-        "",
+        'return text.replace("<", "\\\\u003c").replace(">", "\\\\u003e").replace("&", "\\\\u0026")',
+        "return text",
         ("tests/teacher/test_prompt.py::test_adversarial_evidence_stays_inside_the_data_block",),
     ),
     Mutation(
@@ -174,10 +174,10 @@ MUTATIONS = [
         ),
     ),
     Mutation(
-        "server/hang-up",
+        "server/hang-up-dropped",
         "serving/server.py",
-        "                if not item.future.done():\n                    item.future.set_result(verdicts)",
-        "                item.future.set_result(verdicts)",
+        "        if disconnected is None:",
+        "        if True:",
         (
             "tests/serving/test_server_load.py::"
             "test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat",
@@ -267,8 +267,10 @@ def run(mutation: Mutation) -> tuple[bool, float, str]:
                  "-o", f"timeout={mutation.timeout}", *mutation.tests],
                 cwd=REPO, capture_output=True, text=True, timeout=mutation.timeout + 120,
             )  # fmt: skip
-            caught, tail = done.returncode != 0, done.stdout.strip().splitlines()[-1:]
-        except subprocess.TimeoutExpired:
+            # Exit status 1 is "tests failed"; 2-5 (collection error, usage, no tests) would mean
+            # the mutation broke the run rather than the promise, and count as missed.
+            caught, tail = done.returncode == 1, done.stdout.strip().splitlines()[-1:]
+        except subprocess.TimeoutExpired:  # a promise of bounded time, broken
             caught, tail = True, ["timed out"]
     finally:
         path.write_text(original, encoding="utf-8")
