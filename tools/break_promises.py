@@ -125,6 +125,13 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "judge/bad-credentials-stop",
+        "teacher/judges/openai_api.py",
+        "            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:",
+        "            except ZeroDivisionError as exc:",
+        ("tests/teacher/judges/test_openai_api.py::test_bad_credentials_stop_the_run",),
+    ),
+    Mutation(
         "reward/failed-check-0",
         "serving/reward.py",
         'if label is None or variant == "search_only":',
