@@ -248,11 +248,10 @@ def _token_span(offsets: list[tuple[int, int]], span: list[int]) -> list[int] | 
     costs steps x log(tokens), not steps x tokens.
     """
     start, end = span
-    first = bisect.bisect_right(
-        offsets, start, key=lambda o: o[1]
-    )  # first token ending after start
-    last = bisect.bisect_left(offsets, end, key=lambda o: o[0])  # first token starting at/after end
-    return [first, last] if first < last else None
+    # The first token that ends after `start`, and the first that starts at or after `end`.
+    first = bisect.bisect_right(offsets, start, key=lambda o: o[1])
+    stop = bisect.bisect_left(offsets, end, key=lambda o: o[0])
+    return [first, stop] if first < stop else None
 
 
 def failed_verdicts(trace: Trace, reason: str) -> list[Verdict]:

@@ -4,7 +4,8 @@ Requests from many rollout workers are queued per trace and answered by one chec
 micro-batch (up to `max_batch` traces, waiting at most `max_wait_ms` for more), so the judge and
 the NLI model see large batches. A full queue answers 503 with Retry-After; an oversized body
 413; a client that hangs up before its answer has its queued traces dropped (counted as
-`stepgap_rejected{reason="client_gone"}`) while the rest of its batch is answered. Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
+`stepgap_rejected{reason="client_gone"}`) while the rest of its batch is answered.
+Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
 `/metrics` (Prometheus).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +77,10 @@ class MicroBatcher:
                 await self._task
 
     async def submit(
-        self, traces: Sequence[Trace], disconnected: Any = None
+        self, traces: Sequence[Trace], until_gone: Callable[[], Awaitable[None]] | None = None
     ) -> list[list[Verdict]] | None:
-        """Verdicts per trace. With `disconnected` (an awaitable that returns when the client
-        hangs up), a client that leaves first gets None and its queued traces are dropped."""
+        """Verdicts per trace. With `until_gone` (returns an awaitable that finishes when the
+        client hangs up), a client that leaves first gets None and its queued traces are dropped."""
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise QueueFull(f"{self.queue.qsize()} traces queued (max {self.max_queue})")
         loop = asyncio.get_running_loop()
@@ -87,9 +88,9 @@ class MicroBatcher:
         for item in items:
             self.queue.put_nowait(item)
         answers = asyncio.gather(*(i.future for i in items))
-        if disconnected is None:
+        if until_gone is None:
             return list(await answers)
-        gone = asyncio.ensure_future(disconnected)
+        gone = asyncio.ensure_future(until_gone())
         try:
             await asyncio.wait({answers, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -236,7 +237,7 @@ def create_app(
     async def checked(traces: list[Trace], route: str, request: Request) -> list[list[Verdict]]:
         requests_total.labels(route).inc()
         try:
-            verdicts = await batcher.submit(traces, _until_disconnected(request))
+            verdicts = await batcher.submit(traces, lambda: _until_disconnected(request))
         except QueueFull as exc:
             rejected.labels("queue_full").inc()
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None

@@ -183,7 +183,7 @@ MUTATIONS = [
     Mutation(
         "server/hang-up-dropped",
         "serving/server.py",
-        "        if disconnected is None:",
+        "        if until_gone is None:",
         "        if True:",
         (
             "tests/serving/test_server_load.py::"
