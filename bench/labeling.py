@@ -37,8 +37,7 @@ def main() -> None:
 
     from stepgap.cli import main as stepgap
     from stepgap.data_builders import iter_traces
-    from stepgap.teacher.prompt import build_requests
-    from tests.fixtures.openai_server import prompt_key
+    from tests.fixtures.openai_server import example_prompt_keys, stored_answers
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--copies", type=int, default=10)
@@ -49,13 +48,7 @@ def main() -> None:
     args = p.parse_args()
     ex = REPO / "examples"
     traces = list(iter_traces(ex / "traces.jsonl"))
-    answers = {}
-    for line in (ex / "judge_replay.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        t = next(t for t in traces if t.id == rec["trace_id"])
-        for r in build_requests(t.id, t.question, t.steps):
-            if r.step == rec["step"]:
-                answers[prompt_key(r.messages)] = rec["judge"]
+    answers = stored_answers(example_prompt_keys(traces), ex / "judge_replay.jsonl")
     urls = multiprocessing.Queue()
     server = multiprocessing.Process(target=_serve, args=(answers, args.latency, urls), daemon=True)
     server.start()

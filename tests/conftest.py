@@ -3,7 +3,6 @@ live fake OpenAI server that answers the example judge prompts."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +13,8 @@ from stepgap.data_builders.io import read_models
 from stepgap.data_builders.schema import Verdict
 from stepgap.student.config import load_config
 from stepgap.student.sft import train
-from stepgap.teacher.prompt import build_requests
 from tests.fixtures import models
-from tests.fixtures.openai_server import FakeOpenAI, prompt_key
+from tests.fixtures.openai_server import FakeOpenAI, example_prompt_keys, stored_answers
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -55,23 +53,15 @@ def example_traces(examples_dir):
 
 
 @pytest.fixture(scope="session")
-def example_prompts(example_traces, examples_dir) -> dict[tuple[str, int], str]:
+def example_prompts(example_traces) -> dict[tuple[str, int], str]:
     """(trace id, step) -> prompt key of the judge request the checker sends for it."""
-    return {
-        (r.trace_id, r.step): prompt_key(r.messages)
-        for t in example_traces
-        for r in build_requests(t.id, t.question, t.steps)
-    }
+    return example_prompt_keys(example_traces)
 
 
 @pytest.fixture(scope="session")
 def example_answers(example_prompts, examples_dir) -> dict[str, dict]:
     """Prompt key -> the stored judge object for that step (examples/judge_replay.jsonl)."""
-    answers = {}
-    for line in (examples_dir / "judge_replay.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        answers[example_prompts[(rec["trace_id"], rec["step"])]] = rec["judge"]
-    return answers
+    return stored_answers(example_prompts, examples_dir / "judge_replay.jsonl")
 
 
 @pytest.fixture(scope="session")
