@@ -254,11 +254,11 @@ def _token_span(offsets: list[tuple[int, int]], span: list[int]) -> list[int] | 
     return [first, stop] if first < stop else None
 
 
-def failed_verdicts(trace: Trace, reason: str) -> list[Verdict]:
+def failed_verdicts(trace_id: str, steps: Sequence[Step], reason: str) -> list[Verdict]:
     """One error verdict per step: what a checker fault turns into (never a label)."""
     return [
-        Verdict(trace_id=trace.id, step=s.index, type=s.type, label=None, repair=None, error=reason)
-        for s in trace.steps or []
+        Verdict(trace_id=trace_id, step=s.index, type=s.type, label=None, repair=None, error=reason)
+        for s in steps
     ]
 
 
@@ -266,10 +266,7 @@ def _complete(trace: Trace, verdicts: Sequence[Verdict]) -> list[Verdict]:
     """The verdicts plus an error verdict for each step the checker left out."""
     have = {v.step for v in verdicts}
     missing = [s for s in trace.steps or [] if s.index not in have]
-    if not missing:
-        return list(verdicts)
-    gap = trace.model_copy(update={"steps": missing})
-    return [*verdicts, *failed_verdicts(gap, "checker gave no verdict for this step")]
+    return [*verdicts, *failed_verdicts(trace.id, missing, "checker gave no verdict for this step")]
 
 
 class StepGapReward:
@@ -316,7 +313,9 @@ class StepGapReward:
                 raise RuntimeError(f"checker answered {len(verdicts)} of {len(traces)} traces")
         except Exception as exc:  # a reward inside training must not raise
             log.exception("checker failed on %d traces; their steps earn bracket 0", len(traces))
-            verdicts = [failed_verdicts(t, f"checker failed: {exc!r}") for t in traces]
+            verdicts = [
+                failed_verdicts(t.id, t.steps or [], f"checker failed: {exc!r}") for t in traces
+            ]
         verdicts = [_complete(t, vs) for t, vs in zip(traces, verdicts, strict=True)]
         failed = sum(1 for vs in verdicts for v in vs if v.label is None)
         if failed:
