@@ -125,23 +125,6 @@ def test_check_gives_every_step_of_every_good_trace_a_verdict(
     assert all(v["label"] is not None for v in examples)
 
 
-def test_reward_over_poisoned_traces_and_verdicts(poisoned_traces, examples_dir, tmp_path, capsys):
-    path, where, _ = poisoned_traces
-    good = (examples_dir / "teacher_verdicts.jsonl").read_text().splitlines()
-    vpath = tmp_path / "verdicts.jsonl"
-    vwhere = _poisoned(vpath, good, VERDICT_POISON)
-    out, errors = tmp_path / "r.jsonl", tmp_path / "errors.jsonl"
-    rc, err = _run(
-        ["reward", str(path), "--verdicts", str(vpath), "-o", str(out), "--errors", str(errors)],
-        capsys,
-    )
-    assert rc == 0
-    _assert_reported(err, errors, path, where, TRACE_FIELDS)
-    _assert_reported(err, errors, vpath, vwhere, VERDICT_FIELDS)
-    rewarded = {json.loads(x)["trace_id"] for x in out.read_text().splitlines()}
-    assert {json.loads(x)["trace_id"] for x in good} <= rewarded
-
-
 VERDICT_POISON = {
     "invalid": b'{"trace_id": "case1-whitehorse", "step": 9, "type": "infer',
     "not-object": b'"just a string"',
@@ -158,6 +141,24 @@ def poisoned_verdicts(tmp_path, examples_dir) -> tuple[Path, dict[int, str], int
     good = (examples_dir / "teacher_verdicts.jsonl").read_text().splitlines()
     path = tmp_path / "verdicts.jsonl"
     return path, _poisoned(path, good, VERDICT_POISON), len(good)
+
+
+def test_reward_over_poisoned_traces_and_verdicts(
+    poisoned_traces, poisoned_verdicts, examples_dir, tmp_path, capsys
+):
+    path, where, _ = poisoned_traces
+    vpath, vwhere, _ = poisoned_verdicts
+    out, errors = tmp_path / "r.jsonl", tmp_path / "errors.jsonl"
+    rc, err = _run(
+        ["reward", str(path), "--verdicts", str(vpath), "-o", str(out), "--errors", str(errors)],
+        capsys,
+    )
+    assert rc == 0
+    _assert_reported(err, errors, path, where, TRACE_FIELDS)
+    _assert_reported(err, errors, vpath, vwhere, VERDICT_FIELDS)
+    rewarded = {json.loads(x)["trace_id"] for x in out.read_text().splitlines()}
+    good = (examples_dir / "teacher_verdicts.jsonl").read_text().splitlines()
+    assert {json.loads(x)["trace_id"] for x in good} <= rewarded
 
 
 def test_relabel(poisoned_verdicts, tmp_path, capsys):
