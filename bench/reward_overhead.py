@@ -34,6 +34,7 @@ def main() -> None:
     from stepgap.data_builders.io import read_models
     from stepgap.data_builders.schema import Verdict
     from stepgap.serving.reward import VARIANTS, compute_reward
+    from stepgap.teacher.checker import group_by_trace
     from tests.fixtures.models import qwen_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,7 +43,8 @@ def main() -> None:
     args = p.parse_args()
     traces = list(iter_traces(REPO / "examples" / "traces.jsonl"))
     verdicts = [v for _, v in read_models(REPO / "examples" / "teacher_verdicts.jsonl", Verdict)]
-    items = [(t, [v for v in verdicts if v.trace_id == t.id]) for t in traces]
+    by_trace = group_by_trace(verdicts)
+    items = [(t, by_trace[t.id]) for t in traces]
     tok = qwen_tokenizer()
     results: dict[str, float] = {}
     for variant in VARIANTS:
