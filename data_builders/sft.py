@@ -156,3 +156,52 @@ def read_ids(path: str | Path) -> set[str]:
         else:
             ids.add(line)
     return ids
+
+
+def write_sft_data(
+    verdicts: str | Path | Sequence[str | Path],
+    output: str | Path,
+    *,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    exclude_ids: Iterable[str | Path] = (),
+    nli_features: str | None = None,
+    device: str | None = None,
+    push_to_hub: str | None = None,
+    private: bool = False,
+    report: Any = None,
+) -> tuple[Any, SFTStats]:
+    """Teacher verdict files -> the student's SFT data set on disk (`stepgap sft-data`).
+
+    `exclude_ids` are files of trace ids to leave out (the gold benchmark); `nli_features` is an
+    NLI spec whose probabilities go into each prompt (the "with NLI" student). The data set is
+    saved with `save_to_disk` under `output` (and pushed when `push_to_hub` names a repo).
+    Returns the `DatasetDict` and its counts; unreadable verdict lines go to `report`.
+    """
+    from .io import ErrorReport, read_models
+
+    report = report if report is not None else ErrorReport()
+    paths = [verdicts] if isinstance(verdicts, str | Path) else list(verdicts)
+    rows = [v for path in paths for _, v in read_models(path, Verdict, report)]
+    exclude = set().union(*(read_ids(p) for p in exclude_ids))
+    stats = SFTStats()
+    nli = None
+    if nli_features:
+        from stepgap.teacher.nli import load_nli
+
+        nli = load_nli(nli_features, device=device)
+    data = build_sft_dataset(
+        rows, eval_fraction=eval_fraction, seed=seed, exclude_ids=exclude, stats=stats, nli=nli
+    )
+    save_sft_dataset(
+        data,
+        output,
+        nli_features=nli is not None,
+        nli_model=nli_features,
+        eval_fraction=eval_fraction,
+        seed=seed,
+        stats=stats.__dict__,
+    )
+    if push_to_hub:
+        data.push_to_hub(push_to_hub, private=private)
+    return data, stats

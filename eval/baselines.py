@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+from stepgap.data_builders.io import ErrorReport, JsonlWriter
 from stepgap.data_builders.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
-from stepgap.data_builders.segment import accumulated_evidence
-from stepgap.teacher.checker import Checker
+from stepgap.data_builders.segment import accumulated_evidence, iter_traces
+from stepgap.teacher.checker import Checker, provenance
 from stepgap.teacher.judges.base import JudgeResult
 from stepgap.teacher.nli.base import NLIBackend, nli_label
 from stepgap.teacher.tree import TreeConfig
@@ -44,9 +46,10 @@ def _verdict(trace: Trace, step: Step, label: str, path: list[str], **extra: Any
 
 def flag_everything(traces: Iterable[Trace], label: str = "IE") -> Iterator[Verdict]:
     """Every step flagged (as `label`): the checker Q-F1 cannot tell from a good one."""
+    checker = {"baseline": "flag-everything"}
     for t in traces:
         for step in t.steps or []:
-            yield _verdict(t, step, label, ["flag_everything"], confidence=1.0)
+            yield _verdict(t, step, label, ["flag_everything"], confidence=1.0, checker=checker)
 
 
 def nli_only(
@@ -70,11 +73,15 @@ def nli_only(
             hypothesis = step.claim or step.answer or step.query or ""
             jobs.append((t, step, premise, hypothesis))
     probs = nli.predict([(p, h) for _, _, p, h in jobs]) if jobs else []
+    checker = {"baseline": "nli-only", "nli": provenance(nli)}
     for (t, step, premise, hypothesis), pr in zip(jobs, probs, strict=True):
         lab = nli_label(pr, entail_threshold, contradict_threshold)
         label = {"entailment": "no_gap", "contradiction": "CC", "neutral": "MB"}[lab]
         call = NLICall(stage="D", premise=premise, hypothesis=hypothesis, probs=pr, label=lab)
-        yield _verdict(t, step, label, [f"nli_only:{lab}"], confidence=getattr(pr, lab), nli=[call])
+        yield _verdict(
+            t, step, label, [f"nli_only:{lab}"], confidence=getattr(pr, lab), nli=[call],
+            checker=checker,
+        )  # fmt: skip
 
 
 class NERQuoteChecker(Checker):
@@ -88,6 +95,10 @@ class NERQuoteChecker(Checker):
             nlp = spacy.load(SPACY_MODEL)
         self.nlp = nlp
         self.overlap = overlap
+
+    @property
+    def provenance(self) -> dict[str, object]:
+        return {**super().provenance, "baseline": "ner-quote (stage C by spaCy)"}
 
     def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
         judged = super().judge_traces(traces)
@@ -133,3 +144,55 @@ def ner_quote(
 ) -> Iterator[Verdict]:
     for verdicts in NERQuoteChecker(judge, nli, config).check(traces):
         yield from verdicts
+
+
+BASELINES = ("nli-only", "ner-quote", "flag-everything")
+
+
+def run_baseline(
+    kind: str,
+    input_path: str | Path,
+    output: str | Path,
+    *,
+    nli: str | NLIBackend | None = None,
+    judge: str | Any = None,
+    tree: TreeConfig | None = None,
+    device: str | None = None,
+    judge_options: dict[str, Any] | None = None,
+    report: ErrorReport | None = None,
+) -> int:
+    """A baseline's verdicts for every trace of `input_path`, written to `output` (`stepgap
+    baseline`); returns the verdicts written. `nli` and `judge` are specs or backends."""
+    if kind not in BASELINES:
+        raise ValueError(f"unknown baseline {kind!r}; choose one of {', '.join(BASELINES)}")
+    tree = tree or TreeConfig()
+    traces = list(iter_traces(input_path, report))
+    if kind == "flag-everything":
+        verdicts: Iterable[Verdict] = flag_everything(traces)
+    else:
+        if not nli:
+            raise ValueError(f"baseline {kind} needs --nli SPEC")
+        from stepgap.teacher.nli import load_nli
+
+        nli_backend = load_nli(nli, device=device) if isinstance(nli, str) else nli
+        if kind == "nli-only":
+            verdicts = nli_only(
+                traces,
+                nli_backend,
+                entail_threshold=tree.entail_threshold,
+                contradict_threshold=tree.contradict_threshold,
+            )
+        else:
+            if not judge:
+                raise ValueError("baseline ner-quote needs --judge SPEC for stages A and B")
+            if isinstance(judge, str):
+                from stepgap.teacher.build import build_judge
+
+                judge = build_judge(judge, **(judge_options or {}))
+            verdicts = ner_quote(traces, judge, nli_backend, tree)
+    n = 0
+    with JsonlWriter(output) as out:
+        for v in verdicts:
+            out.write(v)
+            n += 1
+    return n

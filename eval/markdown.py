@@ -20,45 +20,99 @@ def _with_ci(c: dict[str, Any], metric: str) -> str:
     return f"{_pct(value)} [{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
+DEFINITIONS = """\
+How to read it. A *gap* is a step labelled CC, IE or MB; the positive class is "gap".
+- **sP, sR, sF1**: precision, recall and F1 of flagging gaps over steps. **Binary**: a CC
+  step called IE counts as a hit.
+- **BA**: balanced accuracy, (TPR + TNR) / 2, also binary. When the gold labels have no step of
+  one class, that rate is undefined and counts as 0 (noted under the table).
+- **typed acc**: share of scored steps whose label equals the gold label (CC/IE/MB/no_gap);
+  **typed F1**: macro F1 over CC, IE and MB. These show whether the *type* is right.
+- **Q-F1**: F1 over traces: gold positive = wrong final answer, predicted positive = at least
+  one flagged step. **w** = wrong-answer rate; a checker that flags every step gets
+  **2w/(1+w)**. A Q-F1 near that value with low sF1 or BA is the Q-F1 trap, not a good checker.
+- **kappa**: Cohen's kappa on gap vs no gap (agreement beyond chance; 0 = chance, 1 = perfect).
+- Brackets: 95% percentile bootstrap CIs."""
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     checkers = report["checkers"]
     b = report["bootstrap"]
     lines = [
         "# stepgap evaluation report",
         "",
-        f"{report['n_steps']} gold steps in {report['n_traces']} traces. Percentages; 95% "
-        f"percentile bootstrap CIs over {b['resamples']} resamples (unit: {b['unit']}, "
-        f"seed {b['seed']}).",
+        f"{report['n_steps']} gold steps in {report['n_traces']} traces. Percentages, except "
+        f"kappa; CIs over {b['resamples']} resamples (unit: {b['unit']}, seed {b['seed']}).",
+        "",
+        DEFINITIONS,
         "",
         "## Checker variants",
         "",
-        "| checker | sP | sR | sF1 | BA | Q-F1 | kappa | flag-all Q-F1 | scored | missing | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| checker | sF1 | BA | typed acc | typed F1 | Q-F1 | 2w/(1+w) | kappa | sP | sR "
+        "| scored | missing | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []
     for name, c in checkers.items():
-        kappa = "n/a" if c["kappa"] is None else f"{c['kappa']:.3f}"
+        if not c.get("scored", True):
+            lines.append(
+                f"| {name} | no scored step | | | | | | | | | 0 | {c['missing_steps']} | "
+                f"{c['error_steps']} |"
+            )
+            continue
+        kappa = _num(c["kappa"])
+        if c["ci"].get("kappa") and None not in c["ci"]["kappa"]:
+            kappa += f" [{_num(c['ci']['kappa'][0])}, {_num(c['ci']['kappa'][1])}]"
         lines.append(
-            f"| {name} | {_with_ci(c, 'sP')} | {_with_ci(c, 'sR')} | {_with_ci(c, 'sF1')} | "
-            f"{_with_ci(c, 'BA')} | {_with_ci(c, 'QF1')} | {kappa} | "
-            f"{_pct(c['QF1_flag_everything'])} | {c['n_scored']} | {c['missing_steps']} | "
-            f"{c['error_steps']} |"
+            f"| {name} | {_with_ci(c, 'sF1')} | {_with_ci(c, 'BA')} | "
+            f"{_pct(c['typed_accuracy'])} | {_pct(c['typed_macro_f1'])} | {_with_ci(c, 'QF1')} | "
+            f"{_pct(c['QF1_flag_everything'])} | {kappa} | {_with_ci(c, 'sP')} | "
+            f"{_with_ci(c, 'sR')} | {c['n_scored']} | {c['missing_steps']} | {c['error_steps']} |"
         )
+        if c.get("BA_undefined"):
+            notes.append(
+                f"- {name}: BA's {c['BA_undefined']} is undefined (no gold step of that class) "
+                "and counts as 0."
+            )
+    lines += ["", *notes] if notes else []
+    lines += ["", "## Where the verdicts come from", "", "| checker | judge | NLI | note |",
+              "|---|---|---|---|"]  # fmt: skip
+    for name, c in checkers.items():
+        for rec in c.get("provenance") or [{}]:
+            judge, nli = rec.get("judge") or {}, rec.get("nli") or {}
+            parts = [f"baseline {rec['baseline']}"] if "baseline" in rec else []
+            parts += [
+                f"{part}: {x['note']}"
+                for part, x in (("judge", judge), ("NLI", nli))
+                if x.get("note")
+            ]
+            note = "; ".join(parts)
+            lines.append(
+                f"| {name} | {judge.get('spec', '-')} | {nli.get('spec', '-')} | {note or '-'} |"
+            )
     lines += [
         "",
-        "Q-F1 next to the flag-everything reference 2w/(1+w): a Q-F1 near that value with low "
-        "sF1 or BA is the Q-F1 trap, not a good checker.",
+        "## Label distribution (% of steps) and health",
         "",
-        "## Label distribution (% of steps)",
+        "A checker is degenerate when IE is above 70% of steps, or CC or MB is never predicted.",
         "",
-        "| checker | " + " | ".join(LABELS) + " | healthy | kappa CC | kappa IE | kappa MB |",
+        "| checker | " + " | ".join(LABELS) + " | health | kappa CC | kappa IE | kappa MB |",
         "|---|" + "---|" * (len(LABELS) + 4),
     ]
     for name, c in checkers.items():
         kt = c["kappa_per_type"]
+        if c["healthy"] is None:
+            health = "n/a"
+        else:
+            health = "yes" if c["healthy"] else "DEGENERATE: " + "; ".join(c["health_issues"])
         lines.append(
             f"| {name} | "
             + " | ".join(_pct(c["distribution"][lab]) for lab in LABELS)
-            + f" | {'yes' if c['healthy'] else 'DEGENERATE'} | "
+            + f" | {health} | "
             + " | ".join("n/a" if kt[t] is None else f"{kt[t]:.3f}" for t in GAP_TYPES)
             + " |"
         )
@@ -71,10 +125,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for name, c in checkers.items():
         fg = c["first_gap"]
+        if fg is None:
+            continue
         lines.append(f"| {name} | " + " | ".join(_pct(fg[k]) for k in (*GAP_TYPES, "none")) + " |")
     lines += ["", "## Answer correctness by gap detected", ""]
     for name, c in checkers.items():
         t = c["answer_gap"]
+        if t is None:
+            continue
         lines += [
             f"**{name}**",
             "",
@@ -99,6 +157,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("")
     lines += ["## Threshold sweep (flag a gap only at confidence >= tau)", ""]
     for name, c in checkers.items():
+        if not c["threshold_sweep"]:
+            continue
         lines += [
             f"**{name}**",
             "",

@@ -1,4 +1,4 @@
-"""Checker metrics of SPEC section 5 (positive class = gap).
+"""Checker metrics of docs/contract.md section 5 (positive class = gap).
 
 Step metrics are computed from confusion counts with numpy, so a 2000-resample bootstrap is a
 few array operations; `tests/eval/test_metrics.py` holds them equal to scikit-learn's.
@@ -38,13 +38,21 @@ def kappa_from_counts(tp: float, fp: float, fn: float, tn: float) -> float:
 
 
 def balanced_accuracy_from_counts(tp: float, fp: float, fn: float, tn: float) -> float:
-    """Mean recall over the classes present in the gold labels (scikit-learn's definition)."""
-    recalls = []
-    if tp + fn:
-        recalls.append(tp / (tp + fn))
-    if tn + fp:
-        recalls.append(tn / (tn + fp))
-    return float(np.mean(recalls)) if recalls else 0.0
+    """BA = (TPR + TNR) / 2, as the contract writes it. A rate whose gold class is absent (0/0)
+    counts as 0 (scikit-learn would average over the present class only); `ba_undefined` names
+    it so the report can say so."""
+    return (_div(tp, tp + fn) + _div(tn, tn + fp)) / 2
+
+
+def ba_undefined(tp: float, fp: float, fn: float, tn: float) -> str | None:
+    """Which half of BA has no gold steps (`"TPR"`: no gold gap, `"TNR"`: no gold no_gap)."""
+    if not tp + fn and not tn + fp:
+        return "TPR and TNR"
+    if not tp + fn:
+        return "TPR"
+    if not tn + fp:
+        return "TNR"
+    return None
 
 
 def step_metrics(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
@@ -60,6 +68,7 @@ def step_metrics(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
         "sR": recall,
         "sF1": _div(2 * tp, 2 * tp + fp + fn),
         "BA": balanced_accuracy_from_counts(tp, fp, fn, tn),
+        "BA_undefined": ba_undefined(tp, fp, fn, tn),
         "kappa": kappa_from_counts(tp, fp, fn, tn),
         "kappa_per_type": {t: kappa_from_counts(*binary_counts(g == t, p == t)) for t in GAP_TYPES},
     }
@@ -92,9 +101,19 @@ def distribution(labels: Sequence[str | None]) -> dict[str, float]:
     return {lab: _div(counts.get(lab, 0), total) for lab in LABELS}
 
 
+def health_issues(dist: Mapping[str, float]) -> list[str]:
+    """The degeneracy rules a label distribution breaks: IE above 70% of steps, CC or MB never
+    predicted. Empty for a healthy checker."""
+    issues = []
+    if dist["IE"] > IE_DEGENERATE:
+        issues.append(f"IE is {100 * dist['IE']:.0f}% of steps (above {100 * IE_DEGENERATE:.0f}%)")
+    issues += [f"{t} is never predicted" for t in ("CC", "MB") if dist[t] == 0]
+    return issues
+
+
 def is_healthy(dist: Mapping[str, float]) -> bool:
     """Degenerate when IE exceeds 70% of steps or CC or MB never fires."""
-    return not (dist["IE"] > IE_DEGENERATE or dist["CC"] == 0 or dist["MB"] == 0)
+    return not health_issues(dist)
 
 
 def first_gap_types(

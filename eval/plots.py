@@ -1,4 +1,8 @@
-"""PNG plots of a report: label distribution bars, a CI forest plot, the threshold sweep."""
+"""PNG plots of a report: label distribution bars, a CI forest plot, the threshold sweep.
+
+Every rate is drawn on one 0-1 scale (kappa may reach below 0), each label and each checker has
+its own colour in every plot, and legends sit beside the axes, never on the data.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from stepgap.data_builders.schema import LABELS
 from .metrics import IE_DEGENERATE
 
 FOREST_METRICS = ("sF1", "BA", "QF1", "kappa")
+LABEL_COLOURS = {"no_gap": "#2e7d32", "CC": "#c62828", "IE": "#ef6c00", "MB": "#1565c0"}
+DEGENERATE_COLOUR = "#6a1b9a"
 
 
 def _pyplot():
@@ -21,70 +27,110 @@ def _pyplot():
     return plt
 
 
-def plot_distribution(report: dict[str, Any], path: str | Path) -> Path:
+def _checker_colours(names: list[str]) -> dict[str, Any]:
     plt = _pyplot()
-    names = list(report["checkers"])
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(names), 3.6))
-    width = 0.8 / len(LABELS)
-    for j, label in enumerate(LABELS):
-        shares = [100 * report["checkers"][n]["distribution"][label] for n in names]
-        ax.bar([i + (j - 1.5) * width for i in range(len(names))], shares, width, label=label)
-    ax.axhline(100 * IE_DEGENERATE, color="red", ls="--", lw=1, label="IE degenerate (70%)")
-    ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
-    ax.set_ylabel("% of steps")
-    ax.set_title("Label distribution")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def _save(fig: Any, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return Path(path)
 
 
-def plot_forest(report: dict[str, Any], path: str | Path) -> Path:
+def _legend_outside(ax: Any, **kwargs: Any) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7, **kwargs)
+
+
+def plot_distribution(report: dict[str, Any], path: str | Path) -> Path:
+    return _save(figure_distribution(report), path)
+
+
+def figure_distribution(report: dict[str, Any]) -> Any:
     plt = _pyplot()
     names = list(report["checkers"])
+    fig, ax = plt.subplots(figsize=(2.6 + 1.2 * len(names), 3.6))
+    width = 0.8 / len(LABELS)
+    for j, label in enumerate(LABELS):
+        shares = [report["checkers"][n]["distribution"][label] for n in names]
+        xs = [i + (j - (len(LABELS) - 1) / 2) * width for i in range(len(names))]
+        ax.bar(xs, shares, width, label=label, color=LABEL_COLOURS[label])
+    ax.axhline(IE_DEGENERATE, color=DEGENERATE_COLOUR, ls="--", lw=1, label="IE degenerate (0.70)")
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of steps")
+    ax.set_title("Label distribution")
+    _legend_outside(ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_forest(report: dict[str, Any], path: str | Path) -> Path:
+    return _save(figure_forest(report), path)
+
+
+def figure_forest(report: dict[str, Any]) -> Any:
+    plt = _pyplot()
+    names = list(report["checkers"])
+    colours = _checker_colours(names)
     fig, axes = plt.subplots(
         1,
         len(FOREST_METRICS),
-        figsize=(3 * len(FOREST_METRICS), 0.6 + 0.5 * len(names)),
+        figsize=(2.8 * len(FOREST_METRICS), 0.9 + 0.5 * len(names)),
         sharey=True,
     )
     for ax, metric in zip(axes, FOREST_METRICS, strict=True):
+        lowest = 0.0
         for i, name in enumerate(names):
             c = report["checkers"][name]
             value, ci = c.get(metric), c["ci"].get(metric)
             if value is None:
                 continue
             if ci and None not in ci:
-                ax.plot(ci, [i, i], color="tab:blue", lw=2)
-            ax.plot([value], [i], "o", color="black", ms=4)
+                ax.plot(ci, [i, i], color=colours[name], lw=2)
+                lowest = min(lowest, ci[0])
+            ax.plot([value], [i], "o", color=colours[name], ms=5)
+            lowest = min(lowest, value)
+        ax.set_xlim(max(-1.0, lowest - 0.05) if lowest < 0 else 0.0, 1.0)
+        if metric == "kappa":
+            ax.axvline(0, color="grey", lw=0.8, ls=":")
         ax.set_title(metric)
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle("Point estimates with 95% bootstrap CIs", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return fig
 
 
 def plot_threshold_sweep(report: dict[str, Any], path: str | Path) -> Path:
+    return _save(figure_threshold_sweep(report), path)
+
+
+def figure_threshold_sweep(report: dict[str, Any]) -> Any:
     plt = _pyplot()
-    fig, (ax_f1, ax_ie) = plt.subplots(1, 2, figsize=(9, 3.4))
-    for name, c in report["checkers"].items():
-        rows = c["threshold_sweep"]
+    names = list(report["checkers"])
+    colours = _checker_colours(names)
+    fig, (ax_f1, ax_ie) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for name in names:
+        rows = report["checkers"][name]["threshold_sweep"]
+        if not rows:
+            continue
         taus = [r["threshold"] for r in rows]
-        ax_f1.plot(taus, [r["sF1"] for r in rows], marker="o", ms=3, label=name)
-        ax_ie.plot(taus, [100 * r["IE_share"] for r in rows], marker="o", ms=3, label=name)
-    ax_ie.axhline(100 * IE_DEGENERATE, color="red", ls="--", lw=1)
-    ax_f1.set(xlabel="confidence threshold", ylabel="sF1", title="sF1 by threshold")
-    ax_ie.set(xlabel="confidence threshold", ylabel="IE % of steps", title="IE share by threshold")
-    ax_f1.legend(fontsize=7)
+        ax_f1.plot(taus, [r["sF1"] for r in rows], marker="o", ms=3, color=colours[name])
+        ax_ie.plot(
+            taus, [r["IE_share"] for r in rows], marker="o", ms=3, color=colours[name], label=name
+        )
+    ax_ie.axhline(IE_DEGENERATE, color=DEGENERATE_COLOUR, ls="--", lw=1, label="IE degenerate")
+    ax_f1.set(xlabel="confidence threshold", ylabel="sF1", title="sF1 by threshold", ylim=(0, 1))
+    ax_ie.set(
+        xlabel="confidence threshold", ylabel="IE share of steps", title="IE share by threshold"
+    )
+    ax_ie.set_ylim(0, 1)
+    _legend_outside(ax_ie)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return fig
 
 
 def write_plots(report: dict[str, Any], out_dir: str | Path) -> list[Path]:

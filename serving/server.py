@@ -6,19 +6,19 @@ the NLI model see large batches. A full queue answers 503 with Retry-After; an o
 413; a client that hangs up before its answer has its queued traces dropped (counted as
 `stepgap_rejected{reason="client_gone"}`) while the rest of its batch is answered.
 Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
-`/metrics` (Prometheus).
+`/metrics` (Prometheus), `/view` (an HTML page of the last `view_keep` checked traces).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 try:  # the `serve` extra; at module level so FastAPI can resolve the routes' annotations
     from starlette.requests import Request
@@ -28,8 +28,18 @@ except ImportError:  # pragma: no cover - without the extra, create_app says wha
 from stepgap.data_builders.schema import Trace, Verdict
 from stepgap.data_builders.segment import SegmentationError, segment_trace
 
-from .inputs import golden_list, question_from_prompt
-from .reward import StepGapReward
+from .api import (
+    CheckRequest,
+    CheckResponse,
+    HealthResponse,
+    OpenRLHFRequest,
+    OpenRLHFResponse,
+    RewardRequest,
+    RewardResponse,
+)
+from .inputs import golden_list
+from .openrlhf import openrlhf_batch, openrlhf_response
+from .reward import RewardResult, StepGapReward
 
 log = logging.getLogger(__name__)
 
@@ -146,22 +156,47 @@ async def _until_disconnected(request: Any) -> None:
         pass
 
 
-class CheckRequest(BaseModel):
-    traces: list[Trace] = Field(min_length=1)
+class RecentTraces:
+    """The last `keep` checked traces with their verdicts (and rewards, from the reward routes):
+    what `GET /view` shows. Each is kept as the page draws it (`stepgap.eval.view.trace_view`:
+    steps, evidence, verdicts, answer and EM; not the raw response) in a deque of at most `keep`,
+    so a long-running server holds a bounded amount; older traces are dropped as new ones come."""
 
+    def __init__(self, keep: int = 100) -> None:
+        if keep < 0:
+            raise ValueError(f"view_keep must be >= 0, got {keep}")
+        self.items: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._seq = itertools.count(1)
 
-class RewardRequest(BaseModel):
-    responses: list[str] = Field(min_length=1)
-    questions: list[str]
-    golden_answers: list[Any]
+    def add(self, trace: Trace, verdicts: Sequence[Verdict], result: RewardResult | None) -> None:
+        from stepgap.eval.view import RewardLine, trace_view
 
+        if self.items.maxlen == 0:
+            return
+        # Rollouts of different requests share ids (`reward-0`): number them so they stay apart.
+        tid = f"#{next(self._seq)} {trace.id}"
+        self.items.append(
+            trace_view(
+                trace.model_copy(update={"id": tid}),
+                {"served": [v.model_copy(update={"trace_id": tid}) for v in verdicts]},
+                reward=(
+                    None
+                    if result is None
+                    else RewardLine.model_validate({**result.as_dict(), "trace_id": tid})
+                ),
+            )
+        )
 
-class OpenRLHFRequest(BaseModel):
-    """OpenRLHF's remote reward model payload: full texts, their prompts, and the labels."""
+    def __len__(self) -> int:
+        return len(self.items)
 
-    query: list[str] = Field(min_length=1)
-    prompts: list[str] | None = None
-    labels: list[Any] | None = None
+    def render(self) -> str:
+        """The page (`stepgap.eval.view.render_html`), newest trace first."""
+        from stepgap.eval.view import page_data, render_html
+
+        items = list(reversed(self.items))
+        title = f"stepgap serve: the last {len(items)} checked traces (of at most "
+        return render_html(page_data(items, ["served"], title=f"{title}{self.items.maxlen})"))
 
 
 def create_app(
@@ -171,9 +206,11 @@ def create_app(
     max_wait_ms: float = 10.0,
     max_queue: int = 1024,
     max_body_bytes: int = 8 * 1024 * 1024,
+    view_keep: int = 100,
 ) -> Any:
+    """The FastAPI app; `view_keep` bounds how many checked traces `GET /view` remembers."""
     from fastapi import FastAPI, HTTPException
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from prometheus_client import (
         CONTENT_TYPE_LATEST,
         CollectorRegistry,
@@ -221,8 +258,18 @@ def create_app(
         yield
         await batcher.stop()
 
-    app = FastAPI(title="stepgap", lifespan=lifespan)
+    from stepgap import __version__
+
+    app = FastAPI(
+        title="stepgap",
+        version=__version__,
+        description="Step-level gap checking (CC / IE / MB) and the typed GRPO process reward, "
+        "micro-batched across clients. A full queue answers 503 with Retry-After.",
+        lifespan=lifespan,
+    )
     app.state.batcher = batcher
+    recent = RecentTraces(view_keep)
+    app.state.recent = recent
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Any:
@@ -256,9 +303,12 @@ def create_app(
         if reward.variant == "search_only":
             return reward.score_traces(traces)
         verdicts = await checked(traces, route, request)
-        return [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
+        results = [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
+        for t, vs, r in zip(traces, verdicts, results, strict=True):
+            recent.add(t, vs, r)
+        return results
 
-    @app.post("/check")
+    @app.post("/check", response_model=CheckResponse, summary="verdicts for every step")
     async def check(body: CheckRequest, request: Request) -> dict[str, Any]:
         segmented = []
         for i, t in enumerate(body.traces):
@@ -267,9 +317,11 @@ def create_app(
             except SegmentationError as exc:
                 raise HTTPException(422, f"traces[{i}] ({t.id!r}): {exc}") from None
         verdicts = await checked(segmented, "check", request)
+        for t, vs in zip(segmented, verdicts, strict=True):
+            recent.add(t, vs, None)
         return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
 
-    @app.post("/reward")
+    @app.post("/reward", response_model=RewardResponse, summary="rewards for rollouts")
     async def reward_route(body: RewardRequest, request: Request) -> dict[str, Any]:
         if not len(body.responses) == len(body.questions) == len(body.golden_answers):
             raise HTTPException(
@@ -280,26 +332,17 @@ def create_app(
         )
         return {"rewards": [r.reward for r in results], "results": [r.as_dict() for r in results]}
 
-    @app.post("/get_reward")
+    @app.post(
+        "/get_reward", response_model=OpenRLHFResponse, summary="OpenRLHF's remote reward protocol"
+    )
     async def get_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any]:
-        n = len(body.query)
-        prompts = body.prompts or [""] * n
-        if body.labels is None or len(body.labels) != n or len(prompts) != n:
-            raise HTTPException(
-                422, "query, prompts and labels must have equal lengths (labels = golden answers)"
-            )
-        responses = [
-            q[len(p) :] if p and q.startswith(p) else q
-            for q, p in zip(body.query, prompts, strict=True)
-        ]
-        questions = [question_from_prompt(p or q) for q, p in zip(body.query, prompts, strict=True)]
-        results = await rewards(responses, questions, body.labels, "get_reward", request)
-        breakdowns = [r.scalars() for r in results]
-        extra = {k: [b[k] for b in breakdowns] for k in breakdowns[0] if k != "score"}
-        scores = [r.reward for r in results]
-        return {"rewards": scores, "scores": scores, "extra_logs": extra}
+        try:
+            responses, questions, golden = openrlhf_batch(body.query, body.prompts, body.labels)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return openrlhf_response(await rewards(responses, questions, golden, "get_reward", request))
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse, summary="liveness and queue depth")
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
@@ -308,8 +351,55 @@ def create_app(
             "queued": batcher.queue.qsize(),
         }
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    @app.get(
+        "/view",
+        response_class=HTMLResponse,
+        summary="the last checked traces as a page (stepgap view)",
+    )
+    async def view():  # no return annotation: FastAPI would read it as a body model
+        requests_total.labels("view").inc()
+        return HTMLResponse(recent.render())
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        summary="Prometheus metrics: requests, batch sizes, queue depth, rejections",
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    )
+    async def metrics():  # no return annotation: FastAPI would read it as a body model
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def serve(
+    reward: StepGapReward,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch: int = 32,
+    max_wait_ms: float = 10.0,
+    max_queue: int = 1024,
+    max_body_mb: int = 8,
+    view_keep: int = 100,
+) -> None:
+    """Run the app with uvicorn until interrupted (`stepgap serve`)."""
+    from stepgap.teacher.judges.replay import ReplayJudge
+
+    if isinstance(getattr(reward.checker, "judge", None), ReplayJudge):
+        raise ValueError(
+            "a replay judge answers by trace id, and the rollouts the server scores get new ids "
+            "(reward-0, get_reward-0, ...): every step would fail. Serve a model judge "
+            "(--judge openai:MODEL, hf:PATH, student:PATH) or an exported --bundle"
+        )
+    import uvicorn
+
+    app = create_app(
+        reward,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        max_body_bytes=max_body_mb * 1024 * 1024,
+        view_keep=view_keep,
+    )
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -58,3 +60,70 @@ def align_chat_eos(tokenizer: Any) -> None:
     if end in template and end in tokenizer.get_vocab() and tokenizer.eos_token != end:
         log.info("eos token %r -> %r (the chat template's end of turn)", tokenizer.eos_token, end)
         tokenizer.eos_token = end
+
+
+class ModelLoadError(FileNotFoundError):
+    """A model or tokenizer that cannot be loaded; the message says what to do."""
+
+
+def _cached_on_disk(ref: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(ref, "config.json"), str)
+    except Exception:  # an id huggingface_hub itself refuses
+        return False
+
+
+def load_error_message(ref: str, what: str, exc: BaseException) -> str:
+    """One actionable line for a failed `from_pretrained` of `ref`."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if os.path.exists(ref):
+        return f"{ref}: cannot load the {what} from this folder: {first}"
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if not _cached_on_disk(ref):
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub could not be reached"
+        return (
+            f"{ref}: not a local folder and not in the Hugging Face cache, and {why}. "
+            f"Download it where there is network (`huggingface-cli download {ref}`, then copy "
+            "the cache or the folder here) or pass a local folder"
+        )
+    return f"{ref}: cannot load the {what} from the Hugging Face cache: {first}"
+
+
+@contextlib.contextmanager
+def explain_load_errors(ref: str, what: str = "model") -> Iterator[None]:
+    """Turn transformers' long OSErrors (offline hub id, missing files, a tokenizer that cannot
+    be built) into one line that says what to do (the CLI prints it and exits 2)."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(load_error_message(ref, what, exc)) from exc
+
+
+# A model built for tests and demos (random or seconds-trained weights) says so in its
+# config.json under this key; labels it produces are marked as coming from a stand-in.
+STAND_IN_KEY = "stepgap_stand_in"
+
+
+def display_ref(ref: str | os.PathLike[str]) -> str:
+    """A model reference fit to publish: a hub id as it is, a local path by its last part only
+    (absolute paths of one machine mean nothing elsewhere and may reveal its layout)."""
+    text = str(ref)
+    if text.startswith(("pypi:", "tiny-random:")) or (
+        not os.path.exists(text) and _HUB_ID.match(text)
+    ):
+        return text
+    return os.path.basename(os.path.normpath(text)) or text
+
+
+def stand_in_note(config: Any) -> str | None:
+    """`stand-in: ...` for a config (or config dict) that marks its model as a stand-in."""
+    note = (
+        config.get(STAND_IN_KEY)
+        if isinstance(config, dict)
+        else getattr(config, STAND_IN_KEY, None)
+    )
+    return f"stand-in: {note}" if note else None

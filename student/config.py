@@ -60,9 +60,30 @@ class StudentTrainConfig(BaseModel):
     report_to: str | list[str] = "none"
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> StudentTrainConfig:
-    """Read a YAML recipe, apply `key=value` overrides, validate (unknown keys are errors)."""
-    path = Path(path)
+RECIPES = Path(__file__).with_name("configs")  # packaged with stepgap: usable from any folder
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+
+
+def resolve_recipe(recipe: str | Path) -> Path:
+    """A recipe file, or a packaged recipe by name (`tiny`, `qwen2.5-7b-lora`, ...)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    packaged = RECIPES / f"{recipe}.yaml"
+    if packaged.is_file():
+        return packaged
+    raise FileNotFoundError(
+        f"recipe not found: {recipe} (a YAML file, or one of: {', '.join(recipe_names())})"
+    )
+
+
+def load_config(recipe: str | Path, overrides: dict[str, Any] | None = None) -> StudentTrainConfig:
+    """Read a YAML recipe (a file or a packaged recipe's name), apply `key=value` overrides and
+    validate (unknown keys are errors). Relative paths in it are relative to the working folder."""
+    path = resolve_recipe(recipe)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:

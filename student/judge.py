@@ -16,7 +16,7 @@ from typing import Any
 
 from stepgap.data_builders.schema import LABELS, Judge
 from stepgap.data_builders.sft import STUDENT_KEYS
-from stepgap.models import align_chat_eos
+from stepgap.models import align_chat_eos, explain_load_errors
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
 from stepgap.teacher.tree import PATH_TOKENS
@@ -46,9 +46,15 @@ def is_adapter(path: str | Path) -> bool:
 
 
 def load_student(
-    path: str, base: str | None = None, device: str | None = None, dtype: str | None = None
+    path: str,
+    base: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    base_revision: str | None = None,
 ) -> tuple[Any, Any]:
-    """(tokenizer, model): an adapter merged into its base for fast generation, or a merged model."""
+    """(tokenizer, model): an adapter merged into its base for fast generation, or a merged model.
+
+    `base` overrides the base named in adapter_config.json; `base_revision` pins a hub base."""
     if not is_adapter(path):
         return load_causal_lm(path, device, dtype)
     from peft import PeftModel
@@ -58,14 +64,16 @@ def load_student(
     base = base or config.get("base_model_name_or_path")
     if not base:
         raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base model; pass base=ID_OR_PATH")
-    tokenizer, model = load_causal_lm(base, device, dtype)
+    tokenizer, model = load_causal_lm(base, device, dtype, revision=base_revision)
     if (Path(path) / "tokenizer_config.json").is_file():  # the trained chat template wins
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        with explain_load_errors(path, "student tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(path)
         align_chat_eos(tokenizer)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
-    model = PeftModel.from_pretrained(model, path).merge_and_unload()
+    with explain_load_errors(path, "adapter"):
+        model = PeftModel.from_pretrained(model, path).merge_and_unload()
     model.eval()
     return tokenizer, model
 
@@ -73,15 +81,23 @@ def load_student(
 class StudentJudge(HFJudge):
     name = "student"
 
-    def __init__(self, model: str, *, base: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        base: str | None = None,
+        base_revision: str | None = None,
+        **options: Any,
+    ) -> None:
         self.base = base
+        self.base_revision = base_revision
         meta = Path(model) / STUDENT_META
         info = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
         self.nli_features = bool(info.get("nli_features", False))  # the Checker adds them
         super().__init__(model, **options)
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
-        return load_student(model, self.base, device, dtype)
+        return load_student(model, self.base, device, dtype, self.base_revision)
 
     def schema(self) -> dict[str, Any]:
         return student_json_schema()
@@ -100,7 +116,7 @@ class StudentJudge(HFJudge):
 
 def load_student_judge(model: str, **options: Any) -> StudentJudge:
     known = {
-        "base", "device", "dtype", "batch_size", "max_new_tokens", "constrained",
+        "base", "base_revision", "device", "dtype", "batch_size", "max_new_tokens", "constrained",
         "max_string_chars", "cache", "meter", "on_result",
     }  # fmt: skip
     return StudentJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})

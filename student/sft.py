@@ -63,7 +63,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stepgap.models import align_chat_eos, resolve_model_ref
+    from stepgap.models import align_chat_eos, explain_load_errors, resolve_model_ref
 
     from .tiny import tiny_student_base
 
@@ -87,13 +87,15 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
-    tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's alone
-        source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
-    )
+    with explain_load_errors(ref, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's alone
+            source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
+        )
     align_chat_eos(tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    with explain_load_errors(ref, "model"):
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     if cfg.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 

@@ -119,6 +119,11 @@ def build_tiny_qwen2(
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,
     )
+    from stepgap.models import STAND_IN_KEY
+
+    setattr(
+        config, STAND_IN_KEY, "a tiny random-weight Qwen2 (tiny-random:qwen2), for tests and demos"
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path, safe_serialization=True)

@@ -1,6 +1,7 @@
 """The hybrid teacher checker: an LLM judge for stages A-C, an NLI model for D-E, one tree."""
 
-from .checker import Checker, RelabelError, group_by_trace, relabel
+from .build import build_checker, build_judge
+from .checker import Checker, RelabelError, group_by_trace, relabel, relabel_file
 from .judges import JudgeBackend, JudgeRequest, JudgeResult, ReplayJudge, load_judge
 from .nli import HFNLI, NLIBackend, ReplayNLI, load_nli, nli_label
 from .prompt import PROMPT_VERSION, build_messages, build_requests
@@ -18,6 +19,8 @@ __all__ = [
     "ReplayJudge",
     "ReplayNLI",
     "TreeConfig",
+    "build_checker",
+    "build_judge",
     "build_messages",
     "build_requests",
     "decide_trace",
@@ -28,4 +31,5 @@ __all__ = [
     "nli_label",
     "quote_in_evidence",
     "relabel",
+    "relabel_file",
 ]

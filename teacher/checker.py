@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
+from stepgap.data_builders.io import ErrorReport, JsonlWriter, read_models
 from stepgap.data_builders.schema import NLICall, NLIProbs, Step, Trace, Verdict
 
 from .judges.base import JudgeBackend, JudgeResult
@@ -48,11 +50,18 @@ class _ScoredPairs:
         return [self.probs[p] for p in pairs]
 
 
+def provenance(backend: object) -> dict[str, str | None]:
+    """`{"spec", "note"}` of a judge or NLI backend (see `Verdict.checker`)."""
+    found = getattr(backend, "provenance", None)
+    return dict(found) if found else {"spec": type(backend).__name__, "note": None}
+
+
 def _decide_batch(
     items: Sequence[tuple[str, str, Sequence[Step], Sequence[JudgeResult]]],
     nli: NLIBackend,
     config: TreeConfig,
     prompt_version: str | None,
+    checker: dict[str, object] | None = None,
 ) -> list[list[Verdict]]:
     """Decide a batch of judged traces with one batched NLI call for all their pairs."""
     needed: list[list[list[NLICall]]] = []  # per trace, per config, per step
@@ -87,6 +96,7 @@ def _decide_batch(
             v.question = question
             v.step_data = steps[i]
             v.prompt_version = prompt_version
+            v.checker = checker
         out.append(verdicts)
     return out
 
@@ -142,7 +152,12 @@ class Checker:
             (t.id, t.question, t.steps, judged)
             for t, judged in zip(traces, self.judge_traces(traces), strict=True)
         ]
-        return _decide_batch(items, self.nli, self.config, PROMPT_VERSION)  # type: ignore[arg-type]
+        return _decide_batch(items, self.nli, self.config, PROMPT_VERSION, self.provenance)  # type: ignore[arg-type]
+
+    @property
+    def provenance(self) -> dict[str, object]:
+        """What every verdict of this checker records about the models that decided it."""
+        return {"judge": provenance(self.judge), "nli": provenance(self.nli)}
 
     def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
         """Stages A-C for every step of every trace, in one call to the judge backend."""
@@ -196,4 +211,21 @@ def relabel(verdicts: Sequence[Verdict], config: TreeConfig | None = None) -> It
         (new,) = _decide_batch([(trace_id, question, steps, judged)], nli, config, None)  # type: ignore[list-item]
         for old, v in zip(group, new, strict=True):
             v.prompt_version = old.prompt_version
+            v.checker = old.checker  # the stored answers came from the original models
             yield v
+
+
+def relabel_file(
+    input_path: str | Path,
+    output: str | Path,
+    config: TreeConfig | None = None,
+    report: ErrorReport | None = None,
+) -> int:
+    """`relabel` over a verdicts file (`stepgap relabel`); returns the verdicts written."""
+    verdicts = [v for _, v in read_models(input_path, Verdict, report)]
+    n = 0
+    with JsonlWriter(output) as out:
+        for v in relabel(verdicts, config):
+            out.write(v)
+            n += 1
+    return n

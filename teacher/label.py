@@ -11,18 +11,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from stepgap.data_builders.io import ErrorReport, JsonlWriter
-from stepgap.data_builders.schema import Trace
+from stepgap.data_builders.schema import LABELS, Trace, Verdict
 
 from .checker import Checker
 
 log = logging.getLogger(__name__)
+
+_HEX_ID = re.compile(r"\b(?=[0-9a-f-]*\d)[0-9a-f-]{8,}\b")  # request ids, prompt hashes
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
@@ -41,33 +45,100 @@ def shard_of(trace_id: str, shards: int) -> int:
     return int(hashlib.sha256(trace_id.encode("utf-8")).hexdigest(), 16) % shards
 
 
-def finished_steps(path: str | Path) -> set[tuple[str, int]]:
-    """(trace id, step) of every verdict already in `path`; a half-written last line is ignored."""
-    done: set[tuple[str, int]] = set()
+def verdict_status(path: str | Path) -> dict[tuple[str, int], bool]:
+    """(trace id, step) -> whether its verdict has a label, for every verdict in `path`; a
+    half-written last line (a killed run) is ignored."""
+    status: dict[tuple[str, int], bool] = {}
     path = Path(path)
     if not path.exists():
-        return done
+        return status
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-                done.add((str(rec["trace_id"]), int(rec["step"])))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                status[(str(rec["trace_id"]), int(rec["step"]))] = rec.get("label") is not None
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
                 if line.endswith("\n"):
                     raise ValueError(
                         f"{path}:{n}: not a verdict line; refusing to append to this file"
                     ) from None
-    return done
+    return status
+
+
+def finished_steps(path: str | Path) -> set[tuple[str, int]]:
+    """(trace id, step) of every verdict already in `path`, labelled or failed."""
+    return set(verdict_status(path))
+
+
+def drop_verdicts(path: str | Path, keys: set[tuple[str, int]]) -> int:
+    """Rewrite `path` without the verdicts of `keys` (atomically: a crash leaves the old file or
+    the new one); returns how many lines went. A half-written last line goes too."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".rewrite")
+    dropped = 0
+    with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
+        for line in src:
+            if not line.endswith("\n"):
+                continue
+            if line.strip():
+                rec = json.loads(line)
+                if (str(rec["trace_id"]), int(rec["step"])) in keys:
+                    dropped += 1
+                    continue
+            dst.write(line)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    return dropped
 
 
 @dataclass
-class LabelSummary:
+class VerdictCounts:
+    """What a run wrote: verdicts per label, failed checks and their most common reasons."""
+
+    verdicts: int = 0
+    labels: dict[str, int] = field(default_factory=dict)
+    errors: int = 0  # verdicts without a label (judge or NLI failure)
+    error_reasons: dict[str, int] = field(default_factory=dict)
+
+    def add(self, verdict: Verdict) -> None:
+        self.verdicts += 1
+        if verdict.label is None:
+            self.errors += 1
+            # the first words name the kind of failure; ids and hashes in it vary by request
+            error = _HEX_ID.sub("<id>", verdict.error or "unknown")
+            reason = error if len(error) <= 80 else error[:80] + "..."
+            self.error_reasons[reason] = self.error_reasons.get(reason, 0) + 1
+        else:
+            self.labels[verdict.label] = self.labels.get(verdict.label, 0) + 1
+
+    @property
+    def all_failed(self) -> bool:
+        return self.verdicts > 0 and self.errors == self.verdicts
+
+    def describe(self) -> str:
+        """`28 verdicts: no_gap 15, CC 5, IE 4, MB 4; 0 failed` (+ the most common failure)."""
+        labels = ", ".join(f"{lab} {self.labels.get(lab, 0)}" for lab in LABELS)
+        text = f"{self.verdicts} verdicts: {labels}; {self.errors} failed"
+        if self.error_reasons:
+            reason, count = max(self.error_reasons.items(), key=lambda kv: kv[1])
+            text += f" (most often, {count}x: {reason})"
+        return text
+
+
+@dataclass
+class LabelSummary(VerdictCounts):
     traces: int = 0
     skipped_traces: int = 0  # already finished in the output
-    verdicts: int = 0
-    errors: int = 0  # verdicts without a label (judge or NLI failure)
+    retried: int = 0  # failed verdicts of an earlier run, asked again
+
+    def write(self, path: str | Path, meter: object = None) -> None:
+        """The counts and, with a cost meter, the judge's tokens and cost, as JSON."""
+        cost = meter.as_dict() if meter is not None else None  # type: ignore[attr-defined]
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({**asdict(self), "cost": cost}, fh, indent=2)
 
 
 def _batches(traces: Iterable[Trace], size: int) -> Iterator[list[Trace]]:
@@ -91,43 +162,56 @@ def label_traces(
     batch_size: int = 16,
     fsync: bool = False,
     progress: bool = True,
+    summary_path: str | Path | None = None,
+    retry_errors: bool = True,
 ) -> LabelSummary:
-    """Check `traces` (this shard, at most `limit`) and append the missing verdicts to `output`."""
+    """Check `traces` (this shard, at most `limit`) and append the missing verdicts to `output`.
+
+    Steps already labelled in `output` are skipped; steps whose check failed in an earlier run
+    are asked again (their old lines are removed first) unless `retry_errors` is False. With
+    `summary_path`, the counts and the judge's cost are also written there as JSON.
+    """
     index, shards = shard
     summary = LabelSummary()
-    done = finished_steps(output)
+    status = verdict_status(output)
+    failed_before = {k for k, labelled in status.items() if not labelled}
+    if retry_errors and failed_before:
+        summary.retried = drop_verdicts(output, failed_before)
+        log.warning("%s: asking again for %d failed step(s)", output, summary.retried)
+        status = {k: v for k, v in status.items() if v}
+    done = set(status)
 
-    def pending() -> Iterator[Trace]:
-        taken = 0
-        for t in traces:
-            if shards > 1 and shard_of(t.id, shards) != index:
-                continue
-            if limit is not None and taken >= limit:
-                return
-            taken += 1
-            summary.traces += 1
-            assert t.steps is not None
-            if all((t.id, i) in done for i in range(len(t.steps))):
-                summary.skipped_traces += 1
-                continue
-            yield t
+    pending: list[Trace] = []
+    for t in traces:
+        if shards > 1 and shard_of(t.id, shards) != index:
+            continue
+        if limit is not None and summary.traces >= limit:
+            break
+        summary.traces += 1
+        assert t.steps is not None
+        if all((t.id, i) in done for i in range(len(t.steps))):
+            summary.skipped_traces += 1
+        else:
+            pending.append(t)
 
     meter = getattr(checker.judge, "meter", None)
-    bar = tqdm(desc="label", unit="step", disable=not progress, dynamic_ncols=True)
+    total = sum(1 for t in pending for s in t.steps or [] if (t.id, s.index) not in done)
+    bar = tqdm(total=total, desc="label", unit="step", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(output, append=True, fsync=fsync) as out:
-        for batch in _batches(pending(), batch_size):
+        for batch in _batches(pending, batch_size):
             for trace, verdicts in zip(batch, checker.check(batch), strict=True):
                 for v in verdicts:
                     if (trace.id, v.step) in done:
                         continue
                     out.write(v)
                     done.add((trace.id, v.step))
-                    summary.verdicts += 1
-                    summary.errors += v.label is None
+                    summary.add(v)
                     bar.update(1)
             if meter is not None:
                 bar.set_postfix(meter.postfix(), refresh=False)
     bar.close()
+    if summary_path:
+        summary.write(summary_path, meter)
     return summary
 
 
@@ -142,3 +226,37 @@ def label_file(
     from stepgap.data_builders.segment import iter_traces
 
     return label_traces(iter_traces(input_path, report), checker, output, **options)
+
+
+def check_file(
+    input_path: str | Path,
+    checker: Checker,
+    output: str | Path,
+    report: ErrorReport | None = None,
+    *,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> VerdictCounts:
+    """One verdict per step of every trace in `input_path`, written to `output` (overwritten);
+    returns what was written. `label_file` is the resumable, sharded version."""
+    from stepgap.data_builders.segment import iter_traces
+
+    traces = list(iter_traces(input_path, report))
+    counts = VerdictCounts()
+    total = sum(len(t.steps or []) for t in traces)
+    bar = tqdm(  # on a terminal only, unless asked for
+        total=total,
+        desc="check",
+        unit="step",
+        disable=None if progress else True,
+        dynamic_ncols=True,
+    )
+    with JsonlWriter(output) as out:
+        for start in range(0, len(traces), batch_size):
+            for verdicts in checker.check(traces[start : start + batch_size]):
+                for v in verdicts:
+                    out.write(v)
+                    counts.add(v)
+                    bar.update(1)
+    bar.close()
+    return counts

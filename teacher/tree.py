@@ -1,4 +1,4 @@
-"""The checker's decision tree (SPEC section 3), one trace at a time, steps in order.
+"""The checker's decision tree (docs/contract.md, section 3), one trace at a time, steps in order.
 
 Stages A-C read the judge object, D and E ask the NLI model. The first stage that fires decides
 the label; every stage visited appends a path token. Which NLI pairs a step needs depends on the
@@ -88,10 +88,11 @@ class AccumulatedEvidence:
         self.extend(snippets)
 
     def extend(self, snippets: Sequence[Snippet]) -> None:
-        self._texts.extend(t for s in snippets for t in (_norm(s.text), _norm(s.title)))
+        self._texts.extend(_norm(s.text) for s in snippets)
 
     def contains(self, quote: str) -> bool:
-        """Whether the quote occurs (whitespace collapsed, case folded) inside one snippet."""
+        """Whether the quote occurs (whitespace collapsed, case folded) inside one snippet's
+        text: not across two snippets, not in a title."""
         q = _norm(quote)
         return bool(q) and any(q in t for t in self._texts)
 

@@ -3,10 +3,12 @@ live fake OpenAI server that answers the example judge prompts."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from stepgap.data_builders import iter_traces
 from stepgap.data_builders.io import read_models
@@ -15,6 +17,14 @@ from stepgap.student.config import load_config
 from stepgap.student.sft import train
 from tests.fixtures import models
 from tests.fixtures.openai_server import FakeOpenAI, example_prompt_keys, stored_answers
+
+# Property tests: a fixed search in CI (`CI` set, as `.ci/run` does), so a clone can never go red
+# by chance; locally the full random search, with the example database remembering failures.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -35,6 +35,7 @@ def test_wheel_has_only_the_stepgap_import_name(wheel):
     ):  # fmt: skip
         assert f"stepgap/{sub}/__init__.py" in names
     assert "stepgap/student/configs/tiny.yaml" in names
+    assert {"stepgap/eval/view.js", "stepgap/eval/view.css"} <= set(names)  # `stepgap view`
     card = zipfile.ZipFile(wheel).read("stepgap/export/MODEL_CARD.md").decode()
     assert card == (Path(__file__).resolve().parents[1] / "MODEL_CARD.md").read_text()
 
@@ -59,7 +60,9 @@ def test_installed_wheel_imports_outside_the_repo(wheel, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = (
         "import stepgap.teacher, stepgap.eval, stepgap.student, stepgap.export.hub as h, "
-        "stepgap.data_builders as d; assert 'stepgap' in h.TEMPLATE.read_text(); print(d.__file__)"
+        "stepgap.data_builders as d; assert 'stepgap' in h.TEMPLATE.read_text(); "
+        "import stepgap.eval.view as v; assert 'textContent' in v._asset('view.js'); "
+        "print(d.__file__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

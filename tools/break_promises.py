@@ -88,6 +88,29 @@ MUTATIONS = [
         ("tests/teacher/test_prompt.py::test_adversarial_evidence_stays_inside_the_data_block",),
     ),
     Mutation(
+        "view/data-block",
+        "eval/view.py",
+        'for raw, escaped in (("&", "\\\\u0026"), ("<", "\\\\u003c"), (">", "\\\\u003e")):',
+        "for raw, escaped in ():",
+        ("tests/eval/test_view_browser.py::test_a_script_in_the_evidence_stays_text",),
+    ),
+    Mutation(
+        "view/text-only",
+        "eval/view.js",
+        "if (!hit) { span.textContent = text; return span; }",
+        "if (!hit) { span.innerHTML = text; return span; }",
+        ("tests/eval/test_view_browser.py::test_a_script_in_the_evidence_stays_text",),
+    ),
+    Mutation(
+        "server/view-bounded",
+        "serving/server.py",
+        "deque(maxlen=keep)",
+        "deque()",
+        (
+            "tests/serving/test_server.py::test_view_shows_the_last_checked_traces_and_forgets_older_ones",
+        ),
+    ),
+    Mutation(
         "nli/special-tokens",
         "teacher/nli/hf.py",
         "split_special_tokens=True",

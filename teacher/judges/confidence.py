@@ -1,4 +1,4 @@
-"""Stage confidences from token probabilities of the judge's decisive fields (SPEC section 3).
+"""Stage confidences from token probabilities of the judge's decisive fields (docs/contract.md, section 3).
 
 A stage's confidence is the probability the judge gave to the values that decide it: the first
 token of each boolean, multiplied within the stage. Works for any backend that can list its

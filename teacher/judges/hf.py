@@ -20,7 +20,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from stepgap.data_builders.schema import Judge
-from stepgap.models import align_chat_eos, resolve_model_ref
+from stepgap.models import (
+    align_chat_eos,
+    display_ref,
+    explain_load_errors,
+    resolve_model_ref,
+    stand_in_note,
+)
 
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
@@ -97,21 +103,25 @@ class SchemaConstraint:
         return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
 
 
-def load_causal_lm(ref: str, device: str | None = None, dtype: str | None = None):
-    """(tokenizer, model) from a hub id, a local folder or a `.gguf` file."""
+def load_causal_lm(
+    ref: str, device: str | None = None, dtype: str | None = None, revision: str | None = None
+):
+    """(tokenizer, model) from a hub id (at `revision`), a local folder or a `.gguf` file."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ref = resolve_model_ref(ref)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
     source = ref
     if ref.endswith(".gguf"):
         source, kwargs["gguf_file"] = str(Path(ref).parent), Path(ref).name
     device = resolve_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
-    ).to(device)
+    with explain_load_errors(ref, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    with explain_load_errors(ref, "model"):
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
+        ).to(device)
     model.eval()
     if tokenizer.chat_template is None:
         raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")
@@ -165,6 +175,14 @@ class HFJudge:
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
         return load_causal_lm(model, device, dtype)
 
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        """What a verdict says about the judge that decided it (no local paths)."""
+        return {
+            "spec": f"{self.name}:{display_ref(self.model_ref)}",
+            "note": stand_in_note(self.model.config),
+        }
+
     def schema(self) -> dict[str, Any]:
         """The JSON schema that constrained decoding follows."""
         return judge_json_schema()
@@ -194,11 +212,10 @@ class HFJudge:
             for i in todo
         }
         todo.sort(key=lambda i: len(prompts[i]))  # similar lengths share a batch
-        batches = range(0, len(todo), self.batch_size)
-        for start in tqdm(
-            batches, desc=f"{self.name} judge", unit="batch", disable=None, leave=False
-        ):
+        bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
+        for start in range(0, len(todo), self.batch_size):
             batch = todo[start : start + self.batch_size]
+            bar.update(len(batch))
             for i, result in zip(batch, self._generate([prompts[i] for i in batch]), strict=True):
                 if result.judge is not None and self.cache is not None:
                     self.cache.put(keys[i], self.model_ref, result)
@@ -206,6 +223,7 @@ class HFJudge:
                     self.meter.failed()
                 results[i] = result
                 self._report(requests[i], result)
+        bar.close()
         return results  # type: ignore[return-value]
 
     def _report(self, request: JudgeRequest, result: JudgeResult) -> None:

@@ -11,6 +11,7 @@ the run instead of turning every step into an error.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -25,6 +26,7 @@ from .base import (
     JudgeParseError,
     JudgeRequest,
     JudgeResult,
+    judge_json_schema,
     parse_judge,
     response_format,
 )
@@ -56,6 +58,8 @@ class OpenAIJudge:
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
+        stop_after: int = 3,
+        response_format: str = "auto",
     ) -> None:
         if not model:
             raise ValueError("openai judge needs a model name, e.g. openai:gpt-4.1-mini")
@@ -73,15 +77,28 @@ class OpenAIJudge:
         self.max_retries = max_retries
         self.timeout = timeout
         self.invalid_retries = invalid_retries
-        self.params: dict[str, Any] = {
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-            "response_format": response_format(),
-        }
+        if response_format not in (*RESPONSE_FORMATS, "auto"):
+            raise ValueError(
+                f"response_format must be auto or one of {', '.join(RESPONSE_FORMATS)}, "
+                f"got {response_format!r}"
+            )
+        # auto: strict json_schema first; a server that refuses it (llama-cpp-python's answers
+        # 500) is asked again with json_object, then with the schema in the prompt alone.
+        self.formats = list(RESPONSE_FORMATS) if response_format == "auto" else [response_format]
+        self.params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
         self.logprobs = logprobs
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
         self.on_result = on_result
+        # Until one answer has worked, requests go one at a time, and `stop_after` identical
+        # failures in a row stop the run: a server that refuses every request (a wrong model, an
+        # unsupported parameter) costs a few requests, not every step times every retry.
+        self.stop_after = stop_after
+        self.working = False
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        return {"spec": f"openai:{self.model}", "note": None}
 
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Judge every request; results come back in request order."""
@@ -113,11 +130,67 @@ class OpenAIJudge:
                     self.on_result(request, result)
                 return result
 
-            return list(await asyncio.gather(*(bounded(r) for r in requests)))
+            first = []
+            while not self.working and len(first) < len(requests):
+                result = await bounded(requests[len(first)])
+                first.append(result)
+                self.working = result.judge is not None
+                self._stop_if_always_failing(first)
+            rest = await asyncio.gather(*(bounded(r) for r in requests[len(first) :]))
+            return [*first, *rest]
+
+    def _stop_if_always_failing(self, results: list[JudgeResult]) -> None:
+        tail = results[-self.stop_after :]
+        if self.working or len(tail) < self.stop_after:
+            return
+        kinds = {r.extra.get("failure", r.error) for r in tail}
+        if len(kinds) == 1:
+            raise JudgeConfigError(
+                f"the judge failed its first {self.stop_after} requests the same way, so it "
+                f"would fail them all; stopping. Last error: {tail[-1].error}"
+            )
 
     def _key(self, request: JudgeRequest) -> str:
+        # not the response format: every format yields the same validated judge object
         params = {**self.params, "logprobs": self.logprobs}
         return cache_key(self.name, self.model, PROMPT_VERSION, params, request)
+
+    @property
+    def response_format(self) -> str:
+        """The format in use (the first of the candidates until one has worked)."""
+        return self.formats[0]
+
+    async def _create(self, client: Any, request: JudgeRequest) -> Any:
+        """One chat completion, in the response format that works with this server.
+
+        Until an answer has worked, a refusal of the format itself (400, 422 or 5xx; not a rate
+        limit or a timeout) moves on to the next format, with one retry each, so a server that
+        does not take `json_schema` costs two requests, not every retry of every step.
+        """
+        import openai
+
+        while True:
+            fmt = self.formats[0]
+            probing = not self.working and len(self.formats) > 1
+            try:
+                return await (
+                    client.with_options(max_retries=1) if probing else client
+                ).chat.completions.create(
+                    model=self.model,
+                    messages=format_messages(request.messages, fmt),
+                    logprobs=self.logprobs or None,
+                    **self.params,
+                    **format_params(fmt),
+                )
+            except openai.APIStatusError as exc:
+                refused = exc.status_code in (400, 422) or exc.status_code >= 500
+                if not (probing and refused) or exc.status_code == 503:
+                    raise
+                log.warning(
+                    "the judge server refused response_format %s (%s %s); trying %s",
+                    fmt, exc.status_code, redact(str(exc))[:200], self.formats[1],
+                )  # fmt: skip
+                self.formats.pop(0)
 
     async def _judge_one(self, client: Any, request: JudgeRequest) -> JudgeResult:
         import openai
@@ -130,12 +203,7 @@ class OpenAIJudge:
         problem = "no attempt made"
         for _attempt in range(1 + self.invalid_retries):
             try:
-                resp = await client.chat.completions.create(
-                    model=self.model,
-                    messages=request.messages,
-                    logprobs=self.logprobs or None,
-                    **self.params,
-                )
+                resp = await self._create(client, request)
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise JudgeConfigError(
                     f"the judge server refused the credentials in ${self.api_key_env}: "
@@ -147,7 +215,10 @@ class OpenAIJudge:
                 ) from None
             except openai.APIError as exc:  # retries exhausted, or not retryable
                 self.meter.failed()
-                return JudgeResult.failed(f"judge API error: {redact(str(exc))}", usage)
+                failed = JudgeResult.failed(f"judge API error: {redact(str(exc))}", usage)
+                status = getattr(exc, "status_code", None)
+                failed.extra["failure"] = f"{type(exc).__name__} {status or ''}".strip()
+                return failed
             _add_usage(usage, resp.usage)
             self.meter.add(_usage_dict(resp.usage))
             if not resp.choices:
@@ -168,6 +239,8 @@ class OpenAIJudge:
                     result = JudgeResult(
                         judge=judge, confidences=_confidences(choice), usage=dict(usage)
                     )
+                    if len(self.formats) > 1:  # the format that worked stays for the run
+                        del self.formats[1:]
                     if self.cache is not None:
                         self.cache.put(key, self.model, result)
                     return result
@@ -177,6 +250,35 @@ class OpenAIJudge:
             f"judge gave no valid answer in {1 + self.invalid_retries} attempt(s): {problem}",
             usage,
         )
+
+
+RESPONSE_FORMATS = ("json_schema", "json_object", "none")
+
+
+def format_params(fmt: str) -> dict[str, Any]:
+    """The request parameters of a response format.
+
+    json_schema: OpenAI's strict structured output (vLLM, SGLang and llama.cpp's server take it
+    too); json_object: JSON mode with the schema alongside, as llama-cpp-python and Ollama take
+    it; none: no parameter at all (the schema is in the prompt, and invalid JSON is asked again).
+    """
+    if fmt == "json_schema":
+        return {"response_format": response_format()}
+    if fmt == "json_object":
+        return {"response_format": {"type": "json_object", "schema": judge_json_schema()}}
+    return {}
+
+
+def format_messages(messages: list[dict[str, str]], fmt: str) -> list[dict[str, str]]:
+    """Without a response format, the system message also carries the JSON schema."""
+    if fmt != "none":
+        return messages
+    schema = json.dumps(judge_json_schema(), separators=(",", ":"))
+    note = (
+        "\n\nReply with the JSON object only: no prose, no code fence. It must validate "
+        f"against this JSON schema: {schema}"
+    )
+    return [{**m, "content": m["content"] + note} if m["role"] == "system" else m for m in messages]
 
 
 def _usage_dict(usage: Any) -> dict[str, int]:
@@ -205,6 +307,7 @@ def _confidences(choice: Any) -> dict[str, float]:
 def load_openai_judge(model: str, **options: Any) -> OpenAIJudge:
     known = {
         "base_url", "api_key_env", "concurrency", "max_retries", "timeout", "invalid_retries",
-        "temperature", "max_tokens", "logprobs", "cache", "meter", "on_result",
+        "temperature", "max_tokens", "logprobs", "cache", "meter", "on_result", "stop_after",
+        "response_format",
     }  # fmt: skip
     return OpenAIJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})

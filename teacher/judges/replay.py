@@ -27,8 +27,16 @@ class _StoredJudge(BaseModel):
 class ReplayJudge:
     name = "replay"
 
-    def __init__(self, table: dict[tuple[str, int], JudgeResult] | None = None) -> None:
+    def __init__(
+        self, table: dict[tuple[str, int], JudgeResult] | None = None, source: str = "verdicts"
+    ) -> None:
         self.table = dict(table or {})
+        self.source = source
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        """Replayed answers: recorded earlier (by a model, or by hand), no model ran now."""
+        return {"spec": f"replay:{self.source}", "note": "replayed: stored answers, no model ran"}
 
     @classmethod
     def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayJudge:
@@ -39,7 +47,7 @@ class ReplayJudge:
                 table[(rec.trace_id, rec.step)] = JudgeResult(
                     judge=rec.judge, confidences=dict(rec.judge_confidences or {})
                 )
-        return cls(table)
+        return cls(table, source=Path(path).name)
 
     @classmethod
     def from_verdicts(cls, verdicts: Iterable[Verdict]) -> ReplayJudge:

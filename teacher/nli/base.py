@@ -26,7 +26,7 @@ class NLIBackend(Protocol):
 def nli_label(
     probs: NLIProbs, entail_threshold: float = 0.5, contradict_threshold: float = 0.5
 ) -> NLILabel:
-    """SPEC section 3: entailment if p_ent >= t_e, contradiction if p_con >= t_c, else neutral."""
+    """docs/contract.md section 3: entailment if p_ent >= t_e, contradiction if p_con >= t_c, else neutral."""
     if probs.entailment >= entail_threshold:
         return "entailment"
     if probs.contradiction >= contradict_threshold:

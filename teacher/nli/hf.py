@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 
 from stepgap.data_builders.schema import NLIProbs
-from stepgap.models import check_model_ref
+from stepgap.models import check_model_ref, display_ref, explain_load_errors, stand_in_note
 
 from .base import NLIError, Pair
 
@@ -85,13 +85,15 @@ class HFNLI:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.max_length = max_length
-        self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
-        self.model = AutoModelForSequenceClassification.from_pretrained(
-            model,
-            revision=revision,
-            dtype=resolve_dtype(dtype, self.device),
-            trust_remote_code=False,
-        ).to(self.device)
+        with explain_load_errors(model, "NLI tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
+        with explain_load_errors(model, "NLI model"):
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                model,
+                revision=revision,
+                dtype=resolve_dtype(dtype, self.device),
+                trust_remote_code=False,
+            ).to(self.device)
         self.model.eval()
         if self.model.config.num_labels != 3:
             raise ValueError(
@@ -103,6 +105,18 @@ class HFNLI:
             columns = self._probe_columns()
             log.info("%s: id2label is uninformative; probe set columns %s", model, columns)
         self.columns = columns
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        kind = self.name.split(":", 1)[0]
+        return {
+            "spec": f"{kind}:{display_ref(self.model_id)}",
+            "note": stand_in_note(self.config),
+        }
+
+    @property
+    def config(self) -> object:
+        return self.model.config
 
     def _encode(self, pairs: Sequence[Pair], tensors: str = "pt") -> dict:
         """Tokenize pairs, truncating the premise only.

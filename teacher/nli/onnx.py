@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from stepgap.models import explain_load_errors
+
 from .base import Pair
 from .hf import HFNLI, labels_from_id2label
 
@@ -49,17 +51,22 @@ class ONNXNLI(HFNLI):
         self.batch_size = batch_size
         self.max_length = max_length
         self._torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        with explain_load_errors(str(path), "NLI tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
         options = ort.SessionOptions()
         options.log_severity_level = 3  # fp16 graphs warn about every unfoldable constant
         self.session = ort.InferenceSession(
             str(model_file), options, providers=list(providers or default_providers())
         )
         self.input_names = {i.name for i in self.session.get_inputs()}
-        config = AutoConfig.from_pretrained(path)
+        config = self._config = AutoConfig.from_pretrained(path)
         if config.num_labels != 3:
             raise ValueError(f"{path} has {config.num_labels} output labels; an NLI model needs 3")
         self.columns = labels_from_id2label(config.id2label) or self._probe_columns()
+
+    @property
+    def config(self) -> object:
+        return self._config
 
     def _logits(self, pairs: Sequence[Pair]):
         enc = self._encode(pairs, tensors="np")

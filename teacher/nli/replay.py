@@ -15,13 +15,30 @@ from .base import NLIError, Pair
 Pair_Probs = tuple[Pair, NLIProbs]
 
 
+class ReplayMissError(ValueError):
+    """A replay file asked for an answer it does not hold: a set-up error, not a model failure."""
+
+
 class ReplayNLI:
-    """Looks pairs up by exact (premise, hypothesis); an unknown pair is an error, not a guess."""
+    """Looks pairs up by exact (premise, hypothesis); an unknown pair is an error, not a guess.
+
+    Loaded from a file (`replay:FILE`), a missing pair means the file does not belong to these
+    traces, and stops the run (`ReplayMissError`, one line on the command line). Built from the
+    verdicts being relabelled, a missing pair fails that step only (`NLIError`).
+    """
 
     name = "replay"
 
-    def __init__(self, table: dict[Pair, NLIProbs] | None = None) -> None:
+    def __init__(
+        self, table: dict[Pair, NLIProbs] | None = None, source: str | None = None
+    ) -> None:
         self.table: dict[Pair, NLIProbs] = dict(table or {})
+        self.source = source  # the replay file, when missing pairs should stop the run
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        name = Path(self.source).name if self.source else "verdicts"
+        return {"spec": f"replay:{name}", "note": "replayed: stored answers, no model ran"}
 
     @classmethod
     def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayNLI:
@@ -30,7 +47,7 @@ class ReplayNLI:
         report = report if report is not None else ErrorReport()
         for _, rec in read_models(path, _NLIOrVerdict, report):
             table.update(rec.calls())
-        return cls(table)
+        return cls(table, source=str(path))
 
     @classmethod
     def from_verdicts(cls, verdicts: Iterable[Verdict]) -> ReplayNLI:
@@ -45,10 +62,14 @@ class ReplayNLI:
             try:
                 out.append(self.table[(premise, hypothesis)])
             except KeyError:
-                raise NLIError(
-                    f"no stored NLI output for premise {premise[:60]!r} / "
-                    f"hypothesis {hypothesis[:60]!r}"
-                ) from None
+                pair = f"premise {premise[:60]!r} / hypothesis {hypothesis[:60]!r}"
+                if self.source is not None:
+                    raise ReplayMissError(
+                        f"--nli replay:{self.source} has no stored answer for {pair}; a replay "
+                        "file answers only the pairs it was recorded with (same traces, judge "
+                        "answers and --hypothesis): give a real NLI model (--nli hf:ID_OR_PATH)"
+                    ) from None
+                raise NLIError(f"no stored NLI output for {pair}") from None
         return out
 
 

@@ -1,4 +1,4 @@
-"""SPEC section 2: segmenting raw Search-R1 / Hermes responses into steps."""
+"""docs/contract.md section 2: segmenting raw Search-R1 / Hermes responses into steps."""
 
 from __future__ import annotations
 
@@ -122,9 +122,46 @@ def test_doc_snippets_with_and_without_quotes_and_parentheses():
     assert [(s.title, s.text) for s in parse_snippets(" free text ")] == [("", "free text")]
 
 
-def test_empty_information_block_gives_no_evidence():
+# ---- the readings fixed after review (docs/contract.md, "Fixed reading") ----
+
+
+def test_an_empty_information_block_gives_one_snippet_with_empty_text():
     steps = segment_response("<search>q</search><information>  \n </information><answer>x</answer>")
-    assert steps[0].evidence == [] and steps[1].answer == "x"
+    assert [(e.title, e.text) for e in steps[0].evidence] == [("", "")]
+    assert steps[1].answer == "x"
+
+
+def test_text_before_the_first_doc_item_is_ignored():
+    block = 'Retrieved 2 documents:\nDoc 1(Title: "A") alpha.\nDoc 2(Title: B) beta.'
+    assert [(s.title, s.text) for s in parse_snippets(block)] == [("A", "alpha."), ("B", "beta.")]
+
+
+def test_a_think_tag_is_removed_without_inserting_anything():
+    (step,) = segment_response("I need<think>the</think>  capital<answer>x</answer>")
+    assert step.claim == "I needthe capital"
+
+
+def test_a_stray_closing_tag_is_dropped():
+    (step,) = segment_response("Paris </search> is it </information><answer>Paris</answer>")
+    assert step.claim == "Paris is it" and step.answer == "Paris"
+
+
+def test_text_between_the_action_and_its_evidence_belongs_to_no_claim():
+    text = "A<search>q</search> stray words <information>Doc 1(Title: T) x</information>B<answer>y</answer>"
+    steps = segment_response(text)
+    assert [s.claim for s in steps] == ["A", "B"]
+    assert [(e.title, e.text) for e in steps[0].evidence] == [("T", "x")]
+
+
+def test_an_evidence_block_without_an_action_before_it_is_dropped():
+    steps = segment_response(
+        "<information>Doc 1(Title: T) x</information>Paris<answer>Paris</answer>"
+    )
+    assert len(steps) == 1 and steps[0].claim == "Paris" and steps[0].evidence == []
+
+
+def test_a_trailing_step_exists_only_with_text():
+    assert len(segment_response("<search>q</search><information>x</information>  \n ")) == 1
 
 
 def test_non_ascii_text_and_case_insensitive_tags():

@@ -1,4 +1,4 @@
-"""SPEC section 5 metrics against scikit-learn and the paper's reported figures."""
+"""docs/contract.md section 5 metrics against scikit-learn and the paper's reported figures."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def test_step_metrics_equal_scikit_learn_on_200_random_sets():
         assert _same(m["sF1"], f1_score(g, p, **kw))
         if len(set(g)) == 2:
             assert _same(m["BA"], balanced_accuracy_score(g, p))
+            assert m["BA_undefined"] is None
         assert _same(m["kappa"], _sk_kappa(g, p))
         for t in ("CC", "IE", "MB"):
             assert _same(m["kappa_per_type"][t], _sk_kappa(gold == t, pred == t))
@@ -113,3 +114,15 @@ def test_silver_agreement_and_counts():
     assert abs(typed_macro_f1(gold, pred) - expected) < 1e-12
     with pytest.raises(ValueError):
         step_metrics([], [])
+
+
+def test_ba_is_the_contract_formula_also_with_one_gold_class():
+    """(TPR + TNR) / 2 with the absent class's rate counted as 0 and named; scikit-learn's
+    balanced accuracy would report the present class's recall alone (1.0 here)."""
+    gold, pred = ["CC", "IE", "MB", "IE"], ["CC", "no_gap", "MB", "IE"]  # no gold no_gap
+    m = step_metrics(gold, pred)
+    assert m["BA"] == pytest.approx((3 / 4 + 0) / 2) and m["BA_undefined"] == "TNR"
+    m = step_metrics(["no_gap", "no_gap"], ["no_gap", "IE"])
+    assert m["BA"] == pytest.approx((0 + 1 / 2) / 2) and m["BA_undefined"] == "TPR"
+    m = step_metrics(["CC", "no_gap"], ["CC", "CC"])
+    assert m["BA"] == pytest.approx((1 + 0) / 2) and m["BA_undefined"] is None

@@ -2,8 +2,9 @@
 
 Any gold set and any prediction file (missing steps, failed checks, extra steps, confidences,
 traces without correctness) gives a report whose figures lie in their ranges, that serialises
-as strict JSON and renders as Markdown; the one refusal is a clear ValueError when no gold step
-has a predicted label.
+as strict JSON and renders as Markdown. A checker with no scored step is reported as such while
+the others keep their figures (docs/contract.md, section 6); the one refusal is a clear ValueError when a
+step is predicted twice (`load_predictions` reports such lines and keeps the first).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import json
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stepgap.data_builders.io import ErrorReport
 from stepgap.eval.markdown import render_markdown
 from stepgap.eval.metrics import (
     answer_gap_table,
@@ -25,7 +28,7 @@ from stepgap.eval.metrics import (
     step_metrics,
     typed_macro_f1,
 )
-from stepgap.eval.report import Gold, PredStep, build_report
+from stepgap.eval.report import Gold, PredStep, build_report, load_predictions
 
 LABEL = st.sampled_from(["no_gap", "CC", "IE", "MB"])
 MAYBE_LABEL = st.one_of(st.none(), LABEL)
@@ -72,6 +75,10 @@ def test_bootstrap_ci_is_ordered_or_nan(n, seed):
     assert all(math.isnan(x) for x in nan)
 
 
+def _key(p: PredStep) -> tuple[str, int]:
+    return (p.trace_id, p.step)
+
+
 PRED = st.builds(
     lambda key, label, conf: PredStep(
         trace_id=key[0],
@@ -86,33 +93,54 @@ PRED = st.builds(
 )
 
 
+PREDS = st.lists(PRED, max_size=20, unique_by=_key)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.dictionaries(KEY, LABEL, min_size=1, max_size=15),
     st.dictionaries(st.sampled_from(["t0", "t1", "t2", "t3", "t9"]), st.booleans(), max_size=5),
-    st.lists(PRED, max_size=20),
-    st.lists(PRED, max_size=20),
+    PREDS,
+    PREDS,
     st.sampled_from(["step", "trace"]),
 )
-def test_the_report_never_raises_anything_but_a_clear_refusal(gold_steps, correct, a, b, unit):
+def test_the_report_never_raises_and_keeps_every_checker(gold_steps, correct, a, b, unit):
     gold = Gold(steps=dict(gold_steps), correct=dict(correct))
-    scored = any(p.label is not None and (p.trace_id, p.step) in gold_steps for p in a + b)
-    try:
-        report = build_report(gold, {"a": a, "b": b}, resamples=20, unit=unit, silver="b")
-    except ValueError as exc:
-        assert "no gold step has a predicted label" in str(exc)
-        assert not all(
-            any(p.label is not None and (p.trace_id, p.step) in gold_steps for p in preds)
-            for preds in (a, b)
-        )
-        return
-    assert scored
+    report = build_report(gold, {"a": a, "b": b}, resamples=20, unit=unit, silver="b")
     json.dumps(report, allow_nan=False)  # strict JSON: no NaN left in report.json
-    for name, figures in report["checkers"].items():
-        assert all(_in_unit(figures[k]) for k in ("sP", "sR", "sF1", "BA", "QF1"))
-        for low, high in (ci for ci in figures["ci"].values() if None not in ci):
-            assert low <= high
+    assert set(report["checkers"]) == {"a", "b"}
+    md = render_markdown(report)
+    for name, preds in (("a", a), ("b", b)):
+        figures = report["checkers"][name]
+        scored = any(p.label is not None and _key(p) in gold_steps for p in preds)
+        assert figures["scored"] is scored and name in md
         assert figures["n_scored"] + figures["missing_steps"] + figures["error_steps"] == len(
             gold_steps
         )
-        assert name in render_markdown(report)
+        if not scored:
+            assert figures["sF1"] is None and figures["n_scored"] == 0
+            continue
+        assert all(_in_unit(figures[k]) for k in ("sP", "sR", "sF1", "BA", "QF1"))
+        for low, high in (ci for ci in figures["ci"].values() if None not in ci):
+            assert low <= high
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(KEY, LABEL, min_size=1, max_size=8), st.lists(PRED, min_size=1, max_size=8))
+def test_a_step_predicted_twice_is_refused_by_name(gold_steps, preds):
+    twice = [*preds, preds[0].model_copy(update={"label": None, "error": "judge failed"})]
+    with pytest.raises(ValueError, match="predicted twice"):
+        build_report(Gold(steps=dict(gold_steps), correct={}), {"a": twice}, resamples=5)
+
+
+def test_load_predictions_reports_the_second_line_and_keeps_the_first(tmp_path):
+    path = tmp_path / "pred.jsonl"
+    first = {"trace_id": "t0", "step": 1, "label": "CC"}
+    again = {"trace_id": "t0", "step": 1, "label": None, "error": "judge API error"}
+    other = {"trace_id": "t0", "step": 2, "label": "no_gap"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in (first, again, other)))
+    report = ErrorReport()
+    preds = load_predictions(path, report)
+    assert [(p.step, p.label) for p in preds] == [(1, "CC"), (2, "no_gap")]
+    (err,) = report.errors
+    assert (err.line, err.field) == (2, "step") and "first at line 1" in err.reason

@@ -114,3 +114,78 @@ def test_trace_unit_bootstrap_is_reproducible(examples_dir, example_verdicts):
     b = build_report(gold, {"f": preds}, resamples=200, seed=3, unit="trace")
     c = build_report(gold, {"f": preds}, resamples=200, seed=4, unit="trace")
     assert a == b and a["checkers"]["f"]["ci"]["sP"] != c["checkers"]["f"]["ci"]["sP"]
+
+
+def test_a_checker_with_no_scored_step_is_reported_and_the_others_written(
+    example_verdicts, examples_dir, tmp_path, capsys
+):
+    failed = tmp_path / "all_failed.jsonl"
+    rows = [json.loads(x) for x in (example_verdicts / "stepgap.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.update(label=None, repair=None, error="judge API error: 500")
+    failed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "report"
+    rc = main([
+        "eval", "--gold", str(examples_dir / "gold_steps.jsonl"),
+        "--gold", str(examples_dir / "gold_traces.jsonl"), "--resamples", "50",
+        "--pred", f"down={failed}", "--pred", f"StepGap={example_verdicts / 'stepgap.jsonl'}",
+        "-o", str(out),
+    ])  # fmt: skip
+    assert rc == 0
+    assert "down: no gold step has a predicted label" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    down, ok = report["checkers"]["down"], report["checkers"]["StepGap"]
+    assert (down["scored"], down["sF1"], down["error_steps"]) == (False, None, 28)
+    assert ok["scored"] and ok["n_scored"] == 28 and ok["sF1"] is not None
+    assert "| down | no scored step |" in (out / "report.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def example_report(example_verdicts, examples_dir):
+    gold = load_gold([examples_dir / "gold_steps.jsonl", examples_dir / "gold_traces.jsonl"])
+    preds = {
+        name: [
+            PredStep.model_validate_json(x) for x in (example_verdicts / f).read_text().splitlines()
+        ]
+        for name, f in (("StepGap", "stepgap.jsonl"), ("flag", "flag.jsonl"))
+    }
+    return build_report(gold, preds, resamples=100)
+
+
+def test_report_md_defines_its_figures_and_says_which_health_rule_fired(example_report):
+    from stepgap.eval.markdown import render_markdown
+
+    md = render_markdown(example_report)
+    for phrase in ("**Binary**", "(TPR + TNR) / 2", "typed acc", "2w/(1+w)", "Cohen's kappa"):
+        assert phrase in md
+    flag = example_report["checkers"]["flag"]
+    # flag-everything writes IE everywhere: IE 100%, CC and MB never
+    assert flag["health_issues"] == [
+        "IE is 100% of steps (above 70%)",
+        "CC is never predicted",
+        "MB is never predicted",
+    ]
+    assert "DEGENERATE: IE is 100% of steps (above 70%); CC is never predicted" in md
+    # typed agreement beside the binary figures: flag-everything hits every gap (sR = 1) but
+    # gets the type right only on the gold IE steps
+    assert flag["sR"] == 1.0 and flag["typed_accuracy"] < flag["sR"]
+
+
+def test_plots_share_one_scale_distinct_colours_and_legends_beside_the_axes(example_report):
+    from stepgap.eval import plots
+
+    fig = plots.figure_distribution(example_report)
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)
+    colours = {p.get_facecolor() for p in ax.patches}
+    assert len(colours) == 4  # one per label
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1  # beside the bars, not on them
+    fig = plots.figure_threshold_sweep(example_report)
+    f1_ax, ie_ax = fig.axes
+    assert f1_ax.get_ylim() == (0.0, 1.0) and ie_ax.get_ylim() == (0.0, 1.0)
+    lines = [line for line in ie_ax.get_lines() if line.get_label() in ("StepGap", "flag")]
+    assert len({line.get_color() for line in lines}) == 2
+    fig = plots.figure_forest(example_report)
+    assert all(ax.get_xlim()[1] == 1.0 for ax in fig.axes)

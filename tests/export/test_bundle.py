@@ -194,3 +194,83 @@ def test_export_refuses_to_overwrite_and_leaves_no_partial_bundle(bundles, tiny_
         export_bundle(str(adapter), str(tmp_path / "no-such-nli"), tmp_path / "b")
     assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
     assert json.loads((bundles["merged"] / "manifest.json").read_text())["format_version"] == 1
+
+
+def test_nothing_in_a_bundle_or_its_card_names_a_path_of_this_machine(bundles, tmp_path_factory):
+    """`push` publishes the manifest, the card and every file: hub ids and names only."""
+    from stepgap.export.hub import render_card
+
+    local = str(tmp_path_factory.getbasetemp())
+    for bundle in bundles.values():
+        manifest = verify_bundle(bundle)
+        texts = {"README.md": render_card(manifest, "me/x")}
+        for p in bundle.rglob("*"):
+            if p.is_file() and p.suffix in (".json", ".txt", ".jinja", ".md", ".yaml"):
+                texts[str(p.relative_to(bundle))] = p.read_text(errors="replace")
+        for name, text in texts.items():
+            assert local not in text and str(REPO) not in text, name
+        assert manifest["student"]["source"] == "tiny-student0"  # the folder's name
+        assert manifest["nli"]["source"] == "tiny-nli0"
+    adapter = verify_bundle(bundles["adapter"])["student"]
+    assert (
+        adapter["base"] == "base"
+        and "base/model.safetensors" in verify_bundle(bundles["adapter"])["files"]
+    )
+
+
+@pytest.mark.slow
+def test_an_adapter_bundle_loads_after_its_source_folders_are_gone(
+    tiny_student, tiny_nli, tmp_path, examples_dir, in_memory
+):
+    adapter, _ = tiny_student
+    work = tmp_path / "work"
+    shutil.copytree(
+        adapter, work / "adapter", ignore=shutil.ignore_patterns("checkpoint-*", "tiny-base")
+    )
+    shutil.copytree(adapter / "tiny-base", work / "base")
+    config = json.loads((work / "adapter" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(work / "base")
+    (work / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    export_bundle(str(work / "adapter"), str(tiny_nli), work / "bundle")
+    shutil.move(work / "bundle", tmp_path / "elsewhere")
+    shutil.rmtree(work)  # the adapter and its base are gone: the bundle must carry the base
+    out = tmp_path / "verdicts.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD, str(tmp_path / "elsewhere"), str(examples_dir / "traces.jsonl"),
+         str(out)], cwd=tmp_path, env=_fresh_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from stepgap.data_builders.schema import Verdict
+
+    _same_verdicts(
+        [Verdict.model_validate_json(x) for x in out.read_text().splitlines()], in_memory
+    )
+
+
+def test_a_hub_base_is_pinned_to_a_revision_or_refused(
+    tiny_student, tiny_nli, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: no revision to read
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    adapter, _ = tiny_student
+    copy = tmp_path / "adapter"
+    shutil.copytree(adapter, copy, ignore=shutil.ignore_patterns("checkpoint-*", "tiny-base"))
+    config = json.loads((copy / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "Qwen/Qwen2.5-0.5B-Instruct"
+    (copy / "adapter_config.json").write_text(json.dumps(config))
+    from stepgap.export import ExportError
+
+    with pytest.raises(ExportError, match="--base-revision COMMIT"):
+        export_bundle(str(copy), str(tiny_nli), tmp_path / "b1")
+    assert not (tmp_path / "b1").exists() and not (tmp_path / "b1.partial").exists()
+    export_bundle(
+        str(copy),
+        str(tiny_nli),
+        tmp_path / "b2",
+        base_revision="7ae557604adf67be50417f59c2c2f167def9a775",
+    )
+    student = verify_bundle(tmp_path / "b2")["student"]
+    assert student["base"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert student["base_revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
+    shipped = json.loads((tmp_path / "b2" / "student" / "adapter_config.json").read_text())
+    assert shipped["base_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"

@@ -3,6 +3,7 @@ mocked at the HfApi boundary only."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from stepgap.cli import main
-from stepgap.export.bundle import eval_summary, export_bundle, verify_bundle
+from stepgap.export.bundle import export_bundle, summarize_eval_report, verify_bundle
 from stepgap.export.hub import plan_push, push_bundle, render_card
 
 
@@ -24,7 +25,7 @@ def bundle(tiny_student, tiny_nli, tmp_path_factory, examples_dir):
         '{"n_steps": 28, "n_traces": 7, "checkers": {"student": {"sP": 0.9, "sR": 0.8,'
         ' "sF1": 0.847, "BA": 0.88, "kappa": 0.7, "QF1": 0.75, "healthy": true}}}'
     )
-    export_bundle(str(adapter), str(tiny_nli), out, eval_summary=eval_summary(report))
+    export_bundle(str(adapter), str(tiny_nli), out, eval_summary=summarize_eval_report(report))
     (out / ".env").write_text("HF_TOKEN=hf_secret_do_not_upload\n")
     (out / "nli" / ".cache").mkdir()
     (out / "nli" / ".cache" / "x.lock").write_text("")
@@ -56,9 +57,10 @@ def test_dry_run_lists_exactly_the_bundle_files_and_the_card(bundle, capsys):
 
 def test_card_names_a_hub_base_model_and_fills_every_placeholder(bundle):
     manifest = verify_bundle(bundle)
-    manifest["student"]["base"] = "Qwen/Qwen2.5-7B-Instruct"
+    manifest["student"].update(base="Qwen/Qwen2.5-7B-Instruct", base_revision="a09a3545")
     card = render_card(manifest, "me/x")
     assert _front_matter(card)["base_model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "at revision `a09a3545`" in card
     assert not re.search(r"\$[a-z_]+", card), "an unfilled placeholder"
     assert "| sF1 | 0.8470 |" in card
     assert "Limitations" in card and "calibration" in card
@@ -107,3 +109,57 @@ def test_push_refuses_a_tampered_bundle(bundle, tmp_path):
     with pytest.raises(Exception, match="adapter_config.json"):
         push_bundle(copy, "me/x", api=api)
     assert api.calls == []
+
+
+def _report(tmp_path, rows: dict) -> str:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"n_steps": 28, "n_traces": 10, "checkers": rows}))
+    return str(path)
+
+
+REPLAYED = {"judge": {"spec": "replay:judge_replay.jsonl", "note": "replayed: stored answers"},
+            "nli": {"spec": "replay:nli_replay.jsonl", "note": "replayed: stored answers"}}  # fmt: skip
+STUDENT = {"judge": {"spec": "student:student_tiny", "note": "stand-in: a tiny random Qwen2"},
+           "nli": {"spec": "hf:tiny-nli", "note": "stand-in: a tiny DebertaV2"}}  # fmt: skip
+
+
+def test_the_card_takes_the_students_row_and_refuses_to_guess(tmp_path):
+    row = {"sF1": 1.0, "BA": 1.0, "kappa": 1.0, "healthy": True}
+    two_teachers = _report(tmp_path, {"StepGap": {**row, "provenance": [REPLAYED]},
+                                      "minus-E": {**row, "provenance": [REPLAYED]}})  # fmt: skip
+    with pytest.raises(ValueError, match="2 checkers .StepGap, minus-E.; name the one"):
+        summarize_eval_report(two_teachers)
+    assert summarize_eval_report(two_teachers, "minus-E")["checker"] == "minus-E"
+    with_student = _report(
+        tmp_path,
+        {"StepGap": {**row, "provenance": [REPLAYED]},
+         "student": {**row, "sF1": 0.4, "provenance": [STUDENT]}},
+    )  # fmt: skip
+    summary = summarize_eval_report(with_student)
+    assert summary["checker"] == "student" and summary["metrics"]["sF1"] == 0.4
+    assert any("stand-in" in n for n in summary["notes"])
+
+
+def test_a_card_says_which_checker_and_when_figures_come_from_stand_ins(bundle, tmp_path):
+    manifest = verify_bundle(bundle)
+    manifest["eval"] = summarize_eval_report(
+        _report(tmp_path, {"student": {"sF1": 1.0, "BA": 1.0, "provenance": [STUDENT]}})
+    )
+    card = render_card(manifest, "me/x")
+    assert "The figures of checker `student`" in card
+    assert "**These figures do not measure a real checker**" in card
+    assert "judge student:student_tiny: stand-in: a tiny random Qwen2" in card
+    # this bundle's own parts are the test stand-ins, and the card says so next to them
+    assert "stand-in: a tiny random-weight Qwen2" in card and "stand-in: a tiny DebertaV2" in card
+    real = {**manifest, "eval": {**manifest["eval"], "notes": []},
+            "student": {**manifest["student"], "note": None}, "nli": {**manifest["nli"], "note": None}}  # fmt: skip
+    assert "do not measure a real checker" not in render_card(real, "me/x")
+
+
+def test_export_refuses_an_ambiguous_report_before_any_work(tiny_student, tmp_path, capsys):
+    adapter, _ = tiny_student
+    report = _report(tmp_path, {"a": {"provenance": [REPLAYED]}, "b": {"provenance": [REPLAYED]}})
+    out = tmp_path / "bundle"
+    assert main(["export", "--student", str(adapter), "--nli", "unused", "-o", str(out),
+                 "--eval-report", report]) == 2  # fmt: skip
+    assert "--eval-checker NAME" in capsys.readouterr().err and not out.exists()

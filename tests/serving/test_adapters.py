@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stepgap.serving import verl
+from stepgap.serving import configured, verl
 from stepgap.serving.trl import stepgap_async_reward_func, stepgap_reward_func
 
 
@@ -74,12 +74,12 @@ def test_verl_compute_score_and_batch_signatures(reward, example_traces, expecte
         with pytest.raises(ValueError, match="extra_info"):
             verl.compute_score("nq", "<answer>x</answer>", "x", None)
     finally:
-        verl._REWARD = None
+        configured.reset()
 
 
 def test_verl_unconfigured_says_how_to_configure(monkeypatch):
     monkeypatch.delenv("STEPGAP_REWARD_URL", raising=False)
     monkeypatch.delenv("STEPGAP_REWARD_CONFIG", raising=False)
-    verl._REWARD = None
+    configured.reset()
     with pytest.raises(RuntimeError, match="STEPGAP_REWARD_URL"):
         verl.compute_score("nq", "x", "y", {"question": "q"})

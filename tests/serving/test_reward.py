@@ -1,4 +1,4 @@
-"""SPEC section 4 on hand-computed traces: every shaping case, first case wins, boundaries."""
+"""docs/contract.md section 4 on hand-computed traces: every shaping case, first case wins, boundaries."""
 
 from __future__ import annotations
 
@@ -138,6 +138,21 @@ def test_em_normalisation_and_last_answer():
     assert exact_match(None, ["Paris"]) == 0.0
     response = "<answer>Berlin</answer> hmm <answer>The Paris</answer>"
     assert final_answer(response, []) == "The Paris"
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("<answer>Berlin</answer>...<Answer>Paris</Answer>", "Paris"),  # any letter case
+        ("<answer>Berlin</answer> then <ANSWER> Paris", " Paris"),  # unclosed: to the end
+        ("< answer >Rome</ answer >", "Rome"),  # spaces inside the tags
+        ("no tags at all", None),
+    ],
+)
+def test_em_reads_the_last_answer_tag_in_any_case_and_unclosed(response, answer):
+    assert final_answer(response, []) == answer
+    expected = 1.0 if answer and answer.strip() in ("Paris", "Rome") else 0.0
+    assert exact_match(final_answer(response, []), ["Paris", "Rome"]) == expected
 
 
 def test_each_variant_on_one_trace():

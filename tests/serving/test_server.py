@@ -3,39 +3,16 @@
 from __future__ import annotations
 
 import re
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import uvicorn
 
 from stepgap.serving.remote import RemoteChecker
 from stepgap.serving.server import create_app
+from tests.fixtures.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class LiveServer:
-    def __init__(self, app) -> None:
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), "server did not shut down"
 
 
 def _prompt(q: str) -> str:
@@ -106,3 +83,87 @@ def test_full_queue_answers_503_and_big_bodies_413(reward, example_traces):
         assert r.status_code == 422
         metrics = httpx.get(f"{url}/metrics").text
         assert 'stepgap_rejected_total{reason="queue_full"} 1.0' in metrics
+
+
+def test_openapi_and_docs_document_every_route_and_the_examples_are_valid_requests(reward):
+    """/docs and /openapi.json answer; every body is a named model with an example, and each
+    example, posted as is, is accepted and answered in the documented shape."""
+    from fastapi.testclient import TestClient
+
+    from stepgap.serving import api
+
+    app = create_app(reward, max_batch=4, max_wait_ms=5)
+    with TestClient(app) as client:
+        assert client.get("/docs").status_code == 200
+        spec = client.get("/openapi.json").json()
+        schemas = spec["components"]["schemas"]
+        bodies = {
+            "/check": (api.CheckRequest, api.CheckResponse),
+            "/reward": (api.RewardRequest, api.RewardResponse),
+            "/get_reward": (api.OpenRLHFRequest, api.OpenRLHFResponse),
+        }
+        for path, (request_model, response_model) in bodies.items():
+            post = spec["paths"][path]["post"]
+            ref = post["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            assert (
+                ref.endswith(request_model.__name__) and schemas[request_model.__name__]["examples"]
+            )
+            out = post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+            assert out.endswith(response_model.__name__)
+            example = schemas[request_model.__name__]["examples"][0]
+            r = client.post(path, json=example)
+            assert r.status_code == 200, r.text
+            response_model.model_validate(r.json())
+        health = spec["paths"]["/health"]["get"]["responses"]["200"]["content"]
+        assert health["application/json"]["schema"]["$ref"].endswith("HealthResponse")
+        api.HealthResponse.model_validate(client.get("/health").json())
+        assert "text/plain" in client.get("/metrics").headers["content-type"]
+        # a malformed body names the field
+        bad = client.post("/reward", json={"responses": [], "questions": [], "golden_answers": []})
+        assert bad.status_code == 422 and "responses" in bad.text
+
+
+def test_view_shows_the_last_checked_traces_and_forgets_older_ones(examples_dir, example_traces):
+    """GET /view: the page of `stepgap view` for the last `view_keep` traces, newest first, with
+    the rewards of the reward routes; the server holds no more than `view_keep` of them."""
+    import json
+
+    from stepgap.serving import StepGapReward
+    from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
+
+    checker = Checker(
+        ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"),
+        ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"),
+    )
+    app = create_app(StepGapReward(checker), max_wait_ms=1, view_keep=3)
+
+    def shown(url: str) -> dict:
+        r = httpx.get(f"{url}/view")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        blob = re.search(r'<script type="application/json" id="stepgap-data">(.*?)</script>',
+                         r.text, re.S).group(1)  # fmt: skip
+        return json.loads(blob)
+
+    with LiveServer(app) as url:
+        assert shown(url)["traces"] == []
+        raw = [t.model_dump(mode="json", exclude={"steps"}) for t in example_traces]
+        for trace in raw[:5]:  # one request each: five traces for a memory of three
+            httpx.post(f"{url}/check", json={"traces": [trace]}, timeout=60).raise_for_status()
+        data = shown(url)
+        assert [t["id"] for t in data["traces"]] == [f"#{i} {raw[i - 1]['id']}" for i in (5, 4, 3)]
+        assert len(app.state.recent) == 3  # the two oldest were dropped
+        expected = {(v.trace_id, v.step): v.label for vs in checker.check(example_traces[2:5])
+                    for v in vs}  # fmt: skip
+        got = {(t["id"].split(" ", 1)[1], s["index"]): s["verdicts"][0]["label"]
+               for t in data["traces"] for s in t["steps"]}  # fmt: skip
+        assert got == expected
+        case4 = example_traces[3]
+        body = {"responses": [case4.response] * 10, "questions": [case4.question] * 10,
+                "golden_answers": [case4.golden_answers] * 10}  # fmt: skip
+        rewards = httpx.post(f"{url}/reward", json=body, timeout=60).json()["rewards"]
+        data = shown(url)
+        assert [t["id"] for t in data["traces"]] == ["#15 reward-9", "#14 reward-8", "#13 reward-7"]
+        assert [t["reward"]["total"] for t in data["traces"]] == rewards[-3:]
+        assert len(app.state.recent) == 3
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'stepgap_requests_total{route="view"} 3.0' in metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stepgap.student.config import StudentTrainConfig, load_config, parse_overrides
 
@@ -66,3 +67,16 @@ def test_overrides_are_yaml_scalars():
     }
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["max_steps"])
+
+
+def test_a_packaged_recipe_loads_by_name_from_any_folder(tmp_path, monkeypatch, capsys):
+    from stepgap.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no student/configs/ here
+    assert load_config("qwen2.5-7b-qlora").load_in_4bit
+    with pytest.raises(FileNotFoundError, match="one of: qwen2.5-7b-lora, qwen2.5-7b-qlora"):
+        load_config("qwen3")
+    assert main(["train", "--config", "tiny", "--set", "max_steps=7", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["max_steps"] == 7 and printed["model"] == "tiny-random:qwen2"
+    assert not (tmp_path / "student_out").exists()  # printed, not trained

@@ -83,7 +83,7 @@ def test_checker_gives_a_features_student_its_nli_features(examples_dir, tiny_nl
 
 
 def test_mining_a_features_student_needs_an_nli_model(examples_dir):
-    from stepgap.student.mine import compare
+    from stepgap.student.mining import compare
 
     class FeatureStudent:
         name = "x"

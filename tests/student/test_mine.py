@@ -8,7 +8,13 @@ import pytest
 
 from stepgap.data_builders.io import read_models
 from stepgap.data_builders.schema import Verdict
-from stepgap.student.mine import ShortCircuit, compare, mine, nli_decision, write_mined
+from stepgap.student.mining import (
+    ShortCircuit,
+    compare,
+    nli_decision,
+    select_hard_negatives,
+    write_mined,
+)
 from stepgap.teacher.judges.base import JudgeResult
 
 
@@ -63,7 +69,7 @@ def test_agreeing_student_mines_nothing(pool):
     student = ScriptedStudent(pool, {})
     comparisons = compare(student, pool)
     assert len(comparisons) == len(student.asked) == sum(v.label is not None for v in pool)
-    result = mine(comparisons)
+    result = select_hard_negatives(comparisons)
     assert result.mined == [] and result.short_circuit.short_circuits == 0
 
 
@@ -76,7 +82,7 @@ def test_disagreements_are_mined_with_their_reason(pool):
     )
     failed = next(v for v in pool if v.label == "CC")
     overrides[(failed.trace_id, failed.step)] = lambda v: JudgeResult.failed("truncated")
-    result = mine(compare(ScriptedStudent(pool, overrides), pool))
+    result = select_hard_negatives(compare(ScriptedStudent(pool, overrides), pool))
     reasons = {(v.trace_id, v.step): r for v, r in result.mined}
     assert len(reasons) == 4
     assert reasons[(gaps[0].trace_id, gaps[0].step)] == "nli_stage"
@@ -103,7 +109,7 @@ def test_gold_keeps_only_steps_next_to_a_step_the_teacher_got_right(pool):
         (target.trace_id, 0): teacher[(target.trace_id, 0)],  # teacher right next to `target`
         (other.trace_id, 0): "CC" if teacher[(other.trace_id, 0)] != "CC" else "MB",  # wrong
     }
-    result = mine(comparisons, gold)
+    result = select_hard_negatives(comparisons, gold)
     assert [(v.trace_id, v.step) for v, _ in result.mined] == [(target.trace_id, 1)]
     assert result.skipped_gold == 1
 
@@ -113,7 +119,9 @@ def test_write_mined_makes_an_sft_set_of_only_the_mined_steps(pool, tmp_path):
 
     picks = [v for v in pool if v.label is not None][:6]
     overrides = {(v.trace_id, v.step): _short_circuit for v in picks}
-    result = mine(compare(ScriptedStudent(pool, overrides), pool), held_out_fraction=0.5, seed=3)
+    result = select_hard_negatives(
+        compare(ScriptedStudent(pool, overrides), pool), held_out_fraction=0.5, seed=3
+    )
     out = write_mined(result, pool, tmp_path / "mined")
     rows = [json.loads(x) for x in (out / "hard_negatives.jsonl").read_text().splitlines()]
     assert {(r["trace_id"], r["step"]) for r in rows} == {
@@ -167,7 +175,7 @@ def test_cli_mine_and_augment_with_the_tiny_student(tiny_student, examples_dir, 
 
 
 def test_agreement_rates(pool):
-    from stepgap.student.mine import Agreement
+    from stepgap.student.mining import Agreement
 
     labeled = [v for v in pool if v.label is not None]
     off = labeled[0]

@@ -15,7 +15,7 @@ import pytest
 
 from stepgap.student.config import load_config
 from stepgap.student.judge import StudentJudge
-from stepgap.student.mine import student_requests
+from stepgap.student.mining import student_requests
 from stepgap.student.sft import train
 
 from .conftest import REPO, TINY
@@ -110,12 +110,14 @@ def test_accelerate_launch_from_the_repo_root(tmp_path):
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 64
 
 
-def test_bad_recipe_is_a_clear_error(tmp_path):
-    from stepgap.student.train import main
+def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
+    from stepgap.student.commands import train_main  # what student/train.py runs
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: x\ndataset: y\noutput_dir: z\nlora_rank: 8\n")
-    assert main(["--config", str(bad)]) == 2
+    assert train_main(["--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "lora_rank (line 4): Extra inputs are not permitted" in err and "Traceback" not in err
 
 
 def test_qlora_trains_a_4bit_base(tmp_path, examples_dir):

@@ -159,3 +159,62 @@ def test_canary_api_key_never_reaches_logs_cache_or_verdicts(fake_openai, tmp_pa
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert canary.encode() not in path.read_bytes(), path
+
+
+def test_a_server_that_fails_every_request_stops_after_three_and_exits_non_zero(
+    fake_openai, tmp_path, examples_dir
+):
+    """No 7 retries x 28 steps of the same 500: one request at a time until one works; three
+    identical failures stop the run (exit 2) with the server's error in one line."""
+    out, cache = tmp_path / "v.jsonl", tmp_path / "c.sqlite"
+    fake_openai.always = "500"
+    cmd = _label_cmd(fake_openai, examples_dir, out, cache, "--max-retries", "1")
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "failed its first 3 requests the same way" in done.stderr and "boom" in done.stderr
+    assert "Traceback" not in done.stderr
+    # The first step also probes the response formats (a 500 may be a refusal of json_schema,
+    # as llama-cpp-python's is): 3 formats x (1 try + 1 retry); then 2 steps x 2, not 28 x 2.
+    assert fake_openai.formats_seen[:6] == ["json_schema"] * 2 + ["json_object"] * 2 + ["none"] * 2
+    assert len(fake_openai.events) == 3 * 2 + 2 * 2
+
+
+def test_a_rerun_asks_the_failed_steps_again_and_leaves_one_line_per_step(
+    fake_openai, tmp_path, examples_dir, example_prompts
+):
+    out, cache = tmp_path / "v.jsonl", tmp_path / "c.sqlite"
+    last = list(dict.fromkeys(t for t, _ in example_prompts))[-1]
+    lost = {key for (t, _), key in example_prompts.items() if t == last}
+    answers = dict(fake_openai.answers)
+    for key in lost:  # the server cannot answer the last trace's steps (a 400 each)
+        del fake_openai.answers[key]
+    cmd = _label_cmd(fake_openai, examples_dir, out, cache)
+    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert f"{len(lost)} failed (most often, {len(lost)}x: judge API error" in first.stderr
+    fake_openai.answers = answers  # the server is back
+    before = len(fake_openai.events)
+    rerun = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{len(lost)} failed step(s) asked again" in rerun.stderr
+    assert len(fake_openai.events) - before == len(lost)  # only the failed steps were asked
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 28 and all(v["label"] is not None for v in lines)
+    assert len({(v["trace_id"], v["step"]) for v in lines}) == 28
+
+
+def test_every_step_failed_is_exit_1_and_keep_errors_skips_failed_steps(tmp_path, examples_dir):
+    empty = tmp_path / "empty_replay.jsonl"
+    empty.write_text("")  # a judge with no answer for any step
+    cmd = [sys.executable, "-m", "stepgap.cli", "label", str(examples_dir / "traces.jsonl"),
+           "-o", str(tmp_path / "r.jsonl"), "--judge", f"replay:{empty}",
+           "--nli", f"replay:{examples_dir / 'nli_replay.jsonl'}", "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "every step failed; nothing was labelled: 28 verdicts" in done.stderr
+    assert "no stored judge output" in done.stderr
+    again = subprocess.run([*cmd, "--keep-errors"], cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0 and "10 already done" in again.stderr
+    retried = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert retried.returncode == 1 and "28 failed step(s) asked again" in retried.stderr
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 28

@@ -1,4 +1,4 @@
-"""Every branch of the SPEC section 3 decision tree: label, repair and path."""
+"""Every branch of the docs/contract.md section 3 decision tree: label, repair and path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stepgap.data_builders.schema import REPAIRS
+from stepgap.data_builders.schema import REPAIRS, Snippet
 from stepgap.teacher.judges.base import JudgeResult
 from stepgap.teacher.tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
 
@@ -247,3 +247,36 @@ def test_every_path_token_the_tree_writes_is_in_path_tokens():
         seen.update(vs[1].path)
     assert seen == set(PATH_TOKENS)
     assert len(PATH_TOKENS) == len(set(PATH_TOKENS))
+
+
+# ---- the readings fixed after review (docs/contract.md, "Fixed reading") ----
+
+
+def test_a_quote_must_lie_inside_one_snippets_text():
+    two = [
+        Snippet(title="Akira Kurosawa", text="Rashomon is a 1950 film"),
+        Snippet(title="T", text="directed by Akira Kurosawa."),
+    ]
+    assert quote_in_evidence("directed by Akira Kurosawa", two)
+    assert not quote_in_evidence("1950 film directed by", two)  # across two snippets
+    assert not quote_in_evidence("Akira Kurosawa Rashomon", two)  # title + text
+    step = inference(0, "Kurosawa directed it.").model_copy(update={"evidence": two})
+    nli = TableNLI({}, default=ENTAIL)
+    (v,) = decide_trace("t", Q, [step], [ok(judge(found=True, quote="Akira Kurosawa"))], nli)
+    assert v.path[-2:] == ["stageC:quote", "stageD:entailment"]  # in a text: fine
+    (v,) = decide_trace(
+        "t", Q, [step], [ok(judge(found=True, quote="Akira Kurosawa Rashomon"))], nli
+    )
+    assert v.path[-1] == "stageC:quote_not_verbatim" and v.nli == []  # a title never counts
+
+
+def test_stage_d_premise_is_the_quote_as_given_and_stage_e_premise_the_text_alone():
+    v, _ = one_step(judge(found=True, quote="  DIRECTED by akira Kurosawa "), nli_probs=ENTAIL)
+    assert v.nli[0].premise == "  DIRECTED by akira Kurosawa "  # matched folded, sent as given
+    verdicts, _ = _conclusion_trace([True], judge(found=False), {"snippet 0": ENTAIL})
+    assert [c.premise for c in verdicts[-1].nli] == ["snippet 0"]  # no "T: " title prefix
+
+
+def test_entailment_is_tested_before_contradiction():
+    v, _ = one_step(judge(found=True, quote=QUOTE), nli_probs=probs(0.5, 0.0, 0.5))
+    assert v.label == "no_gap" and v.nli[0].label == "entailment"

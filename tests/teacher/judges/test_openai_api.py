@@ -137,3 +137,39 @@ def test_price_table_file_and_prefix_match(tmp_path):
     path.write_text(json.dumps({"bad": {"input": "x"}}))
     with pytest.raises(ValueError, match="bad"):
         load_prices(path)
+
+
+@pytest.mark.parametrize(
+    ("refused", "used"),
+    [
+        (set(), "json_schema"),  # OpenAI, vLLM, SGLang, llama.cpp's server
+        ({"json_schema"}, "json_object"),  # llama-cpp-python's server: 500 on json_schema
+        ({"json_schema", "json_object"}, "none"),  # a server with no JSON mode at all
+    ],
+)
+def test_auto_response_format_finds_what_the_server_takes_in_one_probe(
+    fake_openai, tmp_path, example_traces, examples_dir, replay_verdicts, refused, used
+):
+    fake_openai.refuse_formats = refused
+    judge = _judge(fake_openai, tmp_path)
+    verdicts = _run(judge, example_traces, examples_dir)
+    assert judge.response_format == used
+    assert [(v.label, v.path) for v in verdicts] == [
+        (replay_verdicts[(v.trace_id, v.step)].label, replay_verdicts[(v.trace_id, v.step)].path)
+        for v in verdicts
+    ]
+    # each refused format cost one request and its one retry; every step was then asked once
+    assert fake_openai.formats_seen.count(used) == 28
+    assert len(fake_openai.formats_seen) == 28 + 2 * len(refused)
+
+
+def test_a_fixed_response_format_is_never_changed(
+    fake_openai, tmp_path, example_traces, examples_dir
+):
+    fake_openai.refuse_formats = {"json_schema"}
+    judge = _judge(fake_openai, tmp_path, response_format="json_schema", max_retries=0)
+    with pytest.raises(JudgeConfigError, match="failed its first 3 requests the same way"):
+        _run(judge, example_traces, examples_dir)
+    assert set(fake_openai.formats_seen) == {"json_schema"} and len(fake_openai.formats_seen) == 3
+    with pytest.raises(ValueError, match="response_format must be"):
+        load_judge("openai:m", base_url="http://x", response_format="yaml")

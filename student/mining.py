@@ -185,7 +185,7 @@ class MineResult:
         }
 
 
-def mine(
+def select_hard_negatives(
     comparisons: Sequence[Comparison],
     gold: dict[tuple[str, int], str] | None = None,
     *,
@@ -285,3 +285,70 @@ def augment(
     }
     train(load_config(config, settings))
     return out
+
+
+def mine(
+    pool: str | Path,
+    student: str | Path,
+    output: str | Path,
+    *,
+    gold: Sequence[str | Path] | None = None,
+    nli: str | NLIBackend | None = None,
+    device: str | None = None,
+    held_out_fraction: float = 0.5,
+    seed: int = 0,
+    augment_config: str | Path | None = None,
+    augment_steps: int = 200,
+    augment_lr: float = 5e-7,
+    overrides: Sequence[str] = (),
+    judge_options: dict[str, Any] | None = None,
+    report: Any = None,
+) -> dict[str, Any]:
+    """Mine hard negatives from a teacher-labeled pool and optionally augment (`stepgap mine`).
+
+    Runs the student (`student`: adapter or merged folder) over every teacher-labeled step of
+    `pool`, keeps the disagreements (gold-supported ones with `gold` files), writes them under
+    `output` (see `write_mined`) and, with `augment_config`, continues the adapter on the mined
+    train half and measures again. Returns the summary that is also written to `summary.json`.
+    `nli` (spec or backend) is needed for a student trained with NLI features; `judge_options`
+    go to the student judge (`base`, `device`, `dtype`, `batch_size`, `max_new_tokens`).
+    """
+    from stepgap.data_builders.io import ErrorReport, read_models
+    from stepgap.teacher.judges import load_judge
+
+    report = report if report is not None else ErrorReport()
+    options = judge_options or {}
+    verdicts = [v for _, v in read_models(pool, Verdict, report)]
+    gold_steps = None
+    if gold:
+        from stepgap.eval.report import load_gold
+
+        gold_steps = load_gold(gold, report).steps
+    nli_backend = nli
+    if isinstance(nli, str):
+        from stepgap.teacher.nli import load_nli
+
+        nli_backend = load_nli(nli, device=device)
+    judge = load_judge(f"student:{student}", **options)
+    comparisons = compare(judge, verdicts, nli_backend)  # type: ignore[arg-type]
+    result = select_hard_negatives(
+        comparisons, gold_steps, held_out_fraction=held_out_fraction, seed=seed
+    )
+    features = nli_backend if judge.nli_features else None  # type: ignore[attr-defined]
+    out = write_mined(result, verdicts, output, features)  # type: ignore[arg-type]
+    summary = result.summary()
+    if augment_config and result.train:
+        adapter = augment(
+            augment_config,
+            student,
+            out,
+            max_steps=augment_steps,
+            learning_rate=augment_lr,
+            overrides=overrides,
+        )
+        after = compare(load_judge(f"student:{adapter}", **options), verdicts, nli_backend)  # type: ignore[arg-type]
+        summary["augmented_adapter"] = str(adapter)
+        summary["short_circuit_after"] = asdict(ShortCircuit.of(after))
+        summary["agreement_after"] = asdict(Agreement.of(after))
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary

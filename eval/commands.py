@@ -1,0 +1,194 @@
+"""Commands of the evaluation: `eval` (score checkers against gold labels), `baseline` (the
+paper's baseline checkers as verdict files) and `view` (an HTML page to look at verdicts)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stepgap.cli import Command
+from stepgap.cli.options import (
+    HYPOTHESES,
+    add_errors_option,
+    add_judge_options,
+    add_tree_options,
+    finish,
+    judge_options,
+    tree_config,
+)
+
+
+def _named_files(specs: list[str]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--pred must look like NAME=FILE, got {spec!r}")
+        if name in files:
+            raise ValueError(f"--pred name {name!r} given twice")
+        files[name] = path
+    return files
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.eval import evaluate as run_evaluation
+
+    report = ErrorReport()
+    result = run_evaluation(
+        args.gold,
+        _named_files(args.pred),
+        args.output,
+        resamples=args.resamples,
+        seed=args.seed,
+        unit=args.unit,
+        silver=args.silver,
+        plots=not args.no_plots,
+        report=report,
+    )
+    for name, c in result.report["checkers"].items():
+        if not c["scored"]:
+            print(f"stepgap: {name}: {c['note']}; its row holds counts only", file=sys.stderr)
+        if c["missing_steps"] or c["error_steps"]:
+            print(
+                f"stepgap: {name}: {c['missing_steps']} gold step(s) missing from the "
+                f"predictions, {c['error_steps']} with a failed check; not scored",
+                file=sys.stderr,
+            )
+    names = ", ".join(p.name for p in result.files)
+    return finish(report, args.errors, len(result.files), f"files to {args.output}: {names}")
+
+
+def evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gold",
+        required=True,
+        action="append",
+        metavar="FILE",
+        help="gold step labels and trace correctness (one file or two; repeatable)",
+    )
+    p.add_argument(
+        "--pred",
+        required=True,
+        action="append",
+        metavar="NAME=FILE",
+        help="a checker's verdicts (repeatable)",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="report folder")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--unit", choices=["step", "trace"], default="step", help="bootstrap unit")
+    p.add_argument("--silver", metavar="NAME", help="a --pred checker to use as silver reference")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_errors_option(p)
+
+
+def baseline(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.eval.baselines import run_baseline
+
+    report = ErrorReport()
+    n = run_baseline(
+        args.kind,
+        args.input,
+        args.output,
+        nli=args.nli,
+        judge=args.judge,
+        tree=tree_config(args),
+        device=args.device,
+        judge_options=judge_options(args),
+        report=report,
+    )
+    return finish(report, args.errors, n, f"{args.kind} verdicts to {args.output}")
+
+
+def baseline_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "kind",
+        choices=["nli-only", "ner-quote", "flag-everything"],
+        help="nli-only: NLI on (all evidence, claim); ner-quote: spaCy NER + token overlap "
+        "instead of stage C; flag-everything: every step a gap",
+    )
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL)")
+    add_errors_option(p)
+    p.add_argument("--judge", metavar="SPEC", help="ner-quote: judge for stages A and B")
+    p.add_argument("--nli", metavar="SPEC", help="nli-only, ner-quote: NLI model")
+    p.add_argument("--device", default=None, help="NLI device")
+    p.add_argument("--hypothesis", choices=HYPOTHESES, default="answer_statement")
+    add_tree_options(p)
+    add_judge_options(p, required=False)
+
+
+def view(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.eval.view import parse_named_files, write_view
+
+    report = ErrorReport()
+    result = write_view(
+        args.input,
+        parse_named_files(args.verdicts),
+        args.output,
+        rewards=args.reward,
+        gold=args.gold,
+        title=args.title,
+        page_size=args.page_size,
+        resamples=args.resamples,
+        report=report,
+    )
+    print(result.path)
+    for name, n in result.unmatched.items():
+        if n:
+            print(f"stepgap: {name}: {n} verdict(s) for no step of {args.input}", file=sys.stderr)
+    return finish(
+        report,
+        args.errors,
+        result.traces,
+        f"trace(s), {result.steps} step(s) to {result.path} ({result.bytes / 1e6:.1f} MB); "
+        "open it in a browser",
+    )
+
+
+def view_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument(
+        "--verdicts",
+        required=True,
+        action="append",
+        metavar="[NAME=]FILE",
+        help="a checker's verdicts (repeatable: the checkers are shown side by side)",
+    )
+    p.add_argument("--reward", metavar="FILE", help="rewards written by `stepgap reward`")
+    p.add_argument(
+        "--gold",
+        action="append",
+        metavar="FILE",
+        help="gold step labels and trace correctness (one file or two; repeatable)",
+    )
+    p.add_argument("-o", "--output", required=True, help="the HTML page, overwritten")
+    p.add_argument("--title", help="page title (default: the traces file name)")
+    p.add_argument("--page-size", type=int, default=25, help="traces per page")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (with --gold)")
+    add_errors_option(p)
+
+
+COMMANDS = [
+    Command(
+        "baseline",
+        "run a baseline checker: nli-only, ner-quote or flag-everything",
+        baseline_arguments,
+        baseline,
+    ),
+    Command(
+        "eval",
+        "score checkers against gold labels: report.json, report.md and PNG plots",
+        evaluate_arguments,
+        evaluate,
+    ),
+    Command(
+        "view",
+        "one offline HTML page of traces and verdicts: paths, quotes, NLI, rewards, gold",
+        view_arguments,
+        view,
+    ),
+]

@@ -1,0 +1,197 @@
+"""The request and response bodies of `stepgap serve`, as pydantic models with examples.
+
+FastAPI builds `/openapi.json` and the `/docs` page from them, so every route's input and
+output is documented where clients look, and a malformed request is refused with the field
+that is wrong (422).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stepgap.data_builders.schema import GapLabel, Trace, Verdict
+
+_RESPONSE = (
+    "<think>I need the director of Whiplash.</think><search>Whiplash director</search>"
+    '<information>Doc 1(Title: "Whiplash (2014 film)") Whiplash is a 2014 film written and '
+    "directed by Damien Chazelle.</information><answer>Damien Chazelle</answer>"
+)
+_QUESTION = "Who directed Whiplash?"
+
+
+class CheckRequest(BaseModel):
+    """Traces to check, raw (`response`) or segmented (`steps`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "traces": [
+                        {
+                            "id": "t1",
+                            "question": _QUESTION,
+                            "golden_answers": ["Damien Chazelle"],
+                            "response": _RESPONSE,
+                        }
+                    ]
+                }
+            ]
+        }
+    )
+
+    traces: list[Trace] = Field(min_length=1)
+
+
+class CheckResponse(BaseModel):
+    """One list of verdicts per trace, in request order, one verdict per step."""
+
+    verdicts: list[list[Verdict]]
+
+
+class RewardRequest(BaseModel):
+    """Rollouts to score: the response text, its question and the golden answers, per rollout."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "responses": [_RESPONSE],
+                    "questions": [_QUESTION],
+                    "golden_answers": [["Damien Chazelle"]],
+                }
+            ]
+        }
+    )
+
+    responses: list[str] = Field(min_length=1)
+    questions: list[str]
+    golden_answers: list[Any] = Field(
+        description="per rollout: a string, a list of strings or veRL's {'target': [...]}"
+    )
+
+
+class StepRewardOut(BaseModel):
+    step: int
+    label: GapLabel | None = Field(description="null when the step's check failed (bracket 0)")
+    base: float
+    shape: float
+    bracket: float = Field(description="base + shape")
+    span: list[int] | None = Field(description="the step's [start, end) characters")
+    token_span: list[int] | None = None
+
+
+class RewardResultOut(BaseModel):
+    """The reward of one rollout (docs/contract.md, section 4)."""
+
+    trace_id: str
+    variant: str
+    lam: float
+    em: float
+    reward: float = Field(description="em + lam * sum(bracket)")
+    steps: list[StepRewardOut]
+    em_token: int | None = None
+    failed_checks: int = Field(description="steps whose check failed: bracket 0 each")
+    unsegmented: bool = Field(description="the response could not be segmented: EM alone")
+
+
+class RewardResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "rewards": [1.4],
+                    "results": [
+                        {
+                            "trace_id": "reward-0",
+                            "variant": "typed_shape",
+                            "lam": 1.0,
+                            "em": 1.0,
+                            "reward": 1.4,
+                            "steps": [
+                                {
+                                    "step": 0,
+                                    "label": "no_gap",
+                                    "base": 0.2,
+                                    "shape": 0.0,
+                                    "bracket": 0.2,
+                                    "span": [0, 221],
+                                    "token_span": None,
+                                },
+                                {
+                                    "step": 1,
+                                    "label": "no_gap",
+                                    "base": 0.2,
+                                    "shape": 0.0,
+                                    "bracket": 0.2,
+                                    "span": [221, 251],
+                                    "token_span": None,
+                                },
+                            ],  # fmt: skip
+                            "em_token": None,
+                            "failed_checks": 0,
+                            "unsegmented": False,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
+    rewards: list[float]
+    results: list[RewardResultOut]
+
+
+class OpenRLHFRequest(BaseModel):
+    """OpenRLHF's remote reward payload (`--remote_rm_url .../get_reward`): the full texts
+    (prompt + response), their prompts, and the labels (golden answers)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "query": [f"Question: {_QUESTION}\n{_RESPONSE}"],
+                    "prompts": [f"Question: {_QUESTION}\n"],
+                    "labels": [["Damien Chazelle"]],
+                }
+            ]
+        }
+    )
+
+    query: list[str] = Field(min_length=1)
+    prompts: list[str] | None = None
+    labels: list[Any] | None = None
+
+
+class OpenRLHFResponse(BaseModel):
+    """What OpenRLHF's `remote_rm_fn` reads: `rewards` (and `scores`), plus per-sample logs."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "rewards": [1.4],
+                    "scores": [1.4],
+                    "extra_logs": {"em": [1.0], "dense": [0.4], "rate_no_gap": [1.0]},
+                }
+            ]
+        }
+    )
+
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, list[float]]
+
+
+class HealthResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"status": "ok", "variant": "typed_shape", "lam": 1.0, "queued": 0}]
+        }
+    )
+
+    status: str
+    variant: str
+    lam: float
+    queued: int = Field(description="traces waiting for a checker batch")

@@ -1,0 +1,92 @@
+"""Commands of the reward: `reward` (stored traces and verdicts -> rewards) and `serve` (the
+checker and the reward over HTTP)."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepgap.cli import Command
+from stepgap.cli.options import (
+    add_checker_options,
+    add_errors_option,
+    add_reward_options,
+    checker,
+    finish,
+)
+
+
+def reward(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.serving.reward import reward_file
+
+    report = ErrorReport()
+    n = reward_file(
+        args.input,
+        args.verdicts,
+        args.output,
+        variant=args.variant,
+        lam=args.lam,
+        tokenizer=args.tokenizer,
+        report=report,
+    )
+    return finish(report, args.errors, n, f"rewards to {args.output}")
+
+
+def reward_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument("--verdicts", required=True, help="verdicts for those traces")
+    p.add_argument("-o", "--output", required=True, help="one reward line per trace (JSONL)")
+    p.add_argument("--tokenizer", help="hub id or path: adds token spans (the dense form)")
+    add_errors_option(p)
+    add_reward_options(p)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from stepgap.serving.reward import StepGapReward
+    from stepgap.serving.server import serve as run_server
+
+    run_server(
+        StepGapReward(checker(args), args.variant, args.lam),
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        max_body_mb=args.max_body_mb,
+        view_keep=args.view_keep,
+    )
+    return 0
+
+
+def serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=32, help="traces per checker call")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait this long to fill a batch")
+    p.add_argument("--max-queue", type=int, default=1024, help="queued traces before 503")
+    p.add_argument("--max-body-mb", type=int, default=8, help="largest request body (MB)")
+    p.add_argument(
+        "--view-keep",
+        type=int,
+        default=100,
+        metavar="N",
+        help="GET /view shows the last N checked traces (older ones are dropped)",
+    )
+    add_reward_options(p)
+    add_checker_options(p)
+
+
+COMMANDS = [
+    Command(
+        "reward",
+        "typed GRPO rewards (docs/contract.md) for stored traces and verdicts",
+        reward_arguments,
+        reward,
+    ),
+    Command(
+        "serve",
+        "serve /check, /reward and OpenRLHF's /get_reward with micro-batching; /view",
+        serve_arguments,
+        serve,
+    ),
+]

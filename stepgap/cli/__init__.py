@@ -1,0 +1,136 @@
+"""The `stepgap` command line.
+
+Each command lives in a thin module next to the domain it serves (`stepgap.teacher.commands`,
+`stepgap.eval.commands`, ...): it declares its flags, calls one library function and prints.
+This package collects them, adds the shared `--config FILE.yaml` / `--print-config` layer
+(`stepgap.cli.config`) and turns user errors into one line on stderr and exit code 2.
+Heavy imports happen inside the commands, so `stepgap --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stepgap import __version__
+from stepgap.redact import install_redaction, redact
+
+from .config import ConfigParser, add_config_options, parse_with_config
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, one help line, its flags, and what it runs."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# The command groups, in pipeline order; each module defines `COMMANDS: list[Command]`.
+GROUPS = (
+    "stepgap.data_builders.commands",
+    "stepgap.teacher.commands",
+    "stepgap.eval.commands",
+    "stepgap.serving.commands",
+    "stepgap.student.commands",
+    "stepgap.export.commands",
+)
+
+
+# How `stepgap --help` lists them: the life cycle of a checker, then its distillation.
+ORDER = (
+    "index", "serve-index", "rollouts", "segment", "check", "label", "relabel", "baseline",
+    "eval", "reward", "view", "serve",
+    "sft-data", "train", "mine", "export", "push",
+)  # fmt: skip
+
+
+@functools.cache
+def commands() -> dict[str, Command]:
+    """Every command by name, in `ORDER`. Collected on first use, not at import, so a command
+    module (`student/train.py` imports one) can import this package."""
+    found: dict[str, Command] = {}
+    for module in GROUPS:
+        for command in importlib.import_module(module).COMMANDS:
+            found[command.name] = command
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return dict(sorted(found.items(), key=lambda kv: rank.get(kv[0], len(ORDER))))
+
+
+def __getattr__(name: str) -> object:
+    if name == "COMMANDS":  # `from stepgap.cli import COMMANDS`
+        return commands()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ConfigParser(
+        prog="stepgap",
+        description="Step-level evidence-gap checking (CC / IE / MB) for search agents.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepgap {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug); tracebacks"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in commands().values():
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        add_config_options(p)
+        p.set_defaults(_run=command.run)
+    return parser
+
+
+# bitsandbytes warns at import, on every CPU machine, that its optional `kernels` package is
+# missing; it matters only to 4-bit training on a CPU, and -vv shows it again.
+QUIET_LOGGERS = ("bitsandbytes",)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean the input or the set-up is wrong: one line and exit 2, no traceback."""
+    from stepgap.export.bundle import BundleError
+    from stepgap.export.onnx_nli import ExportError
+    from stepgap.teacher.judges.base import JudgeConfigError
+
+    return (
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,
+        JudgeConfigError,
+        BundleError,
+        ExportError,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parse_with_config(parser, sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:  # a config file that does not fit its command
+        print(f"stepgap: error: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    if args is None:  # --print-config printed the resolved configuration
+        return 0
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.verbose < 2:  # import-time notices of optional kernels that stepgap does not use
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    install_redaction()
+    try:
+        return int(args._run(args) or 0)
+    except _user_errors() as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"stepgap {args.command}: error: {redact(str(exc))}", file=sys.stderr)
+        return 2

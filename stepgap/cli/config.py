@@ -1,0 +1,211 @@
+"""`--config FILE.yaml` for every command: its flags as keys, flags on the command line win.
+
+This follows TRL's parser (`TrlParser`): the file's values become the command's defaults, then the
+command line is parsed as usual, so a run is reproducible from one file and any flag can still be
+changed for one run. Keys are the flags' names (`entail_threshold` or `entail-threshold`),
+positional arguments included (`input`); values are checked by the flag's own type and choices,
+and an unknown key is an error naming the file, the line and the key. `--print-config` prints the
+resolved configuration as YAML (a file `--config` reads back) and runs nothing.
+
+A command that defines its own `--config` (`train`, whose config is the training recipe) keeps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_SKIP_DESTS = {"help", "config", "print_config", "_run"}
+
+
+class _ReplaceAppend(argparse._AppendAction):
+    """`append` whose first command-line value replaces a list that came from a config file."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        if getattr(namespace, self.dest, None) is self.default and self.default:
+            setattr(namespace, self.dest, [])
+        super().__call__(parser, namespace, values, option_string)
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """`--help` shows each flag's default (when it has a meaningful one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" not in text
+            and action.option_strings
+            and default not in (None, False, argparse.SUPPRESS)
+            and not (isinstance(default, list) and not default)
+            and action.nargs != 0
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+class ConfigParser(argparse.ArgumentParser):
+    """An ArgumentParser whose subcommands accept `--config` and `--print-config`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+        self.register("action", "append", _ReplaceAppend)
+
+    def add_subparsers(self, **kwargs: Any):  # type: ignore[override]
+        sub = super().add_subparsers(**kwargs)
+        original = sub.add_parser
+
+        def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+            kw.setdefault("formatter_class", DefaultsFormatter)
+            return original(name, **kw)
+
+        sub.add_parser = add_parser  # type: ignore[method-assign]
+        return sub
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    """`--config` and `--print-config` for a subcommand; one that declares its own `--config`
+    (train: the training recipe) keeps it and resolves `--print-config` itself."""
+    p.own_config = any("--config" in a.option_strings for a in p._actions)  # type: ignore[attr-defined]
+    g = p.add_argument_group("configuration file")
+    if not p.own_config:  # type: ignore[attr-defined]
+        g.add_argument(
+            "--config",
+            metavar="FILE.yaml",
+            help="read this command's flags from a YAML file (keys = flag names); flags given "
+            "on the command line override it",
+        )
+    g.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration as YAML and exit",
+    )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _command_and_config(
+    argv: list[str], commands: dict[str, argparse.ArgumentParser]
+) -> tuple[str | None, str | None]:
+    """The subcommand in argv, and the value of its `--config`, without parsing the rest."""
+    name = next((a for a in argv if a in commands), None)
+    if name is None:
+        return None, None
+    rest = argv[argv.index(name) + 1 :]
+    for i, arg in enumerate(rest):
+        if arg == "--":
+            break
+        if arg == "--config" and i + 1 < len(rest):
+            return name, rest[i + 1]
+        if arg.startswith("--config="):
+            return name, arg.split("=", 1)[1]
+    return name, None
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Top-level key -> 1-based line, for error messages."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
+
+
+def _convert(action: argparse.Action, value: Any, where: str) -> Any:
+    """A config value checked and converted as the flag would be on the command line."""
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value
+    many = isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*")
+    if many:
+        items = value if isinstance(value, list) else [value]
+        return [_one(action, v, where) for v in items]
+    if isinstance(value, list | dict):
+        raise ValueError(f"{where}: expected a single value, got {type(value).__name__}")
+    return _one(action, value, where)
+
+
+def _one(action: argparse.Action, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list | dict):
+        raise ValueError(f"{where}: expected a single value, got {type(value).__name__}")
+    if action.type is not None and callable(action.type):
+        try:
+            value = action.type(str(value) if isinstance(value, bool) else value)
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError(f"{where}: {value!r} is not a valid value ({exc})") from None
+    elif not isinstance(value, str):
+        value = str(value)
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise ValueError(f"{where}: {value!r} is not one of {choices}")
+    return value
+
+
+def apply_config(p: argparse.ArgumentParser, command: str, path: str) -> None:
+    """Make the file's values the defaults of subcommand parser `p`."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--config {path}: file not found")
+    text = file.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of flag names to values")
+    lines = _key_lines(text)
+    by_dest = {a.dest: a for a in p._actions if a.dest not in _SKIP_DESTS}
+    for key, value in data.items():
+        where = f"{path}:{lines.get(str(key), 1)}: {key}"
+        action = by_dest.get(str(key).lstrip("-").replace("-", "_"))
+        if action is None:
+            known = ", ".join(sorted(by_dest))
+            raise ValueError(f"{where}: `stepgap {command}` has no such flag (keys: {known})")
+        action.default = _convert(action, value, where)
+        action.required = False
+        if not action.option_strings:  # a positional argument given by the file
+            action.nargs = {None: "?", "+": "*"}.get(action.nargs, action.nargs)  # type: ignore[arg-type]
+
+
+def resolved(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, Any]:
+    """The command's flags and their values, as a `--config` file would hold them."""
+    out = {}
+    for action in p._actions:
+        if action.dest in _SKIP_DESTS or action.dest == argparse.SUPPRESS:
+            continue
+        value = getattr(args, action.dest, None)
+        out[action.dest] = str(value) if isinstance(value, Path) else value
+    return out
+
+
+def parse_with_config(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> argparse.Namespace | None:
+    """Parse argv with its command's `--config` applied; None when `--print-config` printed."""
+    commands = _subparsers(parser)
+    name, config = _command_and_config(argv, commands)
+    sub = commands.get(name) if name else None
+    own = getattr(sub, "own_config", False)
+    if sub is not None and config is not None and not own:
+        apply_config(sub, name, config)  # type: ignore[arg-type]
+    args = parser.parse_args(argv)
+    if getattr(args, "print_config", False) and sub is not None and not own:
+        print(yaml.safe_dump(resolved(args, sub), sort_keys=False, allow_unicode=True), end="")
+        return None
+    return args

@@ -1,0 +1,119 @@
+"""Commands of the student: `train` (LoRA/QLoRA SFT, the same as `student/train.py`) and `mine`
+(hard negatives, optional augmentation run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from stepgap.cli import Command
+from stepgap.cli.options import add_errors_option, finish
+
+
+def train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="RECIPE",
+        help="training recipe: a YAML file, or a packaged recipe by name (tiny, smollm2-135m, "
+        "qwen2.5-7b-lora, qwen2.5-7b-qlora)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+
+
+def train(args: argparse.Namespace) -> int:
+    from stepgap.student.config import load_config, parse_overrides
+
+    cfg = load_config(args.config, parse_overrides(args.set))
+    if getattr(args, "print_config", False):
+        import yaml
+
+        print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
+        return 0
+    from stepgap.student.sft import train as run_training
+
+    metrics = run_training(cfg, resume=args.resume)
+    print(json.dumps(metrics, indent=2, default=str))
+    return 0
+
+
+def mine(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.student import mine as run_mining
+
+    report = ErrorReport()
+    summary = run_mining(
+        args.pool,
+        args.student,
+        args.output,
+        gold=args.gold,
+        nli=args.nli,
+        device=args.device,
+        held_out_fraction=args.held_out_fraction,
+        seed=args.seed,
+        augment_config=args.augment_config,
+        augment_steps=args.augment_steps,
+        augment_lr=args.augment_lr,
+        overrides=args.set,
+        judge_options={
+            "base": args.student_base,
+            "device": args.judge_device,
+            "dtype": args.judge_dtype,
+            "batch_size": args.judge_batch_size,
+            "max_new_tokens": args.max_tokens,
+        },
+        report=report,
+    )
+    print(json.dumps(summary, indent=2))
+    return finish(report, args.errors, summary["mined"], f"hard negatives to {args.output}")
+
+
+def mine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pool", help="teacher verdicts of the labeled pool (JSONL)")
+    p.add_argument("--student", required=True, metavar="PATH", help="trained adapter or merged")
+    p.add_argument("-o", "--output", required=True, help="folder for the mined steps")
+    p.add_argument("--gold", nargs="+", help="gold labels: keep steps the paper's way")
+    p.add_argument("--held-out-fraction", type=float, default=0.5, help="by trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--augment-config",
+        metavar="YAML",
+        help="continue training the adapter on the mined half with this recipe, then re-measure",
+    )
+    p.add_argument("--augment-steps", type=int, default=200, help="augmentation optimiser steps")
+    p.add_argument("--augment-lr", type=float, default=5e-7, help="augmentation learning rate")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe key")
+    g = p.add_argument_group("student judge")
+    g.add_argument("--student-base", metavar="ID_OR_PATH", help="base of the adapter")
+    g.add_argument("--nli", metavar="SPEC", help="NLI model for a student trained with features")
+    g.add_argument("--device", default=None, help="device of the --nli model")
+    g.add_argument("--judge-device", default=None, help="device (default auto)")
+    g.add_argument("--judge-dtype", default=None, help="dtype (float32, bfloat16, ...)")
+    g.add_argument("--judge-batch-size", type=int, default=8, help="generation batch")
+    g.add_argument("--max-tokens", type=int, default=None, help="answer token budget")
+    add_errors_option(p)
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """`python student/train.py` / `accelerate launch student/train.py`: `stepgap train`."""
+    from stepgap.cli import main
+
+    return main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+COMMANDS = [
+    Command(
+        "train",
+        "train the student (LoRA/QLoRA SFT): same as student/train.py",
+        train_arguments,
+        train,
+    ),
+    Command(
+        "mine",
+        "hard negatives where the student parts from the teacher; optional augmentation run",
+        mine_arguments,
+        mine,
+    ),
+]

@@ -1,0 +1,139 @@
+"""Commands of the teacher: `check` (label traces), `label` (at scale, resumable) and `relabel`
+(re-decide stored verdicts without calling a model)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stepgap.cli import Command
+from stepgap.cli.options import (
+    add_checker_options,
+    add_errors_option,
+    add_judge_options,
+    add_nli_options,
+    add_tree_options,
+    checker,
+    finish,
+    tree_config,
+)
+
+
+def _all_failed(counts) -> int:
+    """Exit 1, saying why, when not one step got a label (a dead judge server, a wrong model)."""
+    print(f"stepgap: every step failed; nothing was labelled: {counts.describe()}", file=sys.stderr)
+    return 1
+
+
+def check(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.teacher.label import check_file
+
+    report = ErrorReport()
+    counts = check_file(
+        args.input,
+        checker(args),
+        args.output,
+        report,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    print(f"stepgap: {counts.describe()}", file=sys.stderr)
+    status = finish(report, args.errors, counts.verdicts, f"verdicts to {args.output}")
+    return _all_failed(counts) if counts.all_failed else status
+
+
+def check_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL), overwritten")
+    p.add_argument("--batch-size", type=int, default=64, help="traces per judge+NLI batch")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_errors_option(p)
+    add_checker_options(p)
+
+
+def label(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.teacher.label import label_file, parse_shard
+
+    shard = parse_shard(args.shard)
+    report = ErrorReport()
+    judged_by = checker(args)
+    summary = label_file(
+        args.input,
+        judged_by,
+        args.output,
+        report,
+        shard=shard,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        fsync=args.fsync,
+        progress=not args.no_progress,
+        summary_path=args.summary,
+        retry_errors=not args.keep_errors,
+    )
+    meter = getattr(judged_by.judge, "meter", None)
+    if meter is not None:
+        print(f"stepgap: {meter.summary()}", file=sys.stderr)
+    retried = f", {summary.retried} failed step(s) asked again" if summary.retried else ""
+    print(
+        f"stepgap: {summary.traces} trace(s) in shard {args.shard}, {summary.skipped_traces} "
+        f"already done{retried}; {summary.describe()}",
+        file=sys.stderr,
+    )
+    status = finish(report, args.errors, summary.verdicts, f"new verdicts to {args.output}")
+    return _all_failed(summary) if summary.all_failed else status
+
+
+def label_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="traces (raw or segmented)")
+    p.add_argument(
+        "-o", "--output", required=True, help="verdicts (JSONL); appended to, rerun to resume"
+    )
+    p.add_argument("--shard", default="0/1", metavar="I/N", help="label only shard I of N")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N traces")
+    p.add_argument("--batch-size", type=int, default=16, help="traces per judge+NLI batch")
+    p.add_argument("--fsync", action="store_true", help="fsync after every verdict")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--summary", metavar="FILE", help="write counts and cost as JSON")
+    p.add_argument(
+        "--keep-errors",
+        action="store_true",
+        help="on a rerun, keep the failed verdicts of earlier runs instead of asking again",
+    )
+    add_errors_option(p)
+    add_judge_options(p)
+    add_nli_options(p)
+
+
+def relabel(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.teacher.checker import relabel_file
+
+    report = ErrorReport()
+    n = relabel_file(args.input, args.output, tree_config(args), report)
+    return finish(report, args.errors, n, f"relabelled verdicts to {args.output}")
+
+
+def relabel_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="verdicts written by `stepgap check` or `stepgap label`")
+    p.add_argument("-o", "--output", required=True)
+    add_errors_option(p)
+    add_tree_options(p)
+
+
+COMMANDS = [
+    Command("check", "label every step of traces with a typed gap verdict", check_arguments, check),
+    Command(
+        "label",
+        "label traces at scale: concurrent judge, cache, cost, --shard, resume after a crash",
+        label_arguments,
+        label,
+    ),
+    Command(
+        "relabel",
+        "re-decide stored verdicts (ablation, thresholds) without calling a model",
+        relabel_arguments,
+        relabel,
+    ),
+]

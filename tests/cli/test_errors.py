@@ -1,0 +1,80 @@
+"""Set-up errors a new user meets: one line that says what to do, exit 2, no traceback (-v shows
+it). Each runs the console script as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EX = REPO / "examples"
+STEPGAP = str(Path(sys.executable).parent / "stepgap")
+
+
+def run(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(
+        [STEPGAP, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess, *phrases: str) -> str:
+    assert done.returncode == 2, done.stderr
+    errors = [x for x in done.stderr.splitlines() if ": error: " in x]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    for phrase in phrases:
+        assert phrase in errors[0], errors[0]
+    return errors[0]
+
+
+def test_a_hub_id_not_on_disk_offline(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    done = run("check", str(EX / "traces.jsonl"), "-o", str(tmp_path / "v.jsonl"),
+               f"--judge=replay:{EX / 'judge_replay.jsonl'}",
+               "--nli", "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli", env=env)  # fmt: skip
+    one_line_error(
+        done,
+        "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli: not a local folder and not in the "
+        "Hugging Face cache, and HF_HUB_OFFLINE is set",
+        "huggingface-cli download",
+    )
+    verbose = run("-v", "reward", str(EX / "traces.jsonl"), "--verdicts", str(EX / "teacher_verdicts.jsonl"),
+                  "-o", str(tmp_path / "r.jsonl"), "--tokenizer", "Qwen/Qwen2.5-7B-Instruct", env=env)  # fmt: skip
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr  # -v: the traceback too
+
+
+def test_a_tokenizer_that_cannot_load(tmp_path):
+    folder = tmp_path / "not-a-tokenizer"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    done = run("reward", str(EX / "traces.jsonl"), "--verdicts", str(EX / "teacher_verdicts.jsonl"),
+               "-o", str(tmp_path / "r.jsonl"), "--tokenizer", str(folder))  # fmt: skip
+    one_line_error(done, f"{folder}: cannot load the tokenizer from this folder")
+
+
+def test_a_replay_file_without_the_pair(tmp_path):
+    done = run("check", str(EX / "traces.jsonl"), "-o", str(tmp_path / "v.jsonl"),
+               f"--judge=replay:{EX / 'judge_replay.jsonl'}",
+               f"--nli=replay:{EX / 'nli_replay.jsonl'}", "--hypothesis", "answer")  # fmt: skip
+    one_line_error(done, "nli_replay.jsonl has no stored answer for premise", "--nli hf:ID_OR_PATH")
+
+
+def test_push_without_a_token(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text(
+        '{"format_version": 1, "files": {}, "student": {"merged": true, "source": "s", '
+        '"base": null}, "nli": {"source": "n", "precisions": ["fp32"], "parity": '
+        '{"label_agreement_with_fp32": {}}}, "prompt_version": "x", "stepgap_version": "0"}'
+    )
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}  # no token anywhere
+    done = run("push", str(bundle), "--repo-id", "you/x", env=env)
+    one_line_error(done, "stepgap push needs a Hugging Face token", "HF_TOKEN")
+    assert run("push", str(bundle), "--repo-id", "you/x", "--dry-run", env=env).returncode == 0

@@ -1,0 +1,241 @@
+"""The reward through the peers' own code: veRL 0.9.1's loader and reward managers, OpenRLHF
+0.11.2's reward client, each against a live `stepgap serve` (the `interop` extra installs them;
+`make test` does). Rewards must equal those of the stored example verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stepgap.serving
+from stepgap.serving import configured
+from stepgap.serving.server import create_app
+from tests.fixtures.live_server import LiveServer
+
+if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
+    import openrlhf  # noqa: F401
+    import verl  # noqa: F401
+verl = pytest.importorskip("verl", reason="the interop extra (make test installs it)")
+pytest.importorskip("openrlhf", reason="the interop extra (make test installs it)")
+
+from omegaconf import OmegaConf  # noqa: E402  (a veRL dependency)
+from verl import DataProto  # noqa: E402
+
+SERVING = Path(stepgap.serving.__file__).parent
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def event_loop_of_this_worker():
+    """veRL's managers keep the thread's event loop (as a Ray worker has one); PRIME's scoring
+    closes the one it made, so each test starts with a fresh one."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def served(reward):
+    """A live `stepgap serve` app (openai judge on the fake server, replayed NLI)."""
+    configured.reset()
+    with LiveServer(create_app(reward, max_batch=16, max_wait_ms=5)) as url:
+        yield url
+    configured.reset()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen2):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_qwen2)
+
+
+def _prompt(question: str) -> str:
+    return f"<|im_start|>user\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def batch(traces, tokenizer) -> DataProto:
+    """veRL's rollout batch for the example traces: left-padded prompts, right-padded responses."""
+    import torch
+
+    prompts = [
+        tokenizer(_prompt(t.question), add_special_tokens=False)["input_ids"] for t in traces
+    ]
+    responses = [tokenizer(t.response, add_special_tokens=False)["input_ids"] for t in traces]
+    p_len, r_len = max(map(len, prompts)), max(map(len, responses))
+    pad = tokenizer.pad_token_id
+    prompt_ids = torch.tensor([[pad] * (p_len - len(p)) + p for p in prompts])
+    response_ids = torch.tensor([r + [pad] * (r_len - len(r)) for r in responses])
+    mask = torch.tensor(
+        [[0] * (p_len - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (r_len - len(r))
+         for p, r in zip(prompts, responses, strict=True)]
+    )  # fmt: skip
+    return DataProto.from_dict(
+        tensors={"prompts": prompt_ids, "responses": response_ids, "attention_mask": mask,
+                 "input_ids": torch.cat([prompt_ids, response_ids], dim=1)},
+        non_tensors={
+            "data_source": np.array(["hotpotqa"] * len(traces), dtype=object),
+            "reward_model": np.array(
+                [{"ground_truth": {"target": t.golden_answers}} for t in traces], dtype=object
+            ),
+            "extra_info": np.array([{"question": t.question} for t in traces], dtype=object),
+        },
+    )  # fmt: skip
+
+
+def verl_config(
+    path: str, name: str, url: str, manager: str = "naive", module_path: str | None = None
+) -> object:
+    return OmegaConf.create(
+        {
+            "reward": {
+                "custom_reward_function": {
+                    "path": path, "name": name, "reward_kwargs": {"url": url},
+                },
+                "reward_manager": {
+                    "source": "importlib" if module_path else "register", "name": manager,
+                    "module": {"path": module_path} if module_path else None,
+                },
+                "reward_kwargs": {},
+                "sandbox_fusion": None,
+            }
+        }
+    )  # fmt: skip
+
+
+def _run_single_all(manager, data) -> list:
+    """What veRL's RewardLoopWorker does (without Ray): run_single per sample, concurrently, on
+    the event loop the manager was made with."""
+
+    async def run():
+        return await asyncio.gather(
+            *(manager.run_single(data[i : i + 1]) for i in range(len(data)))
+        )
+
+    return manager.loop.run_until_complete(run())
+
+
+@pytest.mark.parametrize("path_form", ["file", "pkg"])
+@pytest.mark.parametrize("manager", ["naive", "dapo"])
+def test_verl_loads_compute_score_and_its_managers_score_it(
+    served, tokenizer, example_traces, expected_rewards, path_form, manager
+):
+    """veRL's own `load_reward_manager` loads the module by file path (relative imports would
+    fail there) or as `pkg://`, passes `reward_kwargs` and its own keyword arguments."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    path = str(SERVING / "verl.py") if path_form == "file" else "pkg://stepgap.serving.verl"
+    rm = load_reward_manager(verl_config(path, "compute_score", served, manager), tokenizer)
+    outs = _run_single_all(rm, batch(example_traces, tokenizer))
+    got = [o["reward_score"] for o in outs]
+    assert got == pytest.approx([expected_rewards[t.id] for t in example_traces])
+    assert {"em", "rate_CC", "failed_checks"} <= set(outs[0]["reward_extra_info"])
+
+
+def test_verl_prime_manager_gets_a_float_and_forked_workers_get_their_own_client(
+    served, tokenizer, example_traces, expected_rewards, monkeypatch
+):
+    """PRIME calls `float(result)` in a forked process pool: `compute_score_float` gives the
+    number, and a client made in the parent before the fork is not shared with the workers."""
+    from verl.workers.reward_manager import PrimeRewardManager
+
+    from stepgap.serving import verl as verl_reward
+
+    monkeypatch.setenv("STEPGAP_REWARD_URL", served)
+    t = example_traces[0]  # the parent scores once: its HTTP client exists before the fork
+    assert verl_reward.compute_score_float(
+        "x", t.response, t.golden_answers, {"question": t.question}
+    ) == (pytest.approx(expected_rewards[t.id]))
+    data = batch(example_traces, tokenizer)
+    tensor = PrimeRewardManager(
+        tokenizer, num_examine=0, compute_score=verl_reward.compute_score_float
+    )(data)
+    last = data.batch["attention_mask"][:, data.batch["prompts"].shape[1] :].sum(-1) - 1
+    got = [float(tensor[i, last[i]]) for i in range(len(example_traces))]
+    assert got == pytest.approx([expected_rewards[t.id] for t in example_traces])
+    # the dict form would have been scored 0 by PRIME for every sample
+    assert any(g != 0 for g in got)
+
+
+def test_verl_batch_manager_passes_reward_kwargs_to_compute_score_batch(
+    served, tokenizer, example_traces, expected_rewards
+):
+    from verl.workers.reward_manager import BatchRewardManager
+
+    from stepgap.serving import verl as verl_reward
+
+    rm = BatchRewardManager(
+        tokenizer, num_examine=0, compute_score=verl_reward.compute_score_batch, url=served
+    )
+    out = rm(batch(example_traces, tokenizer), return_dict=True)
+    assert list(out["reward_extra_info"]["score"]) == pytest.approx(
+        [expected_rewards[t.id] for t in example_traces]
+    )
+
+
+def test_the_dense_manager_puts_each_bracket_on_its_steps_last_token(
+    served, tokenizer, example_traces, expected_rewards
+):
+    """`StepGapRewardManager` through veRL's loader (`source: importlib`): every row of
+    `rm_scores` sums to the reward, each step's bracket sits on the token that ends the step."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    cfg = verl_config("pkg://stepgap.serving.verl", "compute_score", served,
+                      manager="StepGapRewardManager", module_path="pkg://stepgap.serving.verl_manager")  # fmt: skip
+    rm = load_reward_manager(cfg, tokenizer)
+    data = batch(example_traces, tokenizer)
+    outs = _run_single_all(rm, data)
+    rm_scores = type(rm).assemble_rm_scores(data, [o["reward_score"] for o in outs])
+    assert rm_scores.sum(-1).tolist() == pytest.approx(
+        [expected_rewards[t.id] for t in example_traces]
+    )
+    case2 = example_traces[1]  # case2: brackets 0.2, 0.2, 0.2 and MB -0.05 (+ its shaping)
+    row = rm_scores[1]
+    nonzero = row.nonzero().flatten().tolist()
+    response = tokenizer(case2.response, add_special_tokens=False)["input_ids"]
+    steps = [s for s in case2.steps if s.span]
+    assert len(nonzero) == len(steps)  # one entry per step (EM 0: no extra last-token entry)
+    for index, step in zip(nonzero, steps, strict=True):
+        covered = tokenizer.decode(response[: index + 1], skip_special_tokens=True)
+        before = tokenizer.decode(response[:index], skip_special_tokens=True)
+        assert len(before) < step.span[1] <= len(covered)  # the token holding the step's end
+    assert sum(v for _, v in outs[1]["reward_score"]["dense"]) == pytest.approx(
+        expected_rewards[case2.id]
+    )
+
+
+def test_openrlhf_client_gets_rewards_from_serve_and_from_the_reward_func_file(
+    served, example_traces, expected_rewards, monkeypatch
+):
+    """OpenRLHF's own `SingleTurnAgentExecutor`: `--remote_rm_url URL` (two URLs in turn) and
+    `--remote_rm_url .../stepgap/serving/openrlhf.py` (its `reward_func`, in process)."""
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    prompts = [_prompt(t.question) for t in example_traces]
+    queries = [p + t.response for p, t in zip(prompts, example_traces, strict=True)]
+    labels = [t.golden_answers for t in example_traces]
+    expected = [expected_rewards[t.id] for t in example_traces]
+
+    http = SingleTurnAgentExecutor([f"{served}/get_reward", f"{served}/get_reward"])
+    answers = asyncio.run(http._fetch_rewards_via_http(queries, prompts, labels))
+    assert [r for a in answers for r in a["rewards"]] == pytest.approx(expected)
+
+    monkeypatch.setenv("STEPGAP_REWARD_URL", served)
+    func = SingleTurnAgentExecutor(str(SERVING / "openrlhf.py"))
+    answers = asyncio.run(func._fetch_rewards_via_func(queries, prompts, labels))
+    assert [r for a in answers for r in a["rewards"]] == pytest.approx(expected)
+    assert set(answers[0]["extra_logs"]) >= {"em", "dense", "failed_checks"}
+
+
+def test_serve_refuses_a_replay_judge(examples_dir, capsys):
+    from stepgap.cli import main
+
+    assert main(["serve", f"--judge=replay:{examples_dir / 'judge_replay.jsonl'}",
+                 f"--nli=replay:{examples_dir / 'nli_replay.jsonl'}"]) == 2  # fmt: skip
+    assert "a replay judge answers by trace id" in capsys.readouterr().err
