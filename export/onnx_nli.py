@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepgap.teacher.nli.base import Pair
+from stepgap.teacher.nli.hf import NLI_LABELS
 from stepgap.teacher.nli.onnx import ONNX_FILES
 
 log = logging.getLogger(__name__)
@@ -45,29 +47,45 @@ class Parity:
     pairs: int
     fp32_max_abs_diff: float
     agreement: dict[str, float] = field(default_factory=dict)  # precision -> label agreement
+    # fp32 labels on the probe set: agreement over one class only would say little
+    label_counts: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "probe_pairs": self.pairs,
             "fp32_max_abs_logit_diff": self.fp32_max_abs_diff,
             "label_agreement_with_fp32": self.agreement,
+            "fp32_label_counts": self.label_counts,
         }
 
 
 def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bool = False) -> Path:
     """Write model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer and config."""
-    from optimum.exporters.onnx import main_export
+    import torch
+    from optimum.exporters.onnx import onnx_export_from_model
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
-    main_export(model, output=out, task="text-classification", opset=OPSET, do_validation=False)
+    # Loaded here (fp32, eval) rather than by optimum's main_export, which still passes the
+    # deprecated `torch_dtype` to transformers and warns on every export.
+    source = AutoModelForSequenceClassification.from_pretrained(model, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    onnx_export_from_model(
+        source, out, opset=OPSET, task="text-classification", do_validation=False,
+        preprocessors=[tokenizer],
+    )  # fmt: skip
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization.shape_inference import quant_pre_process
 
-        quantize_dynamic(
-            out / ONNX_FILES["fp32"], out / ONNX_FILES["int8"], weight_type=QuantType.QInt8
-        )
+        # ORT's pre-processing first (graph optimisation, ONNX shape inference; its symbolic
+        # shape inference cannot follow DeBERTa's relative-position graph)
+        prepared = out / "model_prepared.onnx"
+        quant_pre_process(out / ONNX_FILES["fp32"], prepared, skip_symbolic_shape=True)
+        quantize_dynamic(prepared, out / ONNX_FILES["int8"], weight_type=QuantType.QInt8)
+        prepared.unlink()
     if fp16:
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -106,8 +124,10 @@ def check_parity(
         raise ExportError(
             f"ONNX fp32 logits differ from PyTorch by {diff:.2e} (> {atol:g}) on the probe set"
         )
-    parity = Parity(len(pairs), diff)
     labels = fp32.argmax(-1)
+    names = {column: name for name, column in reference.columns.items()}
+    counts = Counter(names[int(i)] for i in labels)
+    parity = Parity(len(pairs), diff, label_counts={n: counts[n] for n in NLI_LABELS})
     for precision in precisions:
         agree = float((logits(precision).argmax(-1) == labels).float().mean())
         parity.agreement[precision] = agree

@@ -7,6 +7,7 @@
 #
 #   bash tools/llama_server_check.sh                  # llama-server only (one C++ build)
 #   bash tools/llama_server_check.sh --python-server  # both (a second build, in a venv)
+#   bash tools/llama_server_check.sh --python-server-only
 #
 # Needs cmake and a C++ compiler (Debian: cmake g++); the builds take about 10-20 minutes each
 # on 2 cores and are kept in $WORK (default /tmp/stepgap-llama) for the next run. Runs from the
@@ -31,7 +32,8 @@ if [ ! -d "$WORK/src" ]; then
   $PY -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/sdist"
   mkdir -p "$WORK/src" && tar -xzf "$WORK"/sdist/llama_cpp_python-*.tar.gz -C "$WORK/src" --strip-components=1
 fi
-if [ ! -x "$WORK/build/bin/llama-server" ]; then
+MODE=${1:-}
+if [ "$MODE" != --python-server-only ] && [ ! -x "$WORK/build/bin/llama-server" ]; then
   cmake -S "$WORK/src/vendor/llama.cpp" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DGGML_NATIVE=ON > "$WORK/cmake.log"
   cmake --build "$WORK/build" --target llama-server -j "$(nproc)" > "$WORK/build.log"
@@ -43,7 +45,8 @@ label() {  # label NAME URL: the 28 example steps through that server, with a fr
   local start=$(date +%s)
   $STEPGAP label examples/traces.jsonl -o "$out" --judge openai:smollm2 --base-url "$url" \
     --nli "$NLI" --device cpu --cache "$WORK/cache-$name.sqlite" \
-    --max-tokens 512 --concurrency 2 --no-progress --summary "$WORK/summary-$name.json" || true
+    --max-tokens 512 --concurrency 2 --no-progress --summary "$WORK/summary-$name.json" \
+    2> >(tee "$WORK/label-$name.log" >&2) || true
   echo "== $name: $(( $(date +%s) - start )) s"
   $PY - "$out" "$WORK/summary-$name.json" <<'EOF'
 import collections, json, sys
@@ -64,14 +67,17 @@ wait_for() {  # wait_for URL PID
   return 1
 }
 
-"$WORK/build/bin/llama-server" -m "$GGUF" --port "$PORT" -c 8192 -np 2 > "$WORK/llama-server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2> /dev/null || true' EXIT
-wait_for "http://127.0.0.1:$PORT/v1" $SERVER
-label llama-server "http://127.0.0.1:$PORT/v1"
-kill $SERVER; wait $SERVER 2> /dev/null || true
+SERVER=
+trap '[ -z "$SERVER" ] || kill $SERVER 2> /dev/null || true' EXIT
+if [ "$MODE" != --python-server-only ]; then
+  "$WORK/build/bin/llama-server" -m "$GGUF" --port "$PORT" -c 8192 -np 2 > "$WORK/llama-server.log" 2>&1 &
+  SERVER=$!
+  wait_for "http://127.0.0.1:$PORT/v1" $SERVER
+  label llama-server "http://127.0.0.1:$PORT/v1"
+  kill $SERVER; wait $SERVER 2> /dev/null || true
+fi
 
-if [ "${1:-}" = "--python-server" ]; then
+if [ "$MODE" = --python-server ] || [ "$MODE" = --python-server-only ]; then
   if [ ! -x "$WORK/venv/bin/python" ]; then
     python3 -m venv "$WORK/venv"
     "$WORK/venv/bin/pip" install -q "$WORK"/sdist/llama_cpp_python-*.tar.gz "uvicorn" "fastapi" \
@@ -82,5 +88,5 @@ if [ "${1:-}" = "--python-server" ]; then
   SERVER=$!
   wait_for "http://127.0.0.1:$PORT/v1" $SERVER
   label llama-cpp-python "http://127.0.0.1:$PORT/v1"
-  grep -o "refused response_format [a-z_]*" "$WORK/llama-cpp-python.log" || true
+  grep -o "refused response_format [a-z_]* ([0-9]*" "$WORK/label-llama-cpp-python.log" || true
 fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 from stepgap.data_builders.schema import NLIProbs
@@ -87,6 +88,7 @@ class HFNLI:
         self.max_length = max_length
         with explain_load_errors(model, "NLI tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
+            self._specials = special_token_pattern(self.tokenizer)
         with explain_load_errors(model, "NLI model"):
             self.model = AutoModelForSequenceClassification.from_pretrained(
                 model,
@@ -123,9 +125,12 @@ class HFNLI:
 
         Text that spells a special token (`[SEP]`, `[CLS]`, ...) is tokenized as plain text:
         a retrieved snippet or a policy's claim must not move the premise/hypothesis boundary.
+        `split_special_tokens` is not enough: DeBERTa-v3's fast tokenizer still reads `[SEP]`
+        as the separator (its SentencePiece vocabulary holds the piece), so such text is broken
+        apart first (`[SEP]` -> `[ SEP]`), as the slow tokenizer would split it.
         """
-        premises = [p for p, _ in pairs]
-        hypotheses = [h for _, h in pairs]
+        premises = [self._defang(p) for p, _ in pairs]
+        hypotheses = [self._defang(h) for _, h in pairs]
         try:
             return self.tokenizer(
                 premises,
@@ -138,6 +143,11 @@ class HFNLI:
             )
         except Exception as exc:  # the hypothesis alone is longer than max_length
             raise NLIError(f"cannot fit the pair into {self.max_length} tokens: {exc}") from exc
+
+    def _defang(self, text: str) -> str:
+        if self._specials is None:
+            return text
+        return self._specials.sub(lambda m: f"{m.group()[0]} {m.group()[1:]}", text)
 
     def _logits(self, pairs: Sequence[Pair]):
         """Raw logits (batch, 3) as a float32 torch tensor, in the model's column order."""
@@ -170,3 +180,9 @@ class HFNLI:
             for pair, row in zip(batch, probs, strict=True):
                 scored[pair] = NLIProbs(**{lab: row[col] for lab, col in self.columns.items()})
         return [scored[p] for p in pairs]
+
+
+def special_token_pattern(tokenizer) -> re.Pattern[str] | None:
+    """A pattern matching the spelled-out special tokens of `tokenizer` (longest first)."""
+    tokens = sorted((t for t in tokenizer.all_special_tokens if len(t) > 1), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None

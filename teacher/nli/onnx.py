@@ -12,7 +12,7 @@ from pathlib import Path
 from stepgap.models import explain_load_errors
 
 from .base import Pair
-from .hf import HFNLI, labels_from_id2label
+from .hf import HFNLI, special_token_pattern, labels_from_id2label
 
 ONNX_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx"}
 
@@ -53,6 +53,7 @@ class ONNXNLI(HFNLI):
         self._torch = torch
         with explain_load_errors(str(path), "NLI tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self._specials = special_token_pattern(self.tokenizer)
         options = ort.SessionOptions()
         options.log_severity_level = 3  # fp16 graphs warn about every unfoldable constant
         self.session = ort.InferenceSession(

@@ -8,6 +8,7 @@ from stepgap.data_builders import iter_traces
 from stepgap.data_builders.schema import Snippet, Step
 from stepgap.eval.baselines import NERQuoteChecker, flag_everything, nli_only
 from stepgap.teacher import HFNLI, ReplayJudge, ReplayNLI
+from tests.fixtures.models import nli_label_counts
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,9 @@ def test_nli_only_uses_all_evidence_so_far_and_the_claim(traces, tiny_nli):
         for s in step.evidence:
             assert s.text in call.premise
     assert all((v.label == "no_gap") == (v.nli[0].label == "entailment") for v in verdicts)
+    counts = nli_label_counts(verdicts)  # both branches of that rule are taken
+    assert counts["entailment"] > 0 and counts["entailment"] < 28, counts
+    print("NLI-only labels on the examples:", counts)
 
 
 def test_flag_everything_flags_every_step(traces):

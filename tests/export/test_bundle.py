@@ -108,6 +108,8 @@ def test_manifest_lists_every_file_with_its_checksum(bundles):
     assert manifest["nli"]["parity"]["fp32_max_abs_logit_diff"] < 1e-3
     assert manifest["nli"]["parity"]["label_agreement_with_fp32"]["int8"] >= 0.99
     assert manifest["nli"]["parity"]["probe_pairs"] > 10  # the example pairs joined the probe
+    counts = manifest["nli"]["parity"]["fp32_label_counts"]
+    assert sum(n > 0 for n in counts.values()) == 3, counts  # int8 agrees on all three classes
     assert manifest["student"]["merged"] is True
     assert set(manifest) >= {"format_version", "stepgap_version", "prompt_version", "tree", "eval"}
     adapter = verify_bundle(bundles["adapter"])

@@ -25,7 +25,13 @@ def search_policy(tmp_path_factory, example_traces):
         for t in example_traces
         if "<tool_call>" not in t.response
     ]
-    return build_search_policy(tmp_path_factory.mktemp("policy"), pairs, learn_information=True)
+    return build_search_policy(
+        tmp_path_factory.mktemp("policy"),
+        pairs,
+        steps=300,
+        learn_information=True,
+        require_exact=False,
+    )
 
 
 @pytest.mark.slow

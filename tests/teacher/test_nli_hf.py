@@ -55,6 +55,7 @@ def test_probe_finds_columns_when_id2label_is_uninformative(tmp_path, entail_col
         tmp_path / "probe",
         order=None,
         class_bias={default_names[entail_col]: 6.0, default_names[contra_col]: 3.0},
+        train=False,
     )
     nli = HFNLI(str(path))
     assert nli.model.config.id2label[0] == "LABEL_0"
@@ -76,8 +77,10 @@ def test_premise_is_truncated_never_the_hypothesis(tiny_nli):
     long_premise = "Kuhn worked in Oxford. " * 50
     (p,) = nli.predict([(long_premise, "Kuhn is British.")])
     assert 0.99 < p.entailment + p.neutral + p.contradiction < 1.01
-    enc = nli.tokenizer(long_premise, "Kuhn is British.", truncation="only_first", max_length=32)
-    assert nli.tokenizer.decode(enc["input_ids"]).rstrip().endswith("kuhn is british. [SEP]")
+    enc = nli._encode([(long_premise, "Kuhn is British.")], tensors="np")
+    ids = [int(i) for i in enc["input_ids"][0]]
+    hyp = nli.tokenizer("Kuhn is British.", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 32 and ids[-len(hyp) - 1 : -1] == hyp  # the whole hypothesis, then [SEP]
 
 
 def test_load_nli_spec_strings(tiny_nli, tmp_path):
