@@ -9,6 +9,7 @@ import pytest
 from stepgap.cli import main
 from stepgap.data_builders import Verdict, iter_traces
 from stepgap.teacher import Checker, RelabelError, ReplayJudge, ReplayNLI, TreeConfig, relabel
+from stepgap.teacher.nli import nli_label
 
 # Under a higher entailment or contradiction threshold only NLI-decided labels may move, and
 # only to the classes the tree allows at that stage.
@@ -60,24 +61,49 @@ def test_ablate_e_sends_quoteless_conclusions_to_ie(verdicts):
             assert new.label == old.label
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        TreeConfig(entail_threshold=0.9),
-        TreeConfig(entail_threshold=0.3),
-        TreeConfig(contradict_threshold=0.3),
-        TreeConfig(contradict_threshold=0.95),
-    ],
-)
-def test_threshold_changes_move_labels_only_where_spec_allows(verdicts, config):
+# Which stored steps move under each threshold, worked out from the stored NLI probabilities
+# of the replayed examples: at entailment 0.9 the quotes (stage D) and snippets (stage E)
+# entailed at 0.5..0.9 stop entailing; at contradiction 0.95 the one contradiction found at
+# 0.5..0.95 becomes a missing bridge; at 0.3 nothing crosses (or it crosses where another
+# premise already decided the step).
+EXPECTED_MOVES = {
+    (0.9, 0.5): {
+        ("case2-kuhn-pertramer", 0, "no_gap", "MB"),
+        ("case4-whiplash", 1, "no_gap", "MB"),
+        ("case4-whiplash", 2, "no_gap", "IE"),
+        ("cc-merkel-abstention", 1, "no_gap", "MB"),
+        ("e-rashomon", 1, "no_gap", "MB"),
+        ("e-rashomon", 2, "no_gap", "IE"),
+        ("nogap-tchaikovsky-abstention", 1, "no_gap", "MB"),
+    },
+    (0.3, 0.5): set(),
+    (0.5, 0.3): set(),
+    (0.5, 0.95): {("hermes-blade-runner", 2, "CC", "MB")},
+}
+
+
+@pytest.mark.parametrize("thresholds", sorted(EXPECTED_MOVES))
+def test_threshold_changes_move_exactly_the_labels_whose_nli_call_crosses(verdicts, thresholds):
+    entail, contradict = thresholds
+    config = TreeConfig(entail_threshold=entail, contradict_threshold=contradict)
     out = list(relabel(_roundtrip(verdicts), config))
+    moved = {
+        (old.trace_id, old.step, old.label, new.label)
+        for old, new in zip(verdicts, out, strict=True)
+        if old.label != new.label
+    }
+    assert moved == EXPECTED_MOVES[thresholds]
+    crossed = {  # steps with a stored NLI call whose label the new thresholds change
+        (v.trace_id, v.step)
+        for v in verdicts
+        if any(nli_label(c.probs, entail, contradict) != c.label for c in v.nli)
+    }
+    assert {(t, s) for t, s, _, _ in moved} <= crossed
     for old, new in zip(verdicts, out, strict=True):
-        if old.label == new.label:
-            continue
-        stage = old.path[-1].split(":")[0]
-        assert stage in ALLOWED_MOVES, (old.path, new.path)
-        assert (old.label, new.label) in ALLOWED_MOVES[stage]
-        assert old.path[:-1] == new.path[:-1]  # stages A-C are untouched
+        if old.label != new.label:
+            stage = old.path[-1].split(":")[0]
+            assert (old.label, new.label) in ALLOWED_MOVES[stage], (old.path, new.path)
+            assert old.path[:-1] == new.path[:-1]  # stages A-C are untouched
 
 
 def test_relabel_needs_the_stored_inputs(verdicts):
