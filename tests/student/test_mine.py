@@ -172,6 +172,16 @@ def test_cli_mine_and_augment_with_the_tiny_student(tiny_student, examples_dir, 
     assert base["base_model_name_or_path"] == str(adapter / "tiny-base")
     mined = [json.loads(x) for x in (out / "hard_negatives.jsonl").read_text().splitlines()]
     assert len(mined) == summary["mined"]
+    # the augmentation moved the adapter: every LoRA matrix it trained changed
+    from safetensors.torch import load_file
+
+    before = load_file(adapter / "adapter_model.safetensors")
+    after = load_file(out / "augmented" / "adapter_model.safetensors")
+    assert before.keys() == after.keys()
+    moved = [k for k in before if (after[k] - before[k]).abs().max() > 1e-6]
+    assert len(moved) == len(before), f"{len(moved)}/{len(before)} tensors moved"
+    # and what the student answers: its agreement with the teacher is not the same afterwards
+    assert summary["agreement_after"] != summary["agreement"], summary["agreement"]
 
 
 def test_agreement_rates(pool):

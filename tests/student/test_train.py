@@ -100,12 +100,14 @@ def test_accelerate_launch_from_the_repo_root(tmp_path):
         str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no",
         "student/train.py", "--config", "student/configs/tiny.yaml",
-        "--set", f"output_dir={out}", "--set", "max_steps=2", "--set", "max_train_examples=4",
+        "--set", f"output_dir={out}", "--set", "max_steps=6", "--set", "max_train_examples=4",
+        "--set", "logging_steps=1",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(proc.stdout[proc.stdout.rindex("\n{\n") + 1 :])  # the printed metrics
-    assert metrics["global_step"] == 2
+    assert metrics["global_step"] == 6
+    _assert_loss_falls(out)
     assert (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 64
 
@@ -129,13 +131,24 @@ def test_qlora_trains_a_4bit_base(tmp_path, examples_dir):
         "output_dir": str(tmp_path / "qlora"),
         "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
         "load_in_4bit": True,
-        "max_steps": 2,
+        "max_steps": 6,
         "max_train_examples": 4,
+        "logging_steps": 1,
     }
     cfg = load_config(TINY, settings)
     model, _ = load_student_base(cfg, load_sft_data(cfg))
     four_bit = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert four_bit and all(m.weight.quant_type == "nf4" for m in four_bit)
     metrics = train(cfg)
-    assert metrics["global_step"] == 2
+    assert metrics["global_step"] == 6
     assert (tmp_path / "qlora" / "adapter_model.safetensors").is_file()
+    _assert_loss_falls(tmp_path / "qlora")
+
+
+def _assert_loss_falls(out: Path) -> None:
+    """The logged training loss of the last two steps is below that of the first two (the same
+    four examples each step): the run learned, not only counted steps."""
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    losses = [h["loss"] for h in history if "loss" in h]
+    assert len(losses) >= 4, history
+    assert sum(losses[-2:]) < 0.9 * sum(losses[:2]), losses
