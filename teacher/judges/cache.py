@@ -14,6 +14,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,9 @@ class JudgeCache:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=60000")
+            _switch_to_wal(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
         return conn
 
@@ -99,3 +100,20 @@ class JudgeCache:
 
     def __len__(self) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM judge_cache").fetchone()[0]
+
+
+def _switch_to_wal(conn: sqlite3.Connection, patience: float = 60.0) -> None:
+    """WAL mode (readers never block the writer), set once per file. Switching needs an
+    exclusive lock and SQLite answers "database is locked" at once, without waiting out the busy
+    timeout, when another process (a second `--shard`) is opening or switching the same new
+    file: so retry for up to `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

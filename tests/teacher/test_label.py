@@ -115,7 +115,8 @@ def test_sharded_runs_together_label_everything_once(fake_openai, tmp_path, exam
         )
         for i, out in enumerate(outs)
     ]  # two processes share one cache file
-    assert [p.wait() for p in procs] == [0, 0]
+    codes = [p.wait() for p in procs]
+    assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
     keys = [k for out in outs for k in finished_steps(out)]
     assert len(keys) == len(set(keys)) == 28
     assert _cached(cache) == 28
