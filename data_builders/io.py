@@ -188,6 +188,27 @@ def read_models(
             report.add_validation(path, lineno, exc)
 
 
+def read_steps_once(path: str | Path, model: type[M], report: ErrorReport, again: str) -> list[M]:
+    """The records of a per-step file (`trace_id`, `step`); a step given twice is an input error:
+    the later line is reported (`again`, formatted with the first line's number) and skipped."""
+    first: dict[tuple[str, int], int] = {}
+    kept = []
+    for line, rec in read_models(path, model, report):
+        key = (rec.trace_id, rec.step)  # type: ignore[attr-defined]
+        if key in first:
+            report.add(
+                path,
+                line,
+                f"trace {key[0]!r} step {key[1]} {again.format(line=first[key])}; "
+                "this line is skipped",
+                field="step",
+            )
+            continue
+        first[key] = line
+        kept.append(rec)
+    return kept
+
+
 def dump_record(record: BaseModel | dict[str, Any]) -> str:
     """One JSON line (no trailing newline); models drop nothing, so extra keys survive."""
     if isinstance(record, BaseModel):

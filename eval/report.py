@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.data_builders.io import ErrorReport, read_models, read_records
+from stepgap.data_builders.io import ErrorReport, read_records, read_steps_once
 from stepgap.data_builders.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
 
 from .metrics import (
@@ -85,22 +85,7 @@ def load_gold(paths: Sequence[str | Path], report: ErrorReport | None = None) ->
 def load_predictions(path: str | Path, report: ErrorReport | None = None) -> list[PredStep]:
     """A checker's verdicts; a step predicted twice is an input error (reported, first kept)."""
     report = report if report is not None else ErrorReport()
-    first_line: dict[tuple[str, int], int] = {}
-    preds = []
-    for line, rec in read_models(path, PredStep, report):
-        key = (rec.trace_id, rec.step)
-        if key in first_line:
-            report.add(
-                path,
-                line,
-                f"trace {rec.trace_id!r} step {rec.step} is predicted twice (first at line "
-                f"{first_line[key]}); this line is skipped",
-                field="step",
-            )
-            continue
-        first_line[key] = line
-        preds.append(rec)
-    return preds
+    return read_steps_once(path, PredStep, report, "is predicted twice (first at line {line})")
 
 
 def _unique_by_step(preds: Iterable[PredStep]) -> dict[tuple[str, int], PredStep]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.data_builders.io import ErrorReport, read_models
+from stepgap.data_builders.io import ErrorReport, read_models, read_steps_once
 from stepgap.data_builders.schema import LABELS, Snippet, Trace, Verdict
 from stepgap.serving.reward import exact_match, final_answer
 from stepgap.teacher.tree import AccumulatedEvidence
@@ -458,22 +458,7 @@ def load_verdicts(path: str | Path, report: ErrorReport | None = None) -> list[V
     """A verdicts file; a step given twice is reported (file:line) and the first one kept, as
     `stepgap eval` does."""
     report = report if report is not None else ErrorReport()
-    first: dict[tuple[str, int], int] = {}
-    verdicts = []
-    for line, v in read_models(path, Verdict, report):
-        key = (v.trace_id, v.step)
-        if key in first:
-            report.add(
-                path,
-                line,
-                f"trace {v.trace_id!r} step {v.step} has a verdict already (line "
-                f"{first[key]}); this line is skipped",
-                field="step",
-            )
-            continue
-        first[key] = line
-        verdicts.append(v)
-    return verdicts
+    return read_steps_once(path, Verdict, report, "has a verdict already (line {line})")
 
 
 def load_rewards(path: str | Path, report: ErrorReport | None = None) -> dict[str, RewardLine]:
