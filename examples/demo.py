@@ -63,11 +63,17 @@ def main_demo() -> None:
     for v in labels(OUT / "verdicts.jsonl"):
         path = " > ".join(v["path"])
         print(f"  {v['trace_id']:<30} step {v['step']}  {v['label']:<7} {v['repair']:<16} {path}")
-    hand = {(g["trace_id"], g["step"]): g["label"] for g in labels(EX / "gold_steps.jsonl")}
-    agree = sum(
-        hand[(v["trace_id"], v["step"])] == v["label"] for v in labels(OUT / "verdicts.jsonl")
-    )
+    hand = {(g["trace_id"], g["step"]): g for g in labels(EX / "gold_steps.jsonl")}
+    differ = [
+        (v, hand[(v["trace_id"], v["step"])])
+        for v in labels(OUT / "verdicts.jsonl")
+        if hand[(v["trace_id"], v["step"])]["label"] != v["label"]
+    ]
+    agree = len(hand) - len(differ)
     print(f"  agreement with the hand labels in examples/gold_steps.jsonl: {agree}/{len(hand)}")
+    for v, g in differ:  # the teacher's own errors, as the annotator explained them
+        print(f"  - {v['trace_id']} step {v['step']}: teacher {v['label']}, hand {g['label']}: "
+              f"{g.get('note', '')}")
 
     print("\n== 3. relabel the stored verdicts under ablations (no model is called)")
     for ablation in ("A", "E"):

@@ -83,7 +83,13 @@ def mine_arguments(p: argparse.ArgumentParser) -> None:
         help="continue training the adapter on the mined half with this recipe, then re-measure",
     )
     p.add_argument("--augment-steps", type=int, default=200, help="augmentation optimiser steps")
-    p.add_argument("--augment-lr", type=float, default=5e-7, help="augmentation learning rate")
+    p.add_argument(
+        "--augment-lr",
+        type=float,
+        default=None,
+        help="augmentation learning rate (default: the recipe's learning_rate / 10, an order of "
+        "magnitude below distillation as in the paper)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe key")
     g = p.add_argument_group("student judge")
     g.add_argument("--student-base", metavar="ID_OR_PATH", help="base of the adapter")

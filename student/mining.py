@@ -254,18 +254,31 @@ def write_mined(
     return out
 
 
+AUGMENT_LR_DIVISOR = 10
+
+
+def augment_learning_rate(config: str | Path, overrides: Sequence[str] = ()) -> float:
+    """The recipe's distillation rate divided by `AUGMENT_LR_DIVISOR` (the paper's protocol)."""
+    from .config import load_config, parse_overrides
+
+    return load_config(config, parse_overrides(list(overrides))).learning_rate / AUGMENT_LR_DIVISOR
+
+
 def augment(
     config: str | Path,
     adapter: str | Path,
     mined_dir: str | Path,
     *,
     max_steps: int = 200,
-    learning_rate: float = 5e-7,
+    learning_rate: float | None = None,
     overrides: Sequence[str] = (),
 ) -> Path:
     """Continue training `adapter` on the mined half (`mined_dir/sft`); returns the new adapter.
 
     The recipe gives everything else (LoRA shape, batch, precision); the base is the adapter's own.
+    `learning_rate` defaults to the recipe's own divided by `AUGMENT_LR_DIVISOR`: the paper
+    augments an order of magnitude below the distillation rate, so as not to overfit the small
+    mined set.
     """
     from .config import load_config, parse_overrides
     from .judge import ADAPTER_CONFIG
@@ -279,11 +292,12 @@ def augment(
         "dataset": str(Path(mined_dir) / "sft"),
         "output_dir": str(out),
         "max_steps": max_steps,
-        "learning_rate": learning_rate,
         "max_train_examples": None,
         **parse_overrides(list(overrides)),
     }
-    train(load_config(config, settings))
+    if learning_rate is None:
+        learning_rate = augment_learning_rate(config, overrides)
+    train(load_config(config, {**settings, "learning_rate": learning_rate}))
     return out
 
 
@@ -299,7 +313,7 @@ def mine(
     seed: int = 0,
     augment_config: str | Path | None = None,
     augment_steps: int = 200,
-    augment_lr: float = 5e-7,
+    augment_lr: float | None = None,
     overrides: Sequence[str] = (),
     judge_options: dict[str, Any] | None = None,
     report: Any = None,
@@ -338,6 +352,9 @@ def mine(
     out = write_mined(result, verdicts, output, features)  # type: ignore[arg-type]
     summary = result.summary()
     if augment_config and result.train:
+        if augment_lr is None:
+            augment_lr = augment_learning_rate(augment_config, overrides)
+        summary["augment_learning_rate"] = augment_lr
         adapter = augment(
             augment_config,
             student,

@@ -81,7 +81,8 @@ def pool(examples_dir) -> list[Verdict]:
 
 @pytest.fixture(scope="session")
 def tiny_student(tmp_path_factory, examples_dir) -> tuple[Path, dict]:
-    """The tiny recipe exactly as shipped (16 steps, 100 optimiser steps), in a temp folder."""
+    """The tiny recipe exactly as shipped (21 steps of 7 traces, 3 traces held out, 100 optimiser
+    steps), in a temp folder."""
     out = tmp_path_factory.mktemp("tiny-student")
     cfg = load_config(
         REPO / "student" / "configs" / "tiny.yaml",

@@ -194,7 +194,7 @@ def test_filters_search_and_gold_disagreements(open_page, view_inputs, tmp_path)
     page.uncheck("input.filter-wrong")
     page.check("input.filter-disagree")
     differ = {k for k in gold if gold[k] != pred[k]}
-    assert set(traces()) == {t for t, _ in differ} and len(differ) == 2
+    assert set(traces()) == {t for t, _ in differ} and len(differ) == 4
     marked = page.locator(".step-row.disagree").evaluate_all(
         "rs => rs.map(r => [r.closest('section').dataset.traceId, +r.dataset.step])"
     )

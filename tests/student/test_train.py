@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from stepgap.data_builders.sft import in_eval_split
 from stepgap.student.config import load_config
 from stepgap.student.judge import StudentJudge
 from stepgap.student.mining import student_requests
@@ -21,11 +22,37 @@ from stepgap.student.sft import train
 from .conftest import REPO, TINY
 
 
+def _split(pool, held: bool):
+    """Student requests of the tiny recipe's train split (or its held-out traces)."""
+    fraction = load_config(TINY).eval_fraction
+    return [r for r in student_requests(pool) if in_eval_split(r.trace_id, fraction) == held]
+
+
+def _decisions(judge) -> list[object]:
+    """The judge object's decisions (what the tree reads), without its free-text reasoning."""
+    a, b, c = judge.step_minus1_alignment, judge.step_0_abstention_check, judge.step_1_quote_search
+    return [a.is_off_target, a.drift_type, b.is_abstention_step, b.abstention_is_accurate,
+            c.entity_match, c.found_quote]  # fmt: skip
+
+
+def _decisions_right(judge: StudentJudge, requests, teacher) -> int:
+    results = judge.judge(requests)
+    assert all(r.judge is not None for r in results), [r.error for r in results]
+    return sum(
+        x == y
+        for q, r in zip(requests, results, strict=True)
+        for x, y in zip(
+            _decisions(r.judge), _decisions(teacher[(q.trace_id, q.step)].judge), strict=True
+        )
+    )
+
+
 def test_tiny_student_reproduces_the_teachers_judge_json(tiny_student, pool):
     out, metrics = tiny_student
     assert metrics["global_step"] == 100
     assert (out / "adapter_model.safetensors").is_file()
-    requests = student_requests(pool)[:16]  # the 16 training steps, in data-set order
+    requests = _split(pool, held=False)
+    assert len(requests) == 21  # 7 traces; 3 more (7 steps) are held out
     teacher = {(v.trace_id, v.step): v for v in pool}
     judge = StudentJudge(str(out), batch_size=8, max_new_tokens=256)
     results = judge.judge(requests)
@@ -41,17 +68,42 @@ def test_tiny_student_reproduces_the_teachers_judge_json(tiny_student, pool):
     assert sum(same_label) >= math.ceil(0.9 * len(requests))
 
 
+# Decoding for the control and the held-out check: enough tokens for every answer to finish
+# (free-text fields capped), so a miss is a wrong answer, never a truncated one.
+FAIR = {"batch_size": 8, "max_new_tokens": 512, "max_string_chars": 60}
+
+
 def test_untrained_student_does_not_reproduce_it(tiny_student, pool):
-    """The bar above is not met by chance: the tiny base without the adapter fails it."""
+    """The bar above is not met by chance: the tiny base without the adapter, given the tokens
+    to finish every answer, reproduces none of the training steps' judge objects."""
     out, _ = tiny_student
-    base = StudentJudge(str(out / "tiny-base"), batch_size=8, max_new_tokens=64)
-    requests = student_requests(pool)[:4]
+    requests = _split(pool, held=False)
     teacher = {(v.trace_id, v.step): v for v in pool}
-    results = base.judge(requests)
+    results = StudentJudge(str(out / "tiny-base"), **FAIR).judge(requests)
+    assert all(r.judge is not None for r in results)  # finished, not cut off
     assert not any(
         r.judge == teacher[(q.trace_id, q.step)].judge
         for q, r in zip(requests, results, strict=True)
     )
+
+
+def test_held_out_traces_beat_the_untrained_control(tiny_student, pool):
+    """On the 3 traces it never saw, the tiny student gets more of the teacher's decisions right
+    than its untrained base (29 against 19 of 42 when written). It memorises more than it
+    generalises: always answering the training majority gets 37 of 42. A real base model is what
+    generalises; this shows that the held-out path is measured, and that training moved it."""
+    out, _ = tiny_student
+    requests = _split(pool, held=True)
+    assert {r.trace_id for r in requests} == {
+        "case3-peter-paul-fortress", "hermes-blade-runner", "ie-eiffel-stage-e",
+    }  # fmt: skip
+    teacher = {(v.trace_id, v.step): v for v in pool}
+    trained = _decisions_right(StudentJudge(str(out), **FAIR), requests, teacher)
+    control = _decisions_right(StudentJudge(str(out / "tiny-base"), **FAIR), requests, teacher)
+    print(
+        f"held-out decisions right: student {trained}, untrained {control}, of {6 * len(requests)}"
+    )
+    assert trained >= control + 6
 
 
 def test_resume_continues_from_the_checkpoint_with_the_same_step_count(

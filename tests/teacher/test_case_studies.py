@@ -48,10 +48,25 @@ def test_case4_whiplash_quote_entailed(verdicts):
     assert v.nli[0].premise == "directed by Damien Chazelle"
 
 
-def test_examples_match_their_gold_labels(verdicts, examples_dir):
+# The hand labels were made by reading the traces, not from the replay; the replayed teacher is
+# wrong on these steps (the paper's failure modes), each explained by the annotator's note.
+TEACHER_ERRORS = {
+    ("nogap-tchaikovsky-abstention", 1): ("no_gap", "IE"),  # false negative: entity matched
+    ("ie-eiffel-stage-e", 1): ("IE", "MB"),  # gap found, wrong type
+}
+
+
+def test_the_teacher_agrees_with_the_hand_labels_except_its_known_errors(verdicts, examples_dir):
     import json
 
-    gold = [json.loads(line) for line in open(examples_dir / "gold_steps.jsonl")]
+    gold = {
+        (g["trace_id"], g["step"]): g
+        for g in map(json.loads, open(examples_dir / "gold_steps.jsonl"))
+    }
     got = {(v.trace_id, v.step): v.label for vs in verdicts.values() for v in vs}
-    assert {(g["trace_id"], g["step"]): g["label"] for g in gold} == got
-    assert {lab for lab in got.values()} == {"no_gap", "CC", "IE", "MB"}
+    assert gold.keys() == got.keys()
+    differ = {k: (got[k], g["label"]) for k, g in gold.items() if got[k] != g["label"]}
+    assert differ == TEACHER_ERRORS
+    assert all(len(gold[k].get("note", "")) > 40 for k in differ)  # each one explained
+    assert set(got.values()) == {"no_gap", "CC", "IE", "MB"}
+    assert {g["label"] for g in gold.values()} == {"no_gap", "CC", "IE", "MB"}
