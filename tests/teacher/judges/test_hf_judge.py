@@ -71,11 +71,17 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tiny_nli):
+    """A real 135M chat model through `stepgap label`, on three example traces (7 steps: one
+    generation batch; all 28 take four and about 7 minutes on two cores)."""
     gguf = smollm2_gguf()
     assert gguf.is_file()
+    keep = {"case1-whitehorse", "case3-peter-paul-fortress", "case4-whiplash"}
+    lines = (examples_dir / "traces.jsonl").read_text(encoding="utf-8").splitlines()
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("".join(x + "\n" for x in lines if json.loads(x)["id"] in keep))
     out = tmp_path / "verdicts.jsonl"
     cmd = [
-        sys.executable, "-m", "stepgap.cli", "label", str(examples_dir / "traces.jsonl"),
+        sys.executable, "-m", "stepgap.cli", "label", str(traces),
         "-o", str(out), "--judge", f"hf:{gguf}", "--nli", str(tiny_nli),
         "--max-string-chars", "40", "--max-tokens", "320", "--judge-batch-size", "8",
         "--batch-size", "32", "--cache", str(tmp_path / "c.sqlite"), "--no-progress",
@@ -83,7 +89,7 @@ def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tin
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     verdicts = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(verdicts) == 28
+    assert len(verdicts) == 7 and {v["trace_id"] for v in verdicts} == keep
     for v in verdicts:  # every step: a schema-valid judge object and a label, or a stated error
         assert (v["judge"] is not None and v["label"] is not None) or v["error"]
-    assert sum(v["label"] is not None for v in verdicts) >= 20
+    assert sum(v["label"] is not None for v in verdicts) >= 5
