@@ -43,8 +43,26 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_nli(tmp_path_factory) -> Path:
-    """Path of a tiny random DebertaV2 NLI model, labels in MoritzLaurer's order."""
-    return models.build_deberta_nli(tmp_path_factory.mktemp("tiny-nli"))
+    """Path of the tiny trained DebertaV2 NLI stand-in, labels in MoritzLaurer's order.
+
+    Building it takes about 90 s. With `STEPGAP_TEST_CACHE=DIR` set (for repeated local runs,
+    e.g. `tools/break_promises.py`), it is built once into DIR, keyed by the fixture code, and
+    reused; CI leaves it unset and builds it fresh."""
+    cache = os.environ.get("STEPGAP_TEST_CACHE")
+    if not cache:
+        return models.build_deberta_nli(tmp_path_factory.mktemp("tiny-nli"))
+    import hashlib
+    import shutil
+
+    key = hashlib.sha256(Path(models.__file__).read_bytes()).hexdigest()[:12]
+    path = Path(cache) / f"tiny-nli-{key}"
+    if not (path / "config.json").is_file():
+        partial = tmp_path_factory.mktemp("tiny-nli")
+        models.build_deberta_nli(partial)
+        shutil.rmtree(path, ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(partial, path)
+    return path
 
 
 @pytest.fixture(scope="session")

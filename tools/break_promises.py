@@ -6,6 +6,8 @@ mutation its tests do not catch is printed as MISSED and the exit status is 1.
 
     python tools/break_promises.py            # all promises (about 10 minutes on 2 cores)
     python tools/break_promises.py -k server  # those whose name contains "server"
+    STEPGAP_TEST_CACHE=/tmp/stepgap-test-cache python tools/break_promises.py -k tests/
+                                              # the test-power mutations, NLI stand-in built once
 
 Edits files in place (the package is installed in editable mode, so tests must see the edited
 tree) and always restores them; it refuses to run on files with uncommitted changes.
@@ -260,6 +262,59 @@ MUTATIONS = [
         "        [str(p.relative_to(bundle)) for p in Path(bundle).rglob('*') if p.is_file()] + [CARD]\n"
         "    )",
         ("tests/export/test_hub.py::test_dry_run_lists_exactly_the_bundle_files_and_the_card",),
+    ),
+    # Test power (issue 17): bugs that the suite's earlier fixtures could not see (a constant NLI
+    # model, a student tested on its training steps, effects never asserted).
+    Mutation(
+        "tests/nli-label-columns",
+        "teacher/nli/hf.py",
+        "NLIProbs(**{lab: row[col] for lab, col in self.columns.items()})",
+        "NLIProbs(**{lab: row[2 - col] for lab, col in self.columns.items()})",
+        ("tests/teacher/test_nli_hf.py::test_the_stand_in_labels_its_training_pairs_by_class",),
+    ),
+    Mutation(
+        "tests/held-out-split-leaks",
+        "data_builders/sft.py",
+        '        (held if in_eval_split(ex["trace_id"], eval_fraction, seed) else train).append(ex)',
+        "        train.append(ex)\n"
+        '        if in_eval_split(ex["trace_id"], eval_fraction, seed):\n'
+        "            held.append(ex)",
+        ("tests/student/test_train.py::test_held_out_traces_beat_the_untrained_control",),
+    ),
+    Mutation(
+        "tests/relabel-thresholds",
+        "teacher/tree.py",
+        "label=nli_label(pr, self.config.entail_threshold, self.config.contradict_threshold),",
+        "label=nli_label(pr),",
+        ("tests/teacher/test_relabel.py",),
+    ),
+    Mutation(
+        "tests/augment-rate",
+        "student/mining.py",
+        "AUGMENT_LR_DIVISOR = 10\n",
+        "AUGMENT_LR_DIVISOR = 400\n",
+        ("tests/student/test_mine.py::test_cli_mine_and_augment_with_the_tiny_student",),
+    ),
+    Mutation(
+        "tests/loss-falls",
+        "student/sft.py",
+        "        learning_rate=cfg.learning_rate,",
+        "        learning_rate=0.0,",
+        ("tests/student/test_train.py::test_accelerate_launch_from_the_repo_root",),
+    ),
+    Mutation(
+        "tests/em-any-case",
+        "serving/reward.py",
+        '_ANSWER_OPEN = re.compile(r"<\\s*answer\\s*>", re.IGNORECASE)',
+        '_ANSWER_OPEN = re.compile(r"<\\s*answer\\s*>")',
+        ("tests/serving/test_reward.py",),
+    ),
+    Mutation(
+        "tests/ba-contract-formula",
+        "eval/metrics.py",
+        "    return (_div(tp, tp + fn) + _div(tn, tn + fp)) / 2",
+        "    return (_div(tp, tp + fn) + _div(tn, tn + fp)) / (2 if tp + fn and tn + fp else 1)",
+        ("tests/eval/test_metrics.py::test_ba_is_the_contract_formula_also_with_one_gold_class",),
     ),
     Mutation(
         "metrics/never-raise",

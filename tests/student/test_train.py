@@ -35,16 +35,16 @@ def _decisions(judge) -> list[object]:
             c.entity_match, c.found_quote]  # fmt: skip
 
 
-def _decisions_right(judge: StudentJudge, requests, teacher) -> int:
+def _held_out_score(judge: StudentJudge, requests, teacher) -> tuple[int, int]:
+    """(decisions equal to the teacher's, judge objects equal to the teacher's) over `requests`."""
     results = judge.judge(requests)
     assert all(r.judge is not None for r in results), [r.error for r in results]
-    return sum(
-        x == y
-        for q, r in zip(requests, results, strict=True)
-        for x, y in zip(
-            _decisions(r.judge), _decisions(teacher[(q.trace_id, q.step)].judge), strict=True
-        )
-    )
+    right = exact = 0
+    for q, r in zip(requests, results, strict=True):
+        want = teacher[(q.trace_id, q.step)].judge
+        right += sum(x == y for x, y in zip(_decisions(r.judge), _decisions(want), strict=True))
+        exact += r.judge == want
+    return right, exact
 
 
 def test_tiny_student_reproduces_the_teachers_judge_json(tiny_student, pool):
@@ -98,11 +98,13 @@ def test_held_out_traces_beat_the_untrained_control(tiny_student, pool):
         "case3-peter-paul-fortress", "hermes-blade-runner", "ie-eiffel-stage-e",
     }  # fmt: skip
     teacher = {(v.trace_id, v.step): v for v in pool}
-    trained = _decisions_right(StudentJudge(str(out), **FAIR), requests, teacher)
-    control = _decisions_right(StudentJudge(str(out / "tiny-base"), **FAIR), requests, teacher)
+    trained, exact = _held_out_score(StudentJudge(str(out), **FAIR), requests, teacher)
+    control, _ = _held_out_score(StudentJudge(str(out / "tiny-base"), **FAIR), requests, teacher)
     print(
         f"held-out decisions right: student {trained}, untrained {control}, of {6 * len(requests)}"
     )
+    # A student that reproduces a held-out step word for word saw it: the split leaked.
+    assert exact == 0
     assert trained >= control + 6
 
 

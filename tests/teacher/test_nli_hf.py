@@ -140,3 +140,20 @@ def test_an_adversarial_snippet_changes_no_other_pair(tiny_nli):
     attack = [(INJECTION, h) for _, h in clean] + [(INJECTION * 40, "Kuhn is British.")]
     mixed = nli.predict(attack[:2] + clean + attack[2:])
     assert _close(mixed[2:6], [nli.predict([p])[0] for p in clean])
+
+
+def test_the_stand_in_labels_its_training_pairs_by_class(tiny_nli):
+    """The trained stand-in gives most pairs it learned their own label (argmax over the first
+    150: about 50% of entailment, 86% of contradiction, 95% of neutral pairs), so a swapped
+    label column, or premise and hypothesis fed the wrong way round, shows here."""
+    from collections import Counter
+
+    sample = models.synthetic_nli_pairs(models.wiki_pages(), 0)[:150]
+    probs = HFNLI(str(tiny_nli)).predict([(p, h) for p, h, _ in sample])
+    right, total = Counter(), Counter()
+    for (_, _, label), pr in zip(sample, probs, strict=True):
+        scores = pr.model_dump()
+        total[label] += 1
+        right[label] += max(scores, key=scores.get) == label
+    print("training pairs labelled as trained:", {k: f"{right[k]}/{total[k]}" for k in total})
+    assert all(right[k] >= 0.4 * total[k] for k in total) and len(total) == 3
