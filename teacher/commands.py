@@ -1,5 +1,5 @@
-"""Commands of the teacher: `check` (label traces), `label` (at scale, resumable) and `relabel`
-(re-decide stored verdicts without calling a model)."""
+"""Commands of the teacher: `check` (label traces), `label` (at scale, resumable), `merge` (join
+shard outputs) and `relabel` (re-decide stored verdicts without calling a model)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,27 @@ def label_arguments(p: argparse.ArgumentParser) -> None:
     add_nli_options(p)
 
 
+def merge(args: argparse.Namespace) -> int:
+    from stepgap.data_builders import ErrorReport
+    from stepgap.teacher.label import merge_verdicts
+
+    report = ErrorReport()
+    counts = merge_verdicts(args.inputs, args.output, traces=args.traces, report=report)
+    print(f"stepgap: {counts.describe()}", file=sys.stderr)
+    return finish(report, args.errors, counts.verdicts, f"merged verdicts to {args.output}")
+
+
+def merge_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", help="verdict files of `stepgap label --shard I/N` runs")
+    p.add_argument("-o", "--output", required=True, help="the joined verdicts (JSONL)")
+    p.add_argument(
+        "--traces",
+        metavar="FILE",
+        help="the labelled traces: every step of each of them must have one verdict",
+    )
+    add_errors_option(p)
+
+
 def relabel(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
     from stepgap.teacher.checker import relabel_file
@@ -129,6 +150,12 @@ COMMANDS = [
         "label traces at scale: concurrent judge, cache, cost, --shard, resume after a crash",
         label_arguments,
         label,
+    ),
+    Command(
+        "merge",
+        "join the verdicts of `label --shard I/N` runs; refuses duplicate and missing steps",
+        merge_arguments,
+        merge,
     ),
     Command(
         "relabel",

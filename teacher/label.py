@@ -260,3 +260,94 @@ def check_file(
                     bar.update(1)
     bar.close()
     return counts
+
+
+class MergeError(ValueError):
+    """Shard outputs that do not join into one complete file: every problem, one per line."""
+
+
+def merge_verdicts(
+    inputs: Iterable[str | Path],
+    output: str | Path,
+    *,
+    traces: str | Path | None = None,
+    report: ErrorReport | None = None,
+) -> VerdictCounts:
+    """Join the outputs of `label --shard I/N` runs into one verdicts file (`stepgap merge`).
+
+    Refuses, writing nothing, when a step has a verdict in two places (two shards, or twice in
+    one file) or a trace's verdicts have a gap: a step missing between its first and last one,
+    or, with `traces` (the labelled input), any step of any trace of that file. Verdicts keep
+    the order of `traces` when given, else of `inputs`. The output is written atomically.
+    """
+    from stepgap.data_builders.io import read_models
+
+    report = report if report is not None else ErrorReport()
+    problems: list[str] = []
+    seen: dict[tuple[str, int], str] = {}
+    verdicts: list[Verdict] = []
+    for path in inputs:
+        for line, v in read_models(path, Verdict, report):
+            key = (v.trace_id, v.step)
+            where = f"{path}:{line}"
+            if key in seen:
+                problems.append(
+                    f"trace {key[0]!r} step {key[1]} is in {seen[key]} and again in {where}"
+                )
+                continue
+            seen[key] = where
+            verdicts.append(v)
+    steps: dict[str, set[int]] = {}
+    for v in verdicts:
+        steps.setdefault(v.trace_id, set()).add(v.step)
+    order: list[str] = list(steps)
+    if traces is not None:
+        from stepgap.data_builders.segment import iter_traces
+
+        expected = {t.id: len(t.steps or []) for t in iter_traces(traces, report)}
+        for trace_id in steps.keys() - expected.keys():
+            problems.append(f"trace {trace_id!r} has verdicts but is not in {traces}")
+        for trace_id, n in expected.items():
+            missing = sorted(set(range(n)) - steps.get(trace_id, set()))
+            if missing and trace_id not in steps:
+                problems.append(f"trace {trace_id!r} of {traces} has no verdicts in any input")
+            elif missing:
+                problems.append(f"trace {trace_id!r} is missing step(s) {_ranges(missing)}")
+        order = [t for t in expected if t in steps] + [t for t in order if t not in expected]
+    else:
+        for trace_id, have in steps.items():
+            missing = sorted(set(range(max(have) + 1)) - have)
+            if missing:
+                problems.append(f"trace {trace_id!r} is missing step(s) {_ranges(missing)}")
+    if problems:
+        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise MergeError(
+            f"cannot merge: {len(problems)} problem(s), nothing written\n"
+            + "\n".join(problems[:20])
+            + more
+        )
+    rank = {t: i for i, t in enumerate(order)}
+    verdicts.sort(key=lambda v: (rank[v.trace_id], v.step))
+    counts = VerdictCounts()
+    output = Path(output)
+    tmp = output.with_name(output.name + ".merging")
+    with JsonlWriter(tmp) as out:
+        for v in verdicts:
+            out.write(v)
+            counts.add(v)
+    os.replace(tmp, output)
+    return counts
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(parts)

@@ -219,3 +219,72 @@ def test_every_step_failed_is_exit_1_and_keep_errors_skips_failed_steps(tmp_path
     retried = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert retried.returncode == 1 and "28 failed step(s) asked again" in retried.stderr
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 28
+
+
+def _replay_shards(examples_dir, tmp_path, shards: int) -> list[Path]:
+    from stepgap.teacher import build_checker
+    from stepgap.teacher.label import label_file
+
+    checker = build_checker(
+        judge=f"replay:{examples_dir / 'judge_replay.jsonl'}",
+        nli=f"replay:{examples_dir / 'nli_replay.jsonl'}",
+    )
+    outs = []
+    for i in range(shards):
+        out = tmp_path / f"shard{i}.jsonl"
+        label_file(examples_dir / "traces.jsonl", checker, out, shard=(i, shards), progress=False)
+        outs.append(out)
+    return outs
+
+
+def test_merge_joins_shards_in_the_traces_order(tmp_path, examples_dir, capsys):
+    from stepgap.cli import main
+
+    shards = _replay_shards(examples_dir, tmp_path, 3)
+    assert all(len(s.read_text().splitlines()) < 28 for s in shards)
+    traces = examples_dir / "traces.jsonl"
+    out = tmp_path / "all.jsonl"
+    assert main(["merge", *map(str, shards), "--traces", str(traces), "-o", str(out)]) == 0
+    merged = [json.loads(x) for x in out.read_text().splitlines()]
+    ids = [json.loads(x)["id"] for x in traces.read_text().splitlines()]
+    order = sorted(merged, key=lambda v: (ids.index(v["trace_id"]), v["step"]))
+    assert merged == order and len(merged) == 28
+    expected = [json.loads(x) for x in (examples_dir / "teacher_verdicts.jsonl").open()]
+    assert [(v["trace_id"], v["step"], v["label"]) for v in merged] == [
+        (v["trace_id"], v["step"], v["label"])
+        for v in sorted(expected, key=lambda v: (ids.index(v["trace_id"]), v["step"]))
+    ]
+    assert "28 verdicts" in capsys.readouterr().err
+
+
+def test_merge_refuses_duplicates_and_gaps_and_writes_nothing(tmp_path, examples_dir, capsys):
+    from stepgap.cli import main
+
+    shards = _replay_shards(examples_dir, tmp_path, 2)
+    traces = examples_dir / "traces.jsonl"
+    out = tmp_path / "all.jsonl"
+    # the same shard twice: every one of its steps is a duplicate, named with both places
+    assert main(["merge", str(shards[0]), str(shards[0]), str(shards[1]), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    first = json.loads(shards[0].read_text().splitlines()[0])
+    assert (
+        f"trace {first['trace_id']!r} step {first['step']} is in {shards[0]}:1 and again in {shards[0]}:"
+        in err
+    )
+    assert "nothing written" in err and not out.exists()
+    # a step dropped from the middle of a trace: a gap, even without the traces file
+    lines = shards[1].read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    longer = {r["trace_id"] for r in rows if r["step"] == 2}
+    gone = next(i for i, r in enumerate(rows) if r["step"] == 1 and r["trace_id"] in longer)
+    victim = json.loads(lines[gone])
+    holed = tmp_path / "holed.jsonl"
+    holed.write_text("".join(x + "\n" for i, x in enumerate(lines) if i != gone))
+    assert main(["merge", str(shards[0]), str(holed), "-o", str(out)]) == 2
+    assert f"trace {victim['trace_id']!r} is missing step(s) 1" in capsys.readouterr().err
+    assert not out.exists()
+    # a whole shard missing: only the traces file can tell
+    assert main(["merge", str(shards[0]), "-o", str(out)]) == 0
+    out.unlink()
+    assert main(["merge", str(shards[0]), "--traces", str(traces), "-o", str(out)]) == 2
+    assert "has no verdicts in any input" in capsys.readouterr().err and not out.exists()
