@@ -35,7 +35,10 @@ def train(args: argparse.Namespace) -> int:
     from stepgap.student.sft import train as run_training
 
     metrics = run_training(cfg, resume=args.resume)
-    print(json.dumps(metrics, indent=2, default=str))
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # one report, not one per rank
+        print(json.dumps(metrics, indent=2, default=str))
     return 0
 
 

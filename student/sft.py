@@ -55,6 +55,36 @@ def load_sft_data(cfg: StudentTrainConfig) -> Any:
     return data
 
 
+def kbit_device_map(cuda: bool | None = None) -> dict[str, int] | None:
+    """Where a 4-bit base loads: this process's whole copy on its own GPU, `{"": local rank}`.
+
+    The model loads before the trainer creates its accelerate state, and bitsandbytes weights
+    cannot move after loading, so without a map every rank would put its copy on cuda:0.
+    `PartialState` reads the launcher's environment (accelerate, torchrun). None without CUDA.
+    """
+    import torch
+    from accelerate import PartialState
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    return {"": PartialState().local_process_index} if cuda else None
+
+
+def _restore_indexed_cpu(storage: Any, location: str) -> Any:
+    return storage if location.startswith("cpu:") else None
+
+
+def _accept_indexed_cpu_locations() -> None:
+    """Let `torch.load(map_location="cpu:N")` work. A Trainer of several CPU processes (gloo)
+    resumes its optimizer with `map_location=args.device`, `cpu:0`, which torch cannot restore;
+    on GPUs the location is `cuda:N` and this is not needed. Storage is already on the CPU."""
+    import torch
+
+    registered = [entry[2] for entry in torch.serialization._package_registry]
+    if _restore_indexed_cpu not in registered:
+        torch.serialization.register_package(30, lambda obj: None, _restore_indexed_cpu)
+
+
 def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) for training; 4-bit nf4 when `load_in_4bit` (QLoRA).
 
@@ -70,7 +100,10 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     if cfg.model == TINY_REF:
         if data is None:
             raise ValueError(f"{TINY_REF} is built from the training data; pass it")
-        ref = str(tiny_student_base(model_ref(cfg), data["train"], cfg.seed))
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():  # built once, read by the other ranks
+            ref = str(tiny_student_base(model_ref(cfg), data["train"], cfg.seed))
     else:
         ref = resolve_model_ref(cfg.model)
     kwargs: dict[str, Any] = {}
@@ -87,6 +120,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
+        kwargs["device_map"] = kbit_device_map()
     with explain_load_errors(ref, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's alone
             source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
@@ -119,7 +153,10 @@ def _peft(cfg: StudentTrainConfig, model: Any) -> tuple[Any, Any]:
 
 
 def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Train and save the adapter (and tokenizer) to `cfg.output_dir`; returns the metrics."""
+    """Train and save the adapter (and tokenizer) to `cfg.output_dir`; returns the metrics.
+
+    Under `accelerate launch` with several processes every rank trains on its share of each
+    batch; rank 0 alone writes the adapter, tokenizer, metadata and logs."""
     from trl import SFTConfig, SFTTrainer
 
     data = load_sft_data(cfg)
@@ -166,13 +203,17 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         peft_config=peft_config,
     )
     checkpoint = _last_checkpoint(cfg.output_dir) if resume else None
+    if checkpoint and args.world_size > 1 and args.device.type == "cpu":
+        _accept_indexed_cpu_locations()
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", cfg.output_dir)
     result = trainer.train(resume_from_checkpoint=checkpoint)
-    trainer.save_model(cfg.output_dir)
-    tokenizer.save_pretrained(cfg.output_dir)
-    record_base(cfg.output_dir, model_ref(cfg))
-    write_student_metadata(cfg, data_meta)
+    trainer.save_model(cfg.output_dir)  # rank 0 writes; every rank takes part
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(cfg.output_dir)
+        record_base(cfg.output_dir, model_ref(cfg))
+        write_student_metadata(cfg, data_meta)
+    trainer.accelerator.wait_for_everyone()
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
     metrics["resumed_from"] = checkpoint

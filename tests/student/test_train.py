@@ -21,6 +21,8 @@ from stepgap.student.sft import train
 
 from .conftest import REPO, TINY
 
+ACCELERATE = REPO / "student" / "configs" / "accelerate"
+
 
 def _split(pool, held: bool):
     """Student requests of the tiny recipe's train split (or its held-out traces)."""
@@ -164,6 +166,98 @@ def test_accelerate_launch_from_the_repo_root(tmp_path):
     _assert_loss_falls(out)
     assert (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 64
+
+
+def _launch(out: Path, processes: int, batch: int, *extra: str) -> subprocess.CompletedProcess:
+    """`accelerate launch` with a shipped accelerate config of the tiny recipe, 4 steps on 8
+    examples; without CUDA, the multi-GPU layout runs CPU processes over gloo."""
+    layout = "multi_gpu.yaml" if processes > 1 else "single_gpu.yaml"
+    accelerate = Path(sys.executable).parent / "accelerate"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [
+        str(accelerate), "launch", "--config_file", str(ACCELERATE / layout),
+        "--num_processes", str(processes), "--mixed_precision", "no",
+        "student/train.py", "--config", "student/configs/tiny.yaml",
+        "--set", f"output_dir={out}", "--set", "max_steps=4", "--set", "max_train_examples=8",
+        "--set", "logging_steps=1", "--set", "save_steps=2", "--set", "save_total_limit=null",
+        "--set", f"per_device_train_batch_size={batch}", *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _losses(out: Path) -> list[float]:
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    return [h["loss"] for h in history if "loss" in h]
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_with_twice_the_batch_and_resume(tmp_path):
+    """DDP on two CPU processes: both ranks train (each step takes 2 x 2 examples, so the losses
+    are those of one process with batch 4), rank 0 alone reports and writes, and a run cut
+    after step 2 resumes under two processes to the same adapter."""
+    from safetensors.torch import load_file
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    proc = _launch(two, 2, 2)
+    _launch(one, 1, 4)
+    assert proc.stdout.count('"global_step": 4') == 1  # one report, from rank 0
+    assert {p.name for p in (two / "checkpoint-4").glob("rng_state_*.pth")} == {
+        "rng_state_0.pth", "rng_state_1.pth",
+    }  # fmt: skip
+    assert json.loads((two / "trainer_state.json").read_text())["epoch"] == 2.0  # 8 / (2 x 2)
+    assert _losses(two) == pytest.approx(_losses(one), rel=1e-3) and len(_losses(two)) == 4
+    _assert_loss_falls(two)
+    reference = load_file(two / "adapter_model.safetensors")
+    # a crash after step 2, then the same launch with --resume
+    shutil.rmtree(two / "checkpoint-4")
+    (two / "adapter_model.safetensors").unlink()
+    resumed = _launch(two, 2, 2, "--resume")
+    assert '"resumed_from": "' in resumed.stdout and "checkpoint-2" in resumed.stdout
+    again = load_file(two / "adapter_model.safetensors")
+    assert again.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert (again[name] - tensor).abs().max() < 1e-5, name
+
+
+def test_the_accelerate_configs_ship_for_each_layout():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    found = {p.stem: load_config_from_file(str(p)) for p in ACCELERATE.glob("*.yaml")}
+    layouts = {name: str(c.distributed_type).split(".")[-1] for name, c in found.items()}
+    assert layouts == {
+        "single_gpu": "NO", "multi_gpu": "MULTI_GPU", "fsdp": "FSDP",
+        "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED",
+    }  # fmt: skip
+    fsdp = found["fsdp"].fsdp_config
+    assert fsdp["fsdp_sharding_strategy"] == "FULL_SHARD" and fsdp["fsdp_use_orig_params"]
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "Qwen2DecoderLayer"
+    assert found["deepspeed_zero2"].deepspeed_config["zero_stage"] == 2
+    assert found["deepspeed_zero3"].deepspeed_config["zero_stage"] == 3
+    for path in ACCELERATE.glob("*.yaml"):  # each says how to launch it with a recipe
+        assert f"--config_file student/configs/accelerate/{path.name}" in path.read_text()
+
+
+def test_each_process_loads_a_4bit_base_on_its_own_gpu(tmp_path):
+    """QLoRA under several processes: the device map puts rank i's copy on cuda:i (the map is
+    computed from the launcher's state; CUDA itself is not needed to check it)."""
+    script = tmp_path / "where.py"
+    script.write_text(
+        "from accelerate import PartialState\n"
+        "from stepgap.student.sft import kbit_device_map\n"
+        "state = PartialState(cpu=True)  # no CUDA here: gloo; a GPU run finds its ranks alone\n"
+        "print(f'rank {state.process_index}: {kbit_device_map(cuda=True)} '\n"
+        "      f'cpu: {kbit_device_map(cuda=False)}', flush=True)\n"
+    )
+    accelerate = Path(sys.executable).parent / "accelerate"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [str(accelerate), "launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", str(script)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(x for x in proc.stdout.splitlines() if x.startswith("rank "))
+    assert lines == ["rank 0: {'': 0} cpu: None", "rank 1: {'': 1} cpu: None"]
 
 
 def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
