@@ -8,10 +8,12 @@ same decision tree as the teacher with the thresholds recorded at export.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from stepgap.teacher.checker import Checker
+from stepgap.teacher.judges import JudgeBackend
 from stepgap.teacher.tree import TreeConfig
 
 
@@ -41,27 +43,37 @@ class OfflineChecker(Checker):
         batch_size: int = 8,
         max_new_tokens: int = 768,
         nli_batch_size: int = 32,
+        served_judge: Callable[[bool], JudgeBackend] | None = None,
     ) -> OfflineChecker:
+        """`served_judge(nli_features)`: the bundle's student as served elsewhere (an
+        OpenAI-compatible engine), used instead of loading the student here."""
         from stepgap.export.bundle import verify_bundle
-        from stepgap.student.judge import StudentJudge
+        from stepgap.student.judge import StudentJudge, student_meta
         from stepgap.teacher.nli.onnx import ONNXNLI
 
         go_offline()
         root = Path(path)
         manifest = verify_bundle(root)
         student = manifest["student"]
-        base = None
-        if not student["merged"]:  # carried in the bundle, or a hub id pinned to a commit
-            base = student["base"] if student.get("base_revision") else str(root / student["base"])
-        judge = StudentJudge(
-            str(root / student["path"]),
-            base=base,
-            base_revision=student.get("base_revision"),
-            device=device,
-            dtype=dtype,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-        )
+        judge: JudgeBackend
+        if served_judge is not None:
+            meta = student_meta(root / student["path"])
+            judge = served_judge(bool(meta.get("nli_features", False)))
+        else:
+            base = None
+            if not student["merged"]:  # carried in the bundle, or a hub id pinned to a commit
+                base = (
+                    student["base"] if student.get("base_revision") else str(root / student["base"])
+                )
+            judge = StudentJudge(
+                str(root / student["path"]),
+                base=base,
+                base_revision=student.get("base_revision"),
+                device=device,
+                dtype=dtype,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+            )
         nli = ONNXNLI(
             root / manifest["nli"]["path"],
             precision=nli_precision or manifest["nli"]["default_precision"],

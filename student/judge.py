@@ -19,6 +19,7 @@ from stepgap.data_builders.sft import STUDENT_KEYS
 from stepgap.models import align_chat_eos, explain_load_errors
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
+from stepgap.teacher.judges.openai_api import OpenAIJudge
 from stepgap.teacher.tree import PATH_TOKENS
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,18 @@ def student_json_schema() -> dict[str, Any]:
     schema["properties"]["gap_type"] = {"type": "string", "enum": list(LABELS)}
     schema["required"] = [*schema["required"], *STUDENT_KEYS]
     return schema
+
+
+def parse_student_answer(text: str) -> tuple[Judge, dict[str, Any]]:
+    """The judge object, and the student's own path and label split off from it."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return parse_judge(text), {}  # raises with the position
+    if not isinstance(obj, dict):
+        raise JudgeParseError("student answer is not a JSON object")
+    claims = {key: obj.pop(key, None) for key in STUDENT_KEYS}
+    return parse_judge(json.dumps(obj)), claims
 
 
 def is_adapter(path: str | Path) -> bool:
@@ -91,9 +104,7 @@ class StudentJudge(HFJudge):
     ) -> None:
         self.base = base
         self.base_revision = base_revision
-        meta = Path(model) / STUDENT_META
-        info = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
-        self.nli_features = bool(info.get("nli_features", False))  # the Checker adds them
+        self.nli_features = bool(student_meta(model).get("nli_features", False))  # Checker adds
         super().__init__(model, **options)
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
@@ -103,15 +114,7 @@ class StudentJudge(HFJudge):
         return student_json_schema()
 
     def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
-        """The judge object, and the student's own path and label split off from it."""
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
-            return parse_judge(text), {}  # raises with the position
-        if not isinstance(obj, dict):
-            raise JudgeParseError("student answer is not a JSON object")
-        claims = {key: obj.pop(key, None) for key in STUDENT_KEYS}
-        return parse_judge(json.dumps(obj)), claims
+        return parse_student_answer(text)
 
 
 def load_student_judge(model: str, **options: Any) -> StudentJudge:
@@ -120,3 +123,41 @@ def load_student_judge(model: str, **options: Any) -> StudentJudge:
         "max_string_chars", "cache", "meter", "on_result",
     }  # fmt: skip
     return StudentJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})
+
+
+class ServedStudentJudge(OpenAIJudge):
+    """The student served by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp's server)
+    under `model`: asked with the student's schema (guided JSON), parsed as the student's
+    answer. `nli_features`: the student was trained with NLI features in its prompt (the
+    Checker adds them), as its bundle records."""
+
+    name = "openai-student"
+
+    def __init__(self, model: str, *, nli_features: bool = False, **options: Any) -> None:
+        self.nli_features = nli_features
+        super().__init__(model, **options)
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        return {"spec": f"openai:{self.model}", "note": "the bundle's student, served remotely"}
+
+    def schema(self) -> dict[str, Any]:
+        return student_json_schema()
+
+    def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
+        return parse_student_answer(text)
+
+
+def load_served_student_judge(model: str, **options: Any) -> ServedStudentJudge:
+    from stepgap.teacher.judges.openai_api import OPENAI_OPTIONS
+
+    known = {*OPENAI_OPTIONS, "nli_features"}
+    return ServedStudentJudge(
+        model, **{k: v for k, v in options.items() if k in known and v is not None}
+    )
+
+
+def student_meta(path: str | Path) -> dict[str, Any]:
+    """`stepgap_student.json` of a student folder (empty when absent)."""
+    meta = Path(path) / STUDENT_META
+    return json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}

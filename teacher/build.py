@@ -62,6 +62,9 @@ def build_checker(
 ) -> Checker:
     """The hybrid checker from a judge and an NLI model (specs or backends), or the offline
     checker of an exported bundle (`bundle=`, which brings its own judge, NLI and thresholds).
+    With a bundle, `judge="openai:NAME"` asks the bundle's student served by an
+    OpenAI-compatible engine (`judge_options["base_url"]`) instead of loading it here; the
+    bundle still gives the schema, prompt version, NLI model and thresholds.
 
     `device` places the NLI model; `judge_options` go to `build_judge` (for a bundle: the
     student's `device`, `dtype`, `batch_size` and `max_tokens`).
@@ -70,8 +73,20 @@ def build_checker(
     if bundle:
         from stepgap.serving.offline import OfflineChecker
 
-        if judge or nli:
-            raise ValueError("--bundle brings its own judge and NLI model; drop --judge/--nli")
+        if nli:
+            raise ValueError("--bundle brings its own NLI model; drop --nli")
+        served = None
+        if judge is not None:
+            kind, _, name = judge.partition(":") if isinstance(judge, str) else ("", "", "")
+            if kind != "openai" or not name:
+                raise ValueError(
+                    "with --bundle, --judge can only be openai:NAME: the bundle's student served "
+                    "by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) at --base-url"
+                )
+
+            def served(nli_features: bool) -> JudgeBackend:
+                return build_judge(f"openai-student:{name}", nli_features=nli_features, **options)
+
         return OfflineChecker.from_bundle(
             bundle,
             nli_precision=nli_precision,
@@ -79,6 +94,7 @@ def build_checker(
             dtype=options.get("dtype"),
             batch_size=options.get("batch_size") or 8,
             max_new_tokens=options.get("max_tokens") or 768,
+            served_judge=served,
         )
     if not judge or not nli:
         raise ValueError("give --judge and --nli, or --bundle")

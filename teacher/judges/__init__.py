@@ -32,6 +32,12 @@ def _hf(model: str, **options: Any) -> JudgeBackend:
     return load_hf_judge(model, **options)
 
 
+def _served_student(model: str, **options: Any) -> JudgeBackend:
+    from stepgap.student.judge import load_served_student_judge
+
+    return load_served_student_judge(model, **options)
+
+
 def _student(model: str, **options: Any) -> JudgeBackend:
     from stepgap.student.judge import load_student_judge
 
@@ -43,6 +49,7 @@ _REGISTRY: dict[str, Callable[..., JudgeBackend]] = {
     "openai": _openai,
     "hf": _hf,
     "student": _student,
+    "openai-student": _served_student,  # what `--bundle B --judge openai:NAME` builds
 }
 
 

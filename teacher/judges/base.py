@@ -105,9 +105,11 @@ def judge_json_schema() -> dict[str, Any]:
     return inline(schema)
 
 
-def response_format() -> dict[str, Any]:
-    """The `response_format` argument for chat completions with a strict schema."""
+def response_format(schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `response_format` argument for chat completions with a strict schema (by default the
+    teacher's judge schema)."""
+    schema = schema if schema is not None else judge_json_schema()
     return {
         "type": "json_schema",
-        "json_schema": {"name": "stepgap_judge", "strict": True, "schema": judge_json_schema()},
+        "json_schema": {"name": "stepgap_judge", "strict": True, "schema": schema},
     }

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stepgap.data_builders.schema import Judge
 from stepgap.redact import redact
 
 from ..prompt import PROMPT_VERSION
@@ -100,6 +101,14 @@ class OpenAIJudge:
     def provenance(self) -> dict[str, str | None]:
         return {"spec": f"openai:{self.model}", "note": None}
 
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema the server is asked to follow (see `format_params`)."""
+        return judge_json_schema()
+
+    def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
+        """(judge object, anything the answer holds beyond it)."""
+        return parse_judge(text), {}
+
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Judge every request; results come back in request order."""
         try:
@@ -177,10 +186,10 @@ class OpenAIJudge:
                     client.with_options(max_retries=1) if probing else client
                 ).chat.completions.create(
                     model=self.model,
-                    messages=format_messages(request.messages, fmt),
+                    messages=format_messages(request.messages, fmt, self.schema()),
                     logprobs=self.logprobs or None,
                     **self.params,
-                    **format_params(fmt),
+                    **format_params(fmt, self.schema()),
                 )
             except openai.APIStatusError as exc:
                 refused = exc.status_code in (400, 422) or exc.status_code >= 500
@@ -232,12 +241,15 @@ class OpenAIJudge:
                 problem = f"the answer was truncated at max_tokens={self.params['max_tokens']}"
             else:
                 try:
-                    judge = parse_judge(choice.message.content or "")
+                    judge, extra = self.parse(choice.message.content or "")
                 except JudgeParseError as exc:
                     problem = str(exc)
                 else:
                     result = JudgeResult(
-                        judge=judge, confidences=_confidences(choice), usage=dict(usage)
+                        judge=judge,
+                        confidences=_confidences(choice),
+                        usage=dict(usage),
+                        extra=extra,
                     )
                     if len(self.formats) > 1:  # the format that worked stays for the run
                         del self.formats[1:]
@@ -255,28 +267,33 @@ class OpenAIJudge:
 RESPONSE_FORMATS = ("json_schema", "json_object", "none")
 
 
-def format_params(fmt: str) -> dict[str, Any]:
+def format_params(fmt: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request parameters of a response format.
 
     json_schema: OpenAI's strict structured output (vLLM, SGLang and llama.cpp's server take it
     too); json_object: JSON mode with the schema alongside, as llama-cpp-python and Ollama take
     it; none: no parameter at all (the schema is in the prompt, and invalid JSON is asked again).
     """
+    schema = schema if schema is not None else judge_json_schema()
     if fmt == "json_schema":
-        return {"response_format": response_format()}
+        return {"response_format": response_format(schema)}
     if fmt == "json_object":
-        return {"response_format": {"type": "json_object", "schema": judge_json_schema()}}
+        return {"response_format": {"type": "json_object", "schema": schema}}
     return {}
 
 
-def format_messages(messages: list[dict[str, str]], fmt: str) -> list[dict[str, str]]:
+def format_messages(
+    messages: list[dict[str, str]], fmt: str, schema: dict[str, Any] | None = None
+) -> list[dict[str, str]]:
     """Without a response format, the system message also carries the JSON schema."""
     if fmt != "none":
         return messages
-    schema = json.dumps(judge_json_schema(), separators=(",", ":"))
+    schema_text = json.dumps(
+        schema if schema is not None else judge_json_schema(), separators=(",", ":")
+    )
     note = (
         "\n\nReply with the JSON object only: no prose, no code fence. It must validate "
-        f"against this JSON schema: {schema}"
+        f"against this JSON schema: {schema_text}"
     )
     return [{**m, "content": m["content"] + note} if m["role"] == "system" else m for m in messages]
 
@@ -304,10 +321,14 @@ def _confidences(choice: Any) -> dict[str, float]:
     return stage_confidences([(t.token, t.logprob) for t in content])
 
 
+OPENAI_OPTIONS = frozenset({
+    "base_url", "api_key_env", "concurrency", "max_retries", "timeout", "invalid_retries",
+    "temperature", "max_tokens", "logprobs", "cache", "meter", "on_result", "stop_after",
+    "response_format",
+})  # fmt: skip
+
+
 def load_openai_judge(model: str, **options: Any) -> OpenAIJudge:
-    known = {
-        "base_url", "api_key_env", "concurrency", "max_retries", "timeout", "invalid_retries",
-        "temperature", "max_tokens", "logprobs", "cache", "meter", "on_result", "stop_after",
-        "response_format",
-    }  # fmt: skip
-    return OpenAIJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})
+    return OpenAIJudge(
+        model, **{k: v for k, v in options.items() if k in OPENAI_OPTIONS and v is not None}
+    )

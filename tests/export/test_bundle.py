@@ -277,3 +277,49 @@ def test_a_hub_base_is_pinned_to_a_revision_or_refused(
     assert student["base_revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
     shipped = json.loads((tmp_path / "b2" / "student" / "adapter_config.json").read_text())
     assert shipped["base_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_a_bundle_with_its_student_served_elsewhere(bundles, tiny_student, in_memory, tmp_path,
+                                                     examples_dir, example_traces):  # fmt: skip
+    """`check --bundle B --judge openai:NAME --base-url URL`: the student answers from an
+    OpenAI-compatible server (here the test server, replaying what the student itself answers
+    to each prompt), asked with the student's schema; the bundle's ONNX NLI and thresholds
+    decide, so the verdicts are the in-process ones."""
+    from stepgap.teacher.prompt import build_requests
+    from tests.fixtures.openai_server import FakeOpenAI, prompt_key
+
+    adapter, _ = tiny_student
+    requests = [r for t in example_traces for r in build_requests(t.id, t.question, t.steps)]
+    results = StudentJudge(str(adapter), batch_size=8).judge(requests)
+    answers = {
+        prompt_key(q.messages): {**r.judge.model_dump(), **r.extra}
+        for q, r in zip(requests, results, strict=True)
+        if r.judge is not None
+    }
+    assert len(answers) >= 20
+    server = FakeOpenAI(answers=answers).start()
+    try:
+        out = tmp_path / "served.jsonl"
+        assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle",
+                     str(bundles["merged"]), "--judge", "openai:stepgap-student", "--base-url",
+                     server.base_url, "--no-cache", "--no-progress", "-o", str(out)]) == 0  # fmt: skip
+    finally:
+        server.stop()
+    from stepgap.data_builders.io import read_models
+    from stepgap.data_builders.schema import Verdict
+
+    served = [v for _, v in read_models(out, Verdict)]
+    answered = [v for v in in_memory if v.judge is not None]
+    assert len(answered) == len(answers)
+    by_key = {(v.trace_id, v.step): v for v in served}
+    _same_verdicts([by_key[(v.trace_id, v.step)] for v in answered], answered, atol=1e-2)
+    schema = server.response_formats[0]["json_schema"]["schema"]
+    assert {"pipeline_path", "gap_type"} <= set(schema["properties"])  # the student's schema
+    assert served[0].checker["judge"]["spec"] == "openai:stepgap-student"
+
+
+def test_a_bundle_takes_only_a_served_openai_judge(bundles, capsys):
+    rc = main(["check", "examples/traces.jsonl", "--bundle", str(bundles["merged"]), "--judge",
+               "hf:some/model", "-o", "x.jsonl"])  # fmt: skip
+    assert rc == 2
+    assert "with --bundle, --judge can only be openai:NAME" in capsys.readouterr().err
