@@ -25,6 +25,7 @@ from typing import Any
 from stepgap import __version__
 
 from .onnx_nli import ExportError, check_parity, export_onnx
+from .serving_recipe import RECIPE, SERVED_NAME, serving_recipe
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,7 @@ def export_bundle(
             nli, onnx_dir, precisions, probe=probe, atol=parity_atol, floor=parity_floor
         )
         _scrub_local_paths(work)
+        (work / RECIPE).write_text(serving_recipe(student_info), encoding="utf-8")
         config = json.loads((onnx_dir / "config.json").read_text())
         tree_cfg = TreeConfig(**(tree or {}))
         manifest = {
@@ -230,6 +232,7 @@ def export_bundle(
                 "hypothesis": tree_cfg.hypothesis,
             },
             "eval": eval_summary,
+            "serving": {"recipe": RECIPE, "served_model_name": SERVED_NAME},
             "files": {
                 str(p.relative_to(work)): sha256_file(p)
                 for p in sorted(work.rglob("*"))

@@ -199,7 +199,9 @@ def test_export_refuses_to_overwrite_and_leaves_no_partial_bundle(bundles, tiny_
     assert json.loads((bundles["merged"] / "manifest.json").read_text())["format_version"] == 1
 
 
-def test_nothing_in_a_bundle_or_its_card_names_a_path_of_this_machine(bundles, tmp_path_factory):
+def test_nothing_in_a_bundle_or_its_card_names_a_path_of_this_machine(
+    bundles, tmp_path_factory, tiny_nli
+):
     """`push` publishes the manifest, the card and every file: hub ids and names only."""
     from stepgap.export.hub import render_card
 
@@ -213,7 +215,7 @@ def test_nothing_in_a_bundle_or_its_card_names_a_path_of_this_machine(bundles, t
         for name, text in texts.items():
             assert local not in text and str(REPO) not in text, name
         assert manifest["student"]["source"] == "tiny-student0"  # the folder's name
-        assert manifest["nli"]["source"] == "tiny-nli0"
+        assert manifest["nli"]["source"] == Path(tiny_nli).name  # tiny-nli0, or the cache's
     adapter = verify_bundle(bundles["adapter"])["student"]
     assert (
         adapter["base"] == "base"
@@ -313,6 +315,17 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, tiny_student, in_me
     assert len(answered) == len(answers)
     by_key = {(v.trace_id, v.step): v for v in served}
     _same_verdicts([by_key[(v.trace_id, v.step)] for v in answered], answered, atol=1e-2)
+    # the bundle says how to serve its student, under the name used here
+    manifest = verify_bundle(bundles["merged"])
+    recipe = (bundles["merged"] / manifest["serving"]["recipe"]).read_text()
+    assert manifest["files"]["SERVING.md"]  # checksummed like every file
+    for line in ("vllm serve ./student --served-model-name stepgap-student",
+                 "--model-path ./student --served-model-name stepgap-student",
+                 "convert_hf_to_gguf.py ./student",
+                 "--bundle . --judge openai:stepgap-student --base-url"):  # fmt: skip
+        assert line in recipe, line
+    adapter_recipe = (bundles["adapter"] / "SERVING.md").read_text()
+    assert "--enable-lora --lora-modules stepgap-student=./student" in adapter_recipe
     schema = server.response_formats[0]["json_schema"]["schema"]
     assert {"pipeline_path", "gap_type"} <= set(schema["properties"])  # the student's schema
     assert served[0].checker["judge"]["spec"] == "openai:stepgap-student"
