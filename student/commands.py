@@ -35,9 +35,9 @@ def train(args: argparse.Namespace) -> int:
     from stepgap.student.sft import train as run_training
 
     metrics = run_training(cfg, resume=args.resume)
-    from accelerate import PartialState
+    from stepgap.student.sft import process_state
 
-    if PartialState().is_main_process:  # one report, not one per rank
+    if process_state().is_main_process:  # one report, not one per rank
         print(json.dumps(metrics, indent=2, default=str))
     return 0
 

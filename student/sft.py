@@ -55,19 +55,28 @@ def load_sft_data(cfg: StudentTrainConfig) -> Any:
     return data
 
 
+def process_state() -> Any:
+    """accelerate's process state, as the Trainer will see it. Without CUDA the ranks of a
+    launch are CPU processes (gloo), which accelerate only recognises when asked for the CPU."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def kbit_device_map(cuda: bool | None = None) -> dict[str, int] | None:
     """Where a 4-bit base loads: this process's whole copy on its own GPU, `{"": local rank}`.
 
     The model loads before the trainer creates its accelerate state, and bitsandbytes weights
     cannot move after loading, so without a map every rank would put its copy on cuda:0.
-    `PartialState` reads the launcher's environment (accelerate, torchrun). None without CUDA.
+    The process state reads the launcher's environment (accelerate, torchrun). None without
+    CUDA.
     """
     import torch
-    from accelerate import PartialState
 
     if cuda is None:
         cuda = torch.cuda.is_available()
-    return {"": PartialState().local_process_index} if cuda else None
+    return {"": process_state().local_process_index} if cuda else None
 
 
 def _restore_indexed_cpu(storage: Any, location: str) -> Any:
@@ -100,9 +109,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     if cfg.model == TINY_REF:
         if data is None:
             raise ValueError(f"{TINY_REF} is built from the training data; pass it")
-        from accelerate import PartialState
-
-        with PartialState().main_process_first():  # built once, read by the other ranks
+        with process_state().main_process_first():  # built once, read by the other ranks
             ref = str(tiny_student_base(model_ref(cfg), data["train"], cfg.seed))
     else:
         ref = resolve_model_ref(cfg.model)

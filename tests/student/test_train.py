@@ -244,9 +244,8 @@ def test_each_process_loads_a_4bit_base_on_its_own_gpu(tmp_path):
     computed from the launcher's state; CUDA itself is not needed to check it)."""
     script = tmp_path / "where.py"
     script.write_text(
-        "from accelerate import PartialState\n"
-        "from stepgap.student.sft import kbit_device_map\n"
-        "state = PartialState(cpu=True)  # no CUDA here: gloo; a GPU run finds its ranks alone\n"
+        "from stepgap.student.sft import kbit_device_map, process_state\n"
+        "state = process_state()\n"
         "print(f'rank {state.process_index}: {kbit_device_map(cuda=True)} '\n"
         "      f'cpu: {kbit_device_map(cuda=False)}', flush=True)\n"
     )
