@@ -178,6 +178,7 @@ class OpenAIJudge:
         """
         import openai
 
+        schema = self.schema()  # once per request, not once per format tried
         while True:
             fmt = self.formats[0]
             probing = not self.working and len(self.formats) > 1
@@ -186,10 +187,10 @@ class OpenAIJudge:
                     client.with_options(max_retries=1) if probing else client
                 ).chat.completions.create(
                     model=self.model,
-                    messages=format_messages(request.messages, fmt, self.schema()),
+                    messages=format_messages(request.messages, fmt, schema),
                     logprobs=self.logprobs or None,
                     **self.params,
-                    **format_params(fmt, self.schema()),
+                    **format_params(fmt, schema),
                 )
             except openai.APIStatusError as exc:
                 refused = exc.status_code in (400, 422) or exc.status_code >= 500
