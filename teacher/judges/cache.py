@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from stepgap.data_builders.schema import Judge
 
 from .base import JudgeRequest, JudgeResult
@@ -74,13 +76,14 @@ class JudgeCache:
             self._local.conn = conn
         return conn
 
-    def get(self, key: str) -> JudgeResult | None:
+    def get(self, key: str, answer: type[BaseModel] | None = None) -> JudgeResult | None:
+        """The stored result of `key`, validated as `answer` (default: the teacher's judge)."""
         row = self._conn().execute("SELECT value FROM judge_cache WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         value = json.loads(row[0])
         return JudgeResult(
-            judge=Judge.model_validate(value["judge"]),
+            judge=(answer or Judge).model_validate(value["judge"]),
             confidences=value.get("confidences") or {},
             usage=value.get("usage") or {},
         )

@@ -30,7 +30,16 @@ from stepgap.models import (
 
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
-from .base import JudgeParseError, JudgeRequest, JudgeResult, judge_json_schema, parse_judge
+from .base import (
+    JudgeParseError,
+    JudgeRequest,
+    JudgeResult,
+    answer_json_schema,
+    answer_params,
+    judge_json_schema,
+    parse_answer,
+    parse_judge,
+)
 from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
 from .cost import CostMeter
@@ -163,6 +172,7 @@ class HFJudge:
             if constrained
             else None
         )
+        self.answer_indexes: dict[type, Any] = {}  # per answer schema of JudgeRequest.answer
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
         self.on_result = on_result
@@ -191,14 +201,28 @@ class HFJudge:
         """(judge object, anything the answer holds beyond it)."""
         return parse_judge(text), {}
 
+    def answer_index(self, answer: type | None) -> Any:
+        """The decoding constraint of a request: this judge's schema, or the request's own."""
+        if not self.constrained:
+            return None
+        if answer is None:
+            return self.index
+        if answer not in self.answer_indexes:
+            regex = judge_regex(self.max_string_chars, answer_json_schema(answer))
+            self.answer_indexes[answer] = build_index(self.tokenizer, regex)
+        return self.answer_indexes[answer]
+
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
         results: list[JudgeResult | None] = [None] * len(requests)
         keys = [
-            cache_key(self.name, self.model_ref, PROMPT_VERSION, self.params, r) for r in requests
+            cache_key(
+                self.name, self.model_ref, PROMPT_VERSION, {**self.params, **answer_params(r)}, r
+            )
+            for r in requests
         ]
         todo = []
         for i, (request, key) in enumerate(zip(requests, keys, strict=True)):
-            hit = self.cache.get(key) if self.cache is not None else None
+            hit = self.cache.get(key, request.answer) if self.cache is not None else None
             if hit is not None:
                 self.meter.hit()
                 results[i] = JudgeResult(judge=hit.judge, confidences=hit.confidences)
@@ -211,12 +235,20 @@ class HFJudge:
             )
             for i in todo
         }
-        todo.sort(key=lambda i: len(prompts[i]))  # similar lengths share a batch
+        # one answer schema per batch (one constraint); similar lengths share a batch
+        groups: dict[Any, list[int]] = {}
+        for i in todo:
+            groups.setdefault(requests[i].answer, []).append(i)
+        batches = []
+        for answer, group in groups.items():
+            group.sort(key=lambda i: len(prompts[i]))
+            for start in range(0, len(group), self.batch_size):
+                batches.append((answer, group[start : start + self.batch_size]))
         bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
-        for start in range(0, len(todo), self.batch_size):
-            batch = todo[start : start + self.batch_size]
+        for answer, batch in batches:
             bar.update(len(batch))
-            for i, result in zip(batch, self._generate([prompts[i] for i in batch]), strict=True):
+            generated = self._generate([prompts[i] for i in batch], answer)
+            for i, result in zip(batch, generated, strict=True):
                 if result.judge is not None and self.cache is not None:
                     self.cache.put(keys[i], self.model_ref, result)
                 if result.judge is None:
@@ -230,7 +262,7 @@ class HFJudge:
         if self.on_result is not None:
             self.on_result(request, result)
 
-    def _generate(self, prompts: list[str]) -> list[JudgeResult]:
+    def _generate(self, prompts: list[str], answer: type | None = None) -> list[JudgeResult]:
         import torch
         from transformers import LogitsProcessorList
 
@@ -243,8 +275,9 @@ class HFJudge:
         ).to(self.model.device)
         eos = self.tokenizer.eos_token_id
         processors = LogitsProcessorList()
-        if self.index is not None:
-            processors.append(SchemaConstraint(self.index, eos))
+        index = self.answer_index(answer)
+        if index is not None:
+            processors.append(SchemaConstraint(index, eos))
         with torch.inference_mode():
             out = self.model.generate(
                 **enc,
@@ -276,7 +309,9 @@ class HFJudge:
                 continue
             text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
             try:
-                judge, extra = self.parse(text)
+                judge, extra = (
+                    self.parse(text) if answer is None else (parse_answer(text, answer), {})
+                )
             except JudgeParseError as exc:
                 results.append(JudgeResult.failed(str(exc), usage))
                 continue
@@ -285,6 +320,7 @@ class HFJudge:
                 for k, t in enumerate(ids[:n])
             ]
             conf = {s: p for s, p in stage_confidences(tokens).items() if math.isfinite(p)}
+            conf = conf if answer is None else {}  # stage fields of the judge schema only
             results.append(JudgeResult(judge=judge, confidences=conf, usage=usage, extra=extra))
         return results
 

@@ -27,7 +27,10 @@ from .base import (
     JudgeParseError,
     JudgeRequest,
     JudgeResult,
+    answer_json_schema,
+    answer_params,
     judge_json_schema,
+    parse_answer,
     parse_judge,
     response_format,
 )
@@ -109,6 +112,12 @@ class OpenAIJudge:
         """(judge object, anything the answer holds beyond it)."""
         return parse_judge(text), {}
 
+    def _parse(self, request: JudgeRequest, text: str) -> tuple[Any, dict[str, Any]]:
+        """The backend's own parse, or the request's answer schema when it names one."""
+        if request.answer is None:
+            return self.parse(text)
+        return parse_answer(text, request.answer), {}
+
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Judge every request; results come back in request order."""
         try:
@@ -161,7 +170,7 @@ class OpenAIJudge:
 
     def _key(self, request: JudgeRequest) -> str:
         # not the response format: every format yields the same validated judge object
-        params = {**self.params, "logprobs": self.logprobs}
+        params = {**self.params, "logprobs": self.logprobs, **answer_params(request)}
         return cache_key(self.name, self.model, PROMPT_VERSION, params, request)
 
     @property
@@ -178,7 +187,8 @@ class OpenAIJudge:
         """
         import openai
 
-        schema = self.schema()  # once per request, not once per format tried
+        # once per request, not once per format tried; a request's own answer schema wins
+        schema = self.schema() if request.answer is None else answer_json_schema(request.answer)
         while True:
             fmt = self.formats[0]
             probing = not self.working and len(self.formats) > 1
@@ -206,7 +216,7 @@ class OpenAIJudge:
         import openai
 
         key = self._key(request) if self.cache is not None else ""
-        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+        if self.cache is not None and (hit := self.cache.get(key, request.answer)) is not None:
             self.meter.hit()
             return JudgeResult(judge=hit.judge, confidences=hit.confidences)
         usage: dict[str, int] = {}
@@ -242,13 +252,13 @@ class OpenAIJudge:
                 problem = f"the answer was truncated at max_tokens={self.params['max_tokens']}"
             else:
                 try:
-                    judge, extra = self.parse(choice.message.content or "")
+                    judge, extra = self._parse(request, choice.message.content or "")
                 except JudgeParseError as exc:
                     problem = str(exc)
                 else:
                     result = JudgeResult(
                         judge=judge,
-                        confidences=_confidences(choice),
+                        confidences=_confidences(choice) if request.answer is None else {},
                         usage=dict(usage),
                         extra=extra,
                     )

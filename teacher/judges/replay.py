@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from stepgap.data_builders.io import ErrorReport, read_models
 from stepgap.data_builders.schema import Judge, Verdict
 
-from .base import JudgeRequest, JudgeResult
+from .base import JudgeRequest, JudgeResult, require_judge_schema
 
 
 class _StoredJudge(BaseModel):
@@ -62,6 +62,7 @@ class ReplayJudge:
         )
 
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        require_judge_schema(self.name, requests)
         return [
             self.table.get((r.trace_id, r.step))
             or JudgeResult.failed(f"no stored judge output for trace {r.trace_id!r} step {r.step}")
