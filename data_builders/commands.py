@@ -41,6 +41,7 @@ def sft_data(args: argparse.Namespace) -> int:
         device=args.device,
         push_to_hub=args.push_to_hub,
         private=args.private,
+        earlier_evidence_chars=args.evidence_chars,
         report=report,
     )
     sizes = ", ".join(f"{k}: {len(v)}" for k, v in data.items())
@@ -66,6 +67,14 @@ def sft_data_arguments(p: argparse.ArgumentParser) -> None:
         "(hf:ID_OR_PATH, a hub id/path or replay:FILE); without it: the paper's no-NLI student",
     )
     p.add_argument("--device", default=None, help="device of the --nli-features model")
+    p.add_argument(
+        "--evidence-chars",
+        type=int,
+        metavar="N",
+        help="budget of earlier steps' evidence in each prompt, in characters (default: the "
+        "teacher's 32000, about 7400 Qwen tokens): fit the prompts to the recipe's max_length; "
+        "the trained student keeps this budget when it judges",
+    )
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the data set to the Hub")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: a private repo")
     add_errors_option(p)

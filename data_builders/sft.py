@@ -50,11 +50,14 @@ def sft_examples(
     exclude_ids: Iterable[str] = (),
     stats: SFTStats | None = None,
     nli: Any = None,
+    earlier_evidence_chars: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Prompt-completion chat examples, one per successfully labeled step.
 
     With an NLI backend, each prompt also carries the step's NLI features (the "with NLI"
     student); without, it is the teacher's prompt exactly (the paper's "no NLI" ablation).
+    `earlier_evidence_chars` shortens the earlier-evidence budget of the prompt (default: the
+    teacher's), to keep the examples within the student's `max_length`.
     """
     from stepgap.teacher.checker import group_by_trace, step_nli_features
     from stepgap.teacher.prompt import build_messages
@@ -79,7 +82,13 @@ def sft_examples(
             stats.examples += 1
             stats.labels[v.label] = stats.labels.get(v.label, 0) + 1
             yield {
-                "prompt": build_messages(question, steps, i, features[i] if features else None),  # type: ignore[arg-type]
+                "prompt": build_messages(
+                    question,
+                    steps,  # type: ignore[arg-type]
+                    i,
+                    features[i] if features else None,
+                    earlier_evidence_chars=earlier_evidence_chars,
+                ),
                 "completion": [{"role": "assistant", "content": student_target(v)}],
                 "trace_id": trace_id,
                 "step": v.step,
@@ -111,11 +120,20 @@ def build_sft_dataset(
     exclude_ids: Iterable[str] = (),
     stats: SFTStats | None = None,
     nli: Any = None,
+    earlier_evidence_chars: int | None = None,
 ) -> Any:
     """A `datasets.DatasetDict` with `train` and (when non-empty) `test` splits."""
     from datasets import Dataset, DatasetDict
 
-    examples = list(sft_examples(verdicts, exclude_ids=exclude_ids, stats=stats, nli=nli))
+    examples = list(
+        sft_examples(
+            verdicts,
+            exclude_ids=exclude_ids,
+            stats=stats,
+            nli=nli,
+            earlier_evidence_chars=earlier_evidence_chars,
+        )
+    )
     if not examples:
         raise ValueError("no labeled steps to learn from (all failed, excluded or incomplete)")
     train, held = split_by_trace(examples, eval_fraction, seed)
@@ -169,6 +187,7 @@ def write_sft_data(
     device: str | None = None,
     push_to_hub: str | None = None,
     private: bool = False,
+    earlier_evidence_chars: int | None = None,
     report: Any = None,
 ) -> tuple[Any, SFTStats]:
     """Teacher verdict files -> the student's SFT data set on disk (`stepgap sft-data`).
@@ -191,13 +210,20 @@ def write_sft_data(
 
         nli = load_nli(nli_features, device=device)
     data = build_sft_dataset(
-        rows, eval_fraction=eval_fraction, seed=seed, exclude_ids=exclude, stats=stats, nli=nli
+        rows,
+        eval_fraction=eval_fraction,
+        seed=seed,
+        exclude_ids=exclude,
+        stats=stats,
+        nli=nli,
+        earlier_evidence_chars=earlier_evidence_chars,
     )
     save_sft_dataset(
         data,
         output,
         nli_features=nli is not None,
         nli_model=nli_features,
+        earlier_evidence_chars=earlier_evidence_chars,
         eval_fraction=eval_fraction,
         seed=seed,
         stats=stats.__dict__,

@@ -106,7 +106,8 @@ def main_demo() -> None:
         f"--set=output_dir={student}")  # fmt: skip
     run("check", seg, f"--judge=student:{student}", f"--nli={nli}", "--device=cpu",
         "-o", str(OUT / "verdicts_student.jsonl"))  # fmt: skip
-    run("mine", str(OUT / "verdicts.jsonl"), f"--student={student}", "-o", str(OUT / "mined"))
+    run("mine", str(OUT / "verdicts.jsonl"), f"--student={student}", f"--nli={nli}",
+        "--device=cpu", "-o", str(OUT / "mined"))  # fmt: skip
 
     print("\n== 7. evaluate every checker against the hand labels (report, tables, plots)")
     run(

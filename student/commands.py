@@ -8,7 +8,7 @@ import json
 import sys
 
 from stepgap.cli import Command
-from stepgap.cli.options import add_errors_option, finish
+from stepgap.cli.options import add_errors_option, add_nli_options, finish, tree_config
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,9 +53,11 @@ def mine(args: argparse.Namespace) -> int:
         args.output,
         gold=args.gold,
         nli=args.nli,
+        tree=tree_config(args),
         device=args.device,
         held_out_fraction=args.held_out_fraction,
         seed=args.seed,
+        allow_training_traces=args.include_training_traces,
         augment_config=args.augment_config,
         augment_steps=args.augment_steps,
         augment_lr=args.augment_lr,
@@ -74,11 +76,22 @@ def mine(args: argparse.Namespace) -> int:
 
 
 def mine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pool", help="teacher verdicts of the labeled pool (JSONL)")
+    p.add_argument(
+        "pool",
+        help="teacher verdicts of a labeled pool (JSONL); traces the student was trained on are "
+        "left out",
+    )
     p.add_argument("--student", required=True, metavar="PATH", help="trained adapter or merged")
     p.add_argument("-o", "--output", required=True, help="folder for the mined steps")
     p.add_argument("--gold", nargs="+", help="gold labels: keep steps the paper's way")
-    p.add_argument("--held-out-fraction", type=float, default=0.5, help="by trace")
+    p.add_argument(
+        "--include-training-traces",
+        action="store_true",
+        help="keep the student's training traces in the pool (measures memory, not the checker)",
+    )
+    p.add_argument(
+        "--held-out-fraction", type=float, default=0.5, help="mined steps kept out of augmentation"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--augment-config",
@@ -96,12 +109,11 @@ def mine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe key")
     g = p.add_argument_group("student judge")
     g.add_argument("--student-base", metavar="ID_OR_PATH", help="base of the adapter")
-    g.add_argument("--nli", metavar="SPEC", help="NLI model for a student trained with features")
-    g.add_argument("--device", default=None, help="device of the --nli model")
     g.add_argument("--judge-device", default=None, help="device (default auto)")
     g.add_argument("--judge-dtype", default=None, help="dtype (float32, bfloat16, ...)")
     g.add_argument("--judge-batch-size", type=int, default=8, help="generation batch")
     g.add_argument("--max-tokens", type=int, default=None, help="answer token budget")
+    add_nli_options(p)  # the shipped checker is compared: the tree needs stages D-E
     add_errors_option(p)
 
 

@@ -104,7 +104,9 @@ class StudentJudge(HFJudge):
     ) -> None:
         self.base = base
         self.base_revision = base_revision
-        self.nli_features = bool(student_meta(model).get("nli_features", False))  # Checker adds
+        meta = student_meta(model)
+        self.nli_features = bool(meta.get("nli_features", False))  # the Checker adds them
+        self.earlier_evidence_chars = meta.get("earlier_evidence_chars")  # its prompt budget
         super().__init__(model, **options)
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
@@ -129,12 +131,21 @@ class ServedStudentJudge(OpenAIJudge):
     """The student served by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp's server)
     under `model`: asked with the student's schema (guided JSON), parsed as the student's
     answer. `nli_features`: the student was trained with NLI features in its prompt (the
-    Checker adds them), as its bundle records."""
+    Checker adds them), as its bundle records; `earlier_evidence_chars`: its prompt's budget
+    of earlier evidence, when it was trained with a shorter one than the teacher's."""
 
     name = "openai-student"
 
-    def __init__(self, model: str, *, nli_features: bool = False, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        nli_features: bool = False,
+        earlier_evidence_chars: int | None = None,
+        **options: Any,
+    ) -> None:
         self.nli_features = nli_features
+        self.earlier_evidence_chars = earlier_evidence_chars
         super().__init__(model, **options)
 
     @property
@@ -151,7 +162,7 @@ class ServedStudentJudge(OpenAIJudge):
 def load_served_student_judge(model: str, **options: Any) -> ServedStudentJudge:
     from stepgap.teacher.judges.openai_api import OPENAI_OPTIONS
 
-    known = {*OPENAI_OPTIONS, "nli_features"}
+    known = {*OPENAI_OPTIONS, "nli_features", "earlier_evidence_chars"}
     return ServedStudentJudge(
         model, **{k: v for k, v in options.items() if k in known and v is not None}
     )

@@ -1,31 +1,37 @@
-"""Hard negatives: the steps where the student's path or label parts from the teacher's.
+"""Hard negatives: the steps where the checker that ships parts from the teacher.
 
-The paper's student fails mostly by calibration: it says `found_quote` and answers no-gap,
-skipping the NLI check the teacher runs. Mining runs the student over a teacher-labeled pool,
-keeps every step where the student's NLI-stage decision (the stage D/E entries of its path) or
-its final label differs from the teacher's (and, given gold labels, only where the teacher
-matches gold on an adjacent step of the same trace, as the paper does), and splits the mined
-steps by trace into a training half and a held-out half. A short augmentation run continues
-from the adapter on the training half; the found_quote -> no_gap short-circuit rate is measured
-before and after on the same pool.
+The paper's student fails mostly by calibration: it finds a quote and lets a claim through that
+the teacher, after NLI, flags. What ships is not the student's own label but the decision tree
+run on its judge object, with the NLI stages (`check --bundle`). So mining runs exactly that
+checker over a teacher-labeled pool and keeps every step where its NLI-stage decision (the
+stage D/E entries of the path) or its label differs from the teacher's (and, given gold labels,
+only where the teacher matches gold on an adjacent step of the same trace, as the paper does).
+The pool is held out: traces the student was trained on are left out (the adapter records
+them). Mined steps are split by trace into a training half and a held-out half; a short
+augmentation run continues from the adapter on the training half, an order of magnitude below
+the distillation learning rate, and the same pool is measured again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.schema import Verdict
+from stepgap.data_builders.schema import Trace, Verdict
 from stepgap.data_builders.sft import build_sft_dataset, in_eval_split, save_sft_dataset
-from stepgap.teacher.checker import group_by_trace, step_nli_features
-from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest, JudgeResult
+from stepgap.teacher.checker import Checker, group_by_trace
+from stepgap.teacher.judges.base import JudgeBackend
 from stepgap.teacher.nli.base import NLIBackend
-from stepgap.teacher.prompt import build_messages
+from stepgap.teacher.tree import TreeConfig
+
+log = logging.getLogger(__name__)
 
 NO_GAP = "no_gap"
+TRAIN_TRACES = "train_trace_ids"  # key of stepgap_student.json: the traces the student saw
 
 
 def nli_decision(path: Sequence[str] | None) -> tuple[str, ...]:
@@ -35,23 +41,24 @@ def nli_decision(path: Sequence[str] | None) -> tuple[str, ...]:
 
 @dataclass
 class Comparison:
-    """The student's answer for one teacher-labeled step."""
+    """One teacher-labeled step: the teacher's verdict and the shipped checker's (the student's
+    judge object through the tree and the NLI stages)."""
 
     teacher: Verdict
-    result: JudgeResult
+    student: Verdict
 
     @property
     def student_label(self) -> str | None:
-        return self.result.extra.get("gap_type") if self.result.judge is not None else None
+        return self.student.label
 
     @property
     def student_path(self) -> list[str]:
-        return list(self.result.extra.get("pipeline_path") or [])
+        return list(self.student.path)
 
     def differs(self) -> str | None:
-        """Why this step is a hard negative, or None when the student agrees with the teacher."""
-        if self.result.judge is None:
-            return f"student failed: {self.result.error}"
+        """Why this step is a hard negative, or None when the checker agrees with the teacher."""
+        if self.student.label is None:
+            return f"student failed: {self.student.error}"
         if nli_decision(self.student_path) != nli_decision(self.teacher.path):
             return "nli_stage"
         if self.student_label != self.teacher.label:
@@ -59,45 +66,43 @@ class Comparison:
         return None
 
     def short_circuit(self) -> bool:
-        """The student found a quote and said no-gap where the teacher, after NLI, found a gap."""
-        judge = self.result.judge
+        """The student's quote let the claim through (stage C found it, the tree said no-gap)
+        where the teacher, with its own quote and NLI, found a gap."""
         return (
-            judge is not None
-            and judge.step_1_quote_search.found_quote
+            "stageC:quote" in self.student.path
             and self.student_label == NO_GAP
             and self.teacher.label not in (None, NO_GAP)
         )
 
 
-def student_requests(pool: Sequence[Verdict], nli: NLIBackend | None = None) -> list[JudgeRequest]:
-    """The judge prompt for every step of the pool that the teacher labeled (with NLI
-    features when an NLI backend is given, for students trained with them)."""
-    requests = []
+def pool_traces(pool: Sequence[Verdict]) -> list[Trace]:
+    """The traces of a verdicts file, rebuilt from the question and steps each verdict stores
+    (traces whose verdicts lack them are skipped: nothing to prompt with)."""
+    traces = []
     for trace_id, group in group_by_trace(pool).items():
         steps = [v.step_data for v in group]
-        question = group[0].question
-        if question is None or any(s is None for s in steps):
+        if group[0].question is None or any(s is None for s in steps):
+            log.warning("trace %r: verdicts lack question/step_data; not compared", trace_id)
             continue
-        feats = step_nli_features(question, steps, nli) if nli is not None else None  # type: ignore[arg-type]
-        for i, v in enumerate(group):
-            if v.label is not None and v.judge is not None:
-                messages = build_messages(question, steps, i, feats[i] if feats else None)  # type: ignore[arg-type]
-                requests.append(JudgeRequest(trace_id, v.step, v.type, messages))
-    return requests
+        traces.append(Trace(id=trace_id, question=group[0].question, steps=steps))
+    return traces
 
 
 def compare(
-    judge: JudgeBackend, pool: Sequence[Verdict], nli: NLIBackend | None = None
+    judge: JudgeBackend,
+    pool: Sequence[Verdict],
+    nli: NLIBackend,
+    config: TreeConfig | None = None,
 ) -> list[Comparison]:
-    """Ask the student about every teacher-labeled step of the pool."""
-    if getattr(judge, "nli_features", False) and nli is None:
-        raise ValueError("this student was trained with NLI features: give an NLI model (--nli)")
-    by_key = {(v.trace_id, v.step): v for v in pool}
-    requests = student_requests(pool, nli if getattr(judge, "nli_features", False) else None)
-    results = judge.judge(requests)
+    """The shipped checker (`judge` + `nli` + the tree) over the pool's traces, set against
+    the teacher on every step the teacher labeled."""
+    traces = pool_traces(pool)
+    shipped = Checker(judge, nli, config).check(traces)
+    by_key = {(v.trace_id, v.step): v for trace in shipped for v in trace}
     return [
-        Comparison(by_key[(r.trace_id, r.step)], res)
-        for r, res in zip(requests, results, strict=True)
+        Comparison(v, by_key[(v.trace_id, v.step)])
+        for v in pool
+        if v.label is not None and (v.trace_id, v.step) in by_key
     ]
 
 
@@ -129,11 +134,11 @@ class Agreement:
     """How closely the student's own answers follow the teacher's, step by step."""
 
     steps: int = 0
-    failed: int = 0  # no schema-valid answer
+    failed: int = 0  # no verdict (no schema-valid judge answer, or an NLI failure)
     judge_json: float | None = None  # the whole judge object equal
-    path: float | None = None  # pipeline_path equal
+    path: float | None = None  # the tree's path equal
     nli_stage: float | None = None  # stage D/E part of the path equal
-    label: float | None = None  # gap_type equal
+    label: float | None = None  # the shipped label equal
 
     @classmethod
     def of(cls, comparisons: Sequence[Comparison]) -> Agreement:
@@ -146,12 +151,12 @@ class Agreement:
 
         return cls(
             steps=n,
-            failed=sum(c.result.judge is None for c in comparisons),
-            judge_json=rate(sum(c.result.judge == c.teacher.judge for c in comparisons)),
+            failed=sum(c.student.label is None for c in comparisons),
+            judge_json=rate(sum(c.student.judge == c.teacher.judge for c in comparisons)),
             path=rate(sum(c.student_path == list(c.teacher.path) for c in comparisons)),
             nli_stage=rate(
                 sum(
-                    c.result.judge is not None
+                    c.student.label is not None
                     and nli_decision(c.student_path) == nli_decision(c.teacher.path)
                     for c in comparisons
                 )
@@ -226,9 +231,11 @@ def write_mined(
     pool: Sequence[Verdict],
     out_dir: str | Path,
     nli: NLIBackend | None = None,
+    earlier_evidence_chars: int | None = None,
 ) -> Path:
     """hard_negatives.jsonl (with reasons), sft/ (train = mined half, test = held-out half),
-    and summary.json; the SFT examples keep the teacher's full prompt context from the pool."""
+    and summary.json; the SFT examples are the student's own prompts (its NLI features and
+    evidence budget) over the pool's whole traces."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     held = {(v.trace_id, v.step) for v in result.held_out}
@@ -243,13 +250,20 @@ def write_mined(
         for v in pool
     ]  # whole traces for the prompts; only mined steps become examples
     if result.mined:
-        data = build_sft_dataset(context, eval_fraction=0.0, nli=nli)
+        data = build_sft_dataset(
+            context, eval_fraction=0.0, nli=nli, earlier_evidence_chars=earlier_evidence_chars
+        )
         train = data["train"].filter(lambda ex: (ex["trace_id"], ex["step"]) not in held)
         test = data["train"].filter(lambda ex: (ex["trace_id"], ex["step"]) in held)
         from datasets import DatasetDict
 
         splits = {"train": train} | ({"test": test} if len(test) else {})
-        save_sft_dataset(DatasetDict(splits), out / "sft", nli_features=nli is not None)
+        save_sft_dataset(
+            DatasetDict(splits),
+            out / "sft",
+            nli_features=nli is not None,
+            earlier_evidence_chars=earlier_evidence_chars,
+        )
     (out / "summary.json").write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
     return out
 
@@ -301,16 +315,46 @@ def augment(
     return out
 
 
+def held_out_pool(
+    pool: Sequence[Verdict], student: str | Path, *, allow_training_traces: bool = False
+) -> tuple[list[Verdict], dict[str, Any]]:
+    """The pool without the traces the student was trained on (its `stepgap_student.json`
+    lists them): disagreements on training traces measure memory, not the checker."""
+    from .judge import student_meta
+
+    trained = student_meta(student).get(TRAIN_TRACES)
+    if trained is None or allow_training_traces:
+        if trained is None:
+            log.warning(
+                "%s records no training traces (trained before stepgap recorded them): the "
+                "pool is used whole; make sure it is held out from the SFT data",
+                student,
+            )
+        return list(pool), {"training_traces_in_pool": None if trained is None else "kept"}
+    seen = set(trained)
+    kept = [v for v in pool if v.trace_id not in seen]
+    dropped = {v.trace_id for v in pool if v.trace_id in seen}
+    if not kept:
+        raise ValueError(
+            f"every trace of the pool was in {student}'s training set ({len(dropped)} traces): "
+            "mine on held-out verdicts (the sft-data test split, or traces labeled after "
+            "training), or pass --include-training-traces to measure memory anyway"
+        )
+    return kept, {"training_traces_in_pool": len(dropped)}
+
+
 def mine(
     pool: str | Path,
     student: str | Path,
     output: str | Path,
     *,
+    nli: str | NLIBackend,
     gold: Sequence[str | Path] | None = None,
-    nli: str | NLIBackend | None = None,
+    tree: TreeConfig | None = None,
     device: str | None = None,
     held_out_fraction: float = 0.5,
     seed: int = 0,
+    allow_training_traces: bool = False,
     augment_config: str | Path | None = None,
     augment_steps: int = 200,
     augment_lr: float | None = None,
@@ -320,19 +364,25 @@ def mine(
 ) -> dict[str, Any]:
     """Mine hard negatives from a teacher-labeled pool and optionally augment (`stepgap mine`).
 
-    Runs the student (`student`: adapter or merged folder) over every teacher-labeled step of
-    `pool`, keeps the disagreements (gold-supported ones with `gold` files), writes them under
-    `output` (see `write_mined`) and, with `augment_config`, continues the adapter on the mined
-    train half and measures again. Returns the summary that is also written to `summary.json`.
-    `nli` (spec or backend) is needed for a student trained with NLI features; `judge_options`
-    go to the student judge (`base`, `device`, `dtype`, `batch_size`, `max_new_tokens`).
+    Runs the checker that would ship (the student in `student`, an adapter or merged folder,
+    with `nli` and the tree under `tree`, the teacher's thresholds by default) over the pool's
+    held-out traces (see `held_out_pool`), keeps the disagreements with the teacher
+    (gold-supported ones with `gold` files), writes them under `output` (see `write_mined`) and,
+    with `augment_config`, continues the adapter on the mined train half at the recipe's rate
+    / 10 and measures again. Returns the summary also written to `summary.json`. `nli` is a
+    spec or a backend; `judge_options` go to the student judge (`base`, `device`, `dtype`,
+    `batch_size`, `max_new_tokens`).
     """
     from stepgap.data_builders.io import ErrorReport, read_models
     from stepgap.teacher.judges import load_judge
 
     report = report if report is not None else ErrorReport()
     options = judge_options or {}
-    verdicts = [v for _, v in read_models(pool, Verdict, report)]
+    verdicts, pool_info = held_out_pool(
+        [v for _, v in read_models(pool, Verdict, report)],
+        student,
+        allow_training_traces=allow_training_traces,
+    )
     gold_steps = None
     if gold:
         from stepgap.eval.report import load_gold
@@ -344,13 +394,14 @@ def mine(
 
         nli_backend = load_nli(nli, device=device)
     judge = load_judge(f"student:{student}", **options)
-    comparisons = compare(judge, verdicts, nli_backend)  # type: ignore[arg-type]
+    comparisons = compare(judge, verdicts, nli_backend, tree)  # type: ignore[arg-type]
     result = select_hard_negatives(
         comparisons, gold_steps, held_out_fraction=held_out_fraction, seed=seed
     )
     features = nli_backend if judge.nli_features else None  # type: ignore[attr-defined]
-    out = write_mined(result, verdicts, output, features)  # type: ignore[arg-type]
-    summary = result.summary()
+    budget = getattr(judge, "earlier_evidence_chars", None)  # the student's own prompt
+    out = write_mined(result, verdicts, output, features, budget)  # type: ignore[arg-type]
+    summary = {**pool_info, **result.summary()}
     if augment_config and result.train:
         if augment_lr is None:
             augment_lr = augment_learning_rate(augment_config, overrides)
@@ -363,9 +414,18 @@ def mine(
             learning_rate=augment_lr,
             overrides=overrides,
         )
-        after = compare(load_judge(f"student:{adapter}", **options), verdicts, nli_backend)  # type: ignore[arg-type]
+        augmented = load_judge(f"student:{adapter}", **options)
+        after = compare(augmented, verdicts, nli_backend, tree)  # type: ignore[arg-type]
         summary["augmented_adapter"] = str(adapter)
         summary["short_circuit_after"] = asdict(ShortCircuit.of(after))
         summary["agreement_after"] = asdict(Agreement.of(after))
+        # the augmentation trained on the mined train half: its held-out half is the honest check
+        held = {v.trace_id for v in result.held_out}
+        summary["agreement_held_out"] = asdict(
+            Agreement.of([c for c in comparisons if c.teacher.trace_id in held])
+        )
+        summary["agreement_after_held_out"] = asdict(
+            Agreement.of([c for c in after if c.teacher.trace_id in held])
+        )
     (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary

@@ -125,11 +125,12 @@ def _snippets(steps: Sequence[Step]) -> list[dict[str, object]]:
     ]
 
 
-def _earlier_snippets(steps: Sequence[Step], index: int) -> tuple[list[dict[str, object]], int]:
+def _earlier_snippets(
+    steps: Sequence[Step], index: int, budget: int = EARLIER_EVIDENCE_CHARS
+) -> tuple[list[dict[str, object]], int]:
     """The snippets of steps before `index`, the most recent within the character budget, in
     step order; and how many older snippets were left out."""
     kept: list[dict[str, object]] = []
-    budget = EARLIER_EVIDENCE_CHARS
     for s in reversed(steps[:index]):
         for snip in reversed(s.evidence):
             if budget - len(snip.text) < 0:
@@ -145,11 +146,15 @@ def build_messages(
     steps: Sequence[Step],
     index: int,
     nli_features: Sequence[dict[str, object]] | None = None,
+    *,
+    earlier_evidence_chars: int | None = None,
 ) -> Messages:
     """The chat messages that ask the judge about step `index` of a segmented trace.
 
     `nli_features` (the NLI probabilities of the step's own snippets against its claim) is
     only given to a student trained with them; the teacher's prompt never has it.
+    `earlier_evidence_chars` is the budget of earlier steps' evidence (default: the teacher's
+    `EARLIER_EVIDENCE_CHARS`); a student trained within a shorter context keeps its own.
     """
     step = steps[index]
     data: dict[str, object] = {
@@ -164,7 +169,8 @@ def build_messages(
         },
         "evidence": _snippets([step]),
     }
-    earlier, omitted = _earlier_snippets(steps, index)
+    budget = EARLIER_EVIDENCE_CHARS if earlier_evidence_chars is None else earlier_evidence_chars
+    earlier, omitted = _earlier_snippets(steps, index, budget)
     key = "global_evidence" if step.type == "conclusion" else "earlier_evidence"
     data[key] = earlier
     if omitted:
@@ -182,6 +188,8 @@ def build_requests(
     question: str,
     steps: Sequence[Step],
     nli_features: Sequence[Sequence[dict[str, object]]] | None = None,
+    *,
+    earlier_evidence_chars: int | None = None,
 ) -> list[JudgeRequest]:
     """One judge request per step of a trace (with per-step NLI features for such students)."""
     return [
@@ -189,7 +197,13 @@ def build_requests(
             trace_id,
             s.index,
             s.type,
-            build_messages(question, steps, i, nli_features[i] if nli_features else None),
+            build_messages(
+                question,
+                steps,
+                i,
+                nli_features[i] if nli_features else None,
+                earlier_evidence_chars=earlier_evidence_chars,
+            ),
         )
         for i, s in enumerate(steps)
     ]

@@ -147,3 +147,48 @@ def test_nli_features_variant(tmp_path, examples_dir, tiny_nli, verdicts):
     assert '"nli_features"' in user
     assert len(step.step_data.evidence) == user.count('"entailment"')
     assert b[0]["prompt"] == first["prompt"]
+
+
+def test_a_prompt_budget_set_for_the_data_is_the_one_the_student_judges_with(
+    tmp_path, examples_dir, verdicts
+):
+    """`sft-data --evidence-chars N` shortens the earlier evidence of every prompt (to fit the
+    recipe's max_length); the budget travels through the data's metadata into the student's,
+    and the checker asks a judge that carries it with the same short prompts."""
+    from datasets import load_from_disk
+
+    from stepgap.data_builders.sft import read_sft_metadata
+    from stepgap.student.config import load_config
+    from stepgap.student.judge import student_meta
+    from stepgap.student.sft import write_student_metadata
+
+    full, short = tmp_path / "full", tmp_path / "short"
+    src = str(examples_dir / "teacher_verdicts.jsonl")
+    assert main(["sft-data", src, "-o", str(full), "--eval-fraction", "0"]) == 0
+    assert main(["sft-data", src, "-o", str(short), "--eval-fraction", "0",
+                 "--evidence-chars", "150"]) == 0  # fmt: skip
+    a, b = load_from_disk(str(full))["train"], load_from_disk(str(short))["train"]
+    sizes = [
+        (len(x[1]["content"]), len(y[1]["content"]))
+        for x, y in zip(a["prompt"], b["prompt"], strict=True)
+    ]
+    assert all(s <= f for f, s in sizes) and sum(s < f for f, s in sizes) >= 5, sizes
+    assert read_sft_metadata(short)["earlier_evidence_chars"] == 150
+    assert read_sft_metadata(full).get("earlier_evidence_chars") is None
+    cfg = load_config("tiny", {"output_dir": str(tmp_path / "student"), "dataset": str(short)})
+    (tmp_path / "student").mkdir()
+    write_student_metadata(cfg, read_sft_metadata(short), sorted(set(b["trace_id"])))
+    assert student_meta(tmp_path / "student")["earlier_evidence_chars"] == 150
+
+    class Recording(ReplayJudge):
+        earlier_evidence_chars = 150
+
+    judge = Recording.from_verdicts(verdicts)
+    asked = []
+    answer = judge.judge
+    judge.judge = lambda requests: asked.extend(requests) or answer(requests)  # type: ignore[method-assign]
+    traces = [t for t in iter_traces(examples_dir / "traces.jsonl")]
+    Checker(judge, ReplayNLI.from_verdicts(verdicts)).judge_traces(traces)
+    prompts = {(r.trace_id, r.step): r.messages for r in asked}
+    for row in b:
+        assert prompts[(row["trace_id"], row["step"])] == row["prompt"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepgap.data_builders.io import read_models
-from stepgap.data_builders.schema import Verdict
+from stepgap.data_builders.schema import NLIProbs, Verdict
 from stepgap.student.config import load_config
 from stepgap.student.mining import (
     ShortCircuit,
@@ -17,6 +17,7 @@ from stepgap.student.mining import (
     write_mined,
 )
 from stepgap.teacher.judges.base import JudgeResult
+from stepgap.teacher.nli.replay import ReplayNLI
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +26,11 @@ def pool(examples_dir) -> list[Verdict]:
 
 
 def _agreeing(v: Verdict) -> JudgeResult:
-    return JudgeResult(judge=v.judge, extra={"pipeline_path": list(v.path), "gap_type": v.label})
+    return JudgeResult(judge=v.judge)
 
 
 class ScriptedStudent:
-    """A judge backend answering like the teacher except on chosen steps."""
+    """A judge backend answering with the teacher's judge object except on chosen steps."""
 
     name = "scripted"
 
@@ -47,15 +48,52 @@ class ScriptedStudent:
         return out
 
 
-def _short_circuit(v: Verdict) -> JudgeResult:
-    """found_quote and no_gap, skipping stage D: the paper's calibration failure."""
+class PoolNLI:
+    """The teacher's stored NLI answers; a pair the teacher never asked (a quote only the
+    student chose) gets `unseen`."""
+
+    name = "pool-nli"
+
+    def __init__(self, pool, unseen: NLIProbs):
+        self.replay = ReplayNLI.from_verdicts(pool)
+        self.unseen = unseen
+
+    def predict(self, pairs):
+        return [self.replay.table.get(p, self.unseen) for p in pairs]
+
+
+ENTAILED = NLIProbs(entailment=0.9, neutral=0.05, contradiction=0.05)
+
+
+@pytest.fixture(scope="module")
+def nli(pool) -> PoolNLI:
+    return PoolNLI(pool, ENTAILED)
+
+
+def _own_quote(v: Verdict) -> JudgeResult:
+    """The student finds a quote of its own (verbatim from the trace's evidence so far) that
+    the NLI entails: the tree then says no-gap where the teacher, after its NLI, found a gap."""
     judge = v.judge.model_copy(deep=True)
-    judge.step_1_quote_search.found_quote = True
-    return JudgeResult(
-        judge=judge,
-        extra={"pipeline_path": ["stageA:on_target", "stageB:not_abstention", "stageC:quote"],
-               "gap_type": "no_gap"},
-    )  # fmt: skip
+    section = judge.step_1_quote_search
+    section.entity_match = True
+    section.found_quote = True
+    section.evidence_quote = EVIDENCE_SO_FAR[(v.trace_id, v.step)][0][:80]
+    assert section.evidence_quote != v.judge.step_1_quote_search.evidence_quote
+    return JudgeResult(judge=judge)
+
+
+EVIDENCE_SO_FAR: dict[tuple[str, int], list[str]] = {}
+
+
+def _stage_d_gaps(pool) -> list[Verdict]:
+    """Teacher gaps decided at stage D (on target, not an abstention, its quote not entailed)."""
+    for v in pool:
+        EVIDENCE_SO_FAR[(v.trace_id, v.step)] = [
+            s.text for u in pool if u.trace_id == v.trace_id and u.step <= v.step
+            for s in u.step_data.evidence
+        ]  # fmt: skip
+    return [v for v in pool if v.label in ("MB", "CC") and "stageC:quote" in v.path
+            and EVIDENCE_SO_FAR[(v.trace_id, v.step)]]  # fmt: skip
 
 
 def test_nli_decision_is_the_stage_d_e_part():
@@ -66,63 +104,121 @@ def test_nli_decision_is_the_stage_d_e_part():
     assert nli_decision(None) == ()
 
 
-def test_agreeing_student_mines_nothing(pool):
+def test_the_teachers_judge_objects_through_the_shipped_tree_give_the_teachers_verdicts(pool, nli):
     student = ScriptedStudent(pool, {})
-    comparisons = compare(student, pool)
-    assert len(comparisons) == len(student.asked) == sum(v.label is not None for v in pool)
+    comparisons = compare(student, pool, nli)
+    labeled = [v for v in pool if v.label is not None]
+    assert len(comparisons) == len(labeled)
+    assert set(student.asked) == {(v.trace_id, v.step) for v in pool}  # whole traces
+    assert all(c.student_path == list(c.teacher.path) for c in comparisons)
     result = select_hard_negatives(comparisons)
     assert result.mined == [] and result.short_circuit.short_circuits == 0
 
 
-def test_disagreements_are_mined_with_their_reason(pool):
-    gaps = [v for v in pool if v.label not in (None, "no_gap") and nli_decision(v.path)]
-    label_only = next(v for v in pool if v.label == "no_gap" and not nli_decision(v.path))
-    overrides = {(v.trace_id, v.step): _short_circuit for v in gaps[:2]}
-    overrides[(label_only.trace_id, label_only.step)] = lambda v: JudgeResult(
-        judge=v.judge, extra={"pipeline_path": list(v.path), "gap_type": "IE"}
+def test_what_the_student_says_of_its_own_label_and_path_is_not_what_ships(pool, nli):
+    """The student's self-reported `gap_type`/`pipeline_path` never reach a verdict: a student
+    claiming no-gap everywhere, with the teacher's judge objects, ships the teacher's labels."""
+    claims = lambda v: JudgeResult(  # noqa: E731
+        judge=v.judge, extra={"gap_type": "no_gap", "pipeline_path": ["stageC:quote"]}
     )
-    failed = next(v for v in pool if v.label == "CC")
-    overrides[(failed.trace_id, failed.step)] = lambda v: JudgeResult.failed("truncated")
-    result = select_hard_negatives(compare(ScriptedStudent(pool, overrides), pool))
-    reasons = {(v.trace_id, v.step): r for v, r in result.mined}
-    assert len(reasons) == 4
-    assert reasons[(gaps[0].trace_id, gaps[0].step)] == "nli_stage"
-    assert reasons[(label_only.trace_id, label_only.step)] == "label"
-    assert reasons[(failed.trace_id, failed.step)].startswith("student failed")
-    sc = result.short_circuit
-    assert sc.short_circuits == 2
+    overrides = {(v.trace_id, v.step): claims for v in pool}
+    result = select_hard_negatives(compare(ScriptedStudent(pool, overrides), pool, nli))
+    assert result.mined == [] and result.short_circuit.short_circuits == 0
+
+
+def test_a_quote_that_lets_a_gap_through_is_a_short_circuit_read_from_the_shipped_path(pool):
+    gaps = _stage_d_gaps(pool)
+    assert len(gaps) >= 2
+    overrides = {(v.trace_id, v.step): _own_quote for v in gaps[:2]}
+    student = ScriptedStudent(pool, overrides)
+    comparisons = compare(student, pool, PoolNLI(pool, ENTAILED))
+    by_key = {(c.teacher.trace_id, c.teacher.step): c for c in comparisons}
+    for v in gaps[:2]:
+        c = by_key[(v.trace_id, v.step)]
+        assert c.student_label == "no_gap" and c.student_path[-1] == "stageD:entailment"
+        assert c.short_circuit() and c.differs() == "nli_stage"
+    sc = ShortCircuit.of(comparisons)
+    assert sc.short_circuits == 2 and sc.student_false_negatives == 2
     assert sc.teacher_gaps == sum(v.label not in (None, "no_gap") for v in pool)
-    assert sc.rate == pytest.approx(2 / sc.teacher_gaps)
-    assert sc.share_of_false_negatives == 1.0
+    assert sc.rate == pytest.approx(2 / sc.teacher_gaps) and sc.share_of_false_negatives == 1.0
+    # the same quote, not entailed by the NLI: the tree catches it; no short circuit
+    neutral = NLIProbs(entailment=0.05, neutral=0.9, contradiction=0.05)
+    caught = compare(ScriptedStudent(pool, overrides), pool, PoolNLI(pool, neutral))
+    assert ShortCircuit.of(caught).short_circuits == 0
+
+
+def test_disagreements_are_mined_with_their_reason(pool, nli):
+    gaps = _stage_d_gaps(pool)
+    off = next(v for v in pool if v.label == "no_gap" and v.path[0] == "stageA:on_target"
+               and v.step_data.type != "conclusion")  # fmt: skip
+
+    def drift(v: Verdict) -> JudgeResult:
+        judge = v.judge.model_copy(deep=True)
+        judge.step_minus1_alignment.is_off_target = True
+        judge.step_minus1_alignment.drift_type = "entity_drift"
+        return JudgeResult(judge=judge)
+
+    failed = next(v for v in pool if v.label == "CC")
+    overrides = {
+        (gaps[0].trace_id, gaps[0].step): _own_quote,
+        (off.trace_id, off.step): drift,
+        (failed.trace_id, failed.step): lambda v: JudgeResult.failed("truncated"),
+    }
+    result = select_hard_negatives(compare(ScriptedStudent(pool, overrides), pool, nli))
+    reasons = {(v.trace_id, v.step): r for v, r in result.mined}
+    assert reasons[(gaps[0].trace_id, gaps[0].step)] == "nli_stage"
+    assert reasons[(off.trace_id, off.step)] == "label"
+    assert reasons[(failed.trace_id, failed.step)].startswith("student failed")
+    assert len(reasons) == 3
     # halves are split by trace
     held = {v.trace_id for v in result.held_out}
     assert not held & {v.trace_id for v in result.train}
-    assert len(result.held_out) + len(result.train) == 4
+    assert len(result.held_out) + len(result.train) == 3
 
 
-def test_gold_keeps_only_steps_next_to_a_step_the_teacher_got_right(pool):
-    target = next(v for v in pool if v.step == 1 and v.label is not None)
-    other = next(v for v in pool if v.step == 1 and v.trace_id != target.trace_id)
-    overrides = {(v.trace_id, v.step): _short_circuit for v in (target, other)}
-    comparisons = compare(ScriptedStudent(pool, overrides), pool)
+def test_gold_keeps_only_steps_next_to_a_step_the_teacher_got_right(pool, nli):
+    gaps = [v for v in _stage_d_gaps(pool) if v.step >= 1]
+    target, other = next((a, b) for a in gaps for b in gaps if a.trace_id != b.trace_id)
+    overrides = {(v.trace_id, v.step): _own_quote for v in (target, other)}
+    comparisons = compare(ScriptedStudent(pool, overrides), pool, nli)
     teacher = {(v.trace_id, v.step): v.label for v in pool}
+    before = (target.trace_id, target.step - 1)
+    wrong = (other.trace_id, other.step - 1)
     gold = {
-        (target.trace_id, 0): teacher[(target.trace_id, 0)],  # teacher right next to `target`
-        (other.trace_id, 0): "CC" if teacher[(other.trace_id, 0)] != "CC" else "MB",  # wrong
+        before: teacher[before],  # the teacher is right next to `target`
+        wrong: "CC" if teacher[wrong] != "CC" else "MB",  # and wrong next to `other`
     }
     result = select_hard_negatives(comparisons, gold)
-    assert [(v.trace_id, v.step) for v, _ in result.mined] == [(target.trace_id, 1)]
+    assert [(v.trace_id, v.step) for v, _ in result.mined] == [(target.trace_id, target.step)]
     assert result.skipped_gold == 1
 
 
-def test_write_mined_makes_an_sft_set_of_only_the_mined_steps(pool, tmp_path):
+def test_the_pool_leaves_out_the_traces_the_student_was_trained_on(pool, tmp_path):
+    from stepgap.student.judge import STUDENT_META
+    from stepgap.student.mining import TRAIN_TRACES, held_out_pool
+
+    traces = sorted({v.trace_id for v in pool})
+    student = tmp_path / "student"
+    student.mkdir()
+    (student / STUDENT_META).write_text(json.dumps({TRAIN_TRACES: traces[:-2]}))
+    kept, info = held_out_pool(pool, student)
+    assert {v.trace_id for v in kept} == set(traces[-2:])
+    assert info == {"training_traces_in_pool": len(traces) - 2}
+    assert len(held_out_pool(pool, student, allow_training_traces=True)[0]) == len(pool)
+    (student / STUDENT_META).write_text(json.dumps({TRAIN_TRACES: traces}))
+    with pytest.raises(ValueError, match="every trace of the pool was in .* training set"):
+        held_out_pool(pool, student)
+
+
+def test_write_mined_makes_an_sft_set_of_only_the_mined_steps(pool, nli, tmp_path):
     from datasets import load_from_disk
 
     picks = [v for v in pool if v.label is not None][:6]
-    overrides = {(v.trace_id, v.step): _short_circuit for v in picks}
+    overrides = {(v.trace_id, v.step): lambda v: JudgeResult.failed("truncated") for v in picks}
     result = select_hard_negatives(
-        compare(ScriptedStudent(pool, overrides), pool), held_out_fraction=0.5, seed=3
+        compare(ScriptedStudent(pool, overrides), pool, nli), held_out_fraction=0.5, seed=3
     )
+    assert len(result.mined) == 6
     out = write_mined(result, pool, tmp_path / "mined")
     rows = [json.loads(x) for x in (out / "hard_negatives.jsonl").read_text().splitlines()]
     assert {(r["trace_id"], r["step"]) for r in rows} == {
@@ -147,33 +243,45 @@ def test_short_circuit_of_empty_pool_has_no_rate():
     assert empty.rate is None and empty.share_of_false_negatives is None
 
 
-def test_cli_mine_and_augment_with_the_tiny_student(tiny_student, examples_dir, tmp_path, capsys):
-    """The trained tiny student over the whole pool (7 of 28 steps unseen), then augmentation at
-    the recipe's rate / 10. Its disagreements are on the unseen traces; the hash split that held
-    them out of training holds most of them out here too, hence a small held-out fraction."""
+def test_cli_mine_and_augment_with_the_tiny_student(
+    tiny_student, tiny_nli, examples_dir, tmp_path, capsys
+):
+    """The trained tiny student as it ships (its judge objects through the tree and the NLI
+    stand-in) over the pool's held-out traces, then augmentation at the recipe's rate / 10."""
     from stepgap.cli import main
+    from stepgap.student.judge import student_meta
+    from stepgap.student.mining import TRAIN_TRACES
 
     from .conftest import TINY
 
     adapter, _ = tiny_student
+    trained = set(student_meta(adapter)[TRAIN_TRACES])
+    pool = [v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict)]
+    held = [v for v in pool if v.trace_id not in trained]
+    assert trained and held and len(held) < len(pool)
     out = tmp_path / "mined"
     rc = main(
         [
             "mine", str(examples_dir / "teacher_verdicts.jsonl"), "--student", str(adapter),
-            "-o", str(out), "--augment-config", str(TINY), "--augment-steps", "4",
-            "--max-tokens", "256", "--held-out-fraction", "0.1",
+            "--nli", str(tiny_nli), "-o", str(out), "--augment-config", str(TINY),
+            "--augment-steps", "4", "--max-tokens", "256", "--held-out-fraction", "0.1",
         ]
     )  # fmt: skip
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["short_circuit"]["steps"] == 28
+    assert summary["training_traces_in_pool"] == len({v.trace_id for v in pool} & trained)
+    assert summary["short_circuit"]["steps"] == len(held)
     assert summary["mined"] == summary["train"] + summary["held_out"] > 0
-    assert summary["short_circuit_after"]["steps"] == 28
+    assert summary["short_circuit_after"]["steps"] == len(held)
     assert summary["augment_learning_rate"] == pytest.approx(load_config(TINY).learning_rate / 10)
-    assert summary["agreement"]["steps"] == 28 and summary["agreement"]["label"] >= 16 / 28
+    assert summary["agreement"]["steps"] == len(held)
     assert (out / "augmented" / "adapter_model.safetensors").is_file()
     base = json.loads((out / "augmented" / "adapter_config.json").read_text())
     assert base["base_model_name_or_path"] == str(adapter / "tiny-base")
+    # the augmented adapter knows it has now seen the mined train half's traces too
+    seen = set(student_meta(out / "augmented")[TRAIN_TRACES])
+    rows = [json.loads(x) for x in (out / "hard_negatives.jsonl").read_text().splitlines()]
+    assert seen == trained | {r["trace_id"] for r in rows if r["split"] == "train"}
     mined = [json.loads(x) for x in (out / "hard_negatives.jsonl").read_text().splitlines()]
     assert len(mined) == summary["mined"]
     # the augmentation moved the adapter: every LoRA matrix it trained changed
@@ -188,15 +296,16 @@ def test_cli_mine_and_augment_with_the_tiny_student(tiny_student, examples_dir, 
     assert summary["agreement_after"] != summary["agreement"], summary["agreement"]
 
 
-def test_agreement_rates(pool):
+def test_agreement_rates(pool, nli):
     from stepgap.student.mining import Agreement
 
     labeled = [v for v in pool if v.label is not None]
-    off = labeled[0]
-    overrides = {(off.trace_id, off.step): lambda v: JudgeResult(
-        judge=v.judge, extra={"pipeline_path": ["stageA:on_target"], "gap_type": v.label})}  # fmt: skip
-    agreement = Agreement.of(compare(ScriptedStudent(pool, overrides), pool))
+    off = _stage_d_gaps(pool)[0]
+    failed = next(v for v in labeled if v.label == "no_gap")
+    overrides = {(off.trace_id, off.step): _own_quote,
+                 (failed.trace_id, failed.step): lambda v: JudgeResult.failed("truncated")}  # fmt: skip
+    agreement = Agreement.of(compare(ScriptedStudent(pool, overrides), pool, nli))
     n = len(labeled)
-    assert agreement.steps == n and agreement.failed == 0
-    assert agreement.judge_json == 1.0 and agreement.label == 1.0
-    assert agreement.path == pytest.approx((n - 1) / n)
+    assert agreement.steps == n and agreement.failed == 1
+    assert agreement.judge_json == agreement.label == agreement.path == pytest.approx((n - 2) / n)
+    assert agreement.nli_stage == pytest.approx((n - 2) / n)

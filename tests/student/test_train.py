@@ -16,7 +16,7 @@ import pytest
 from stepgap.data_builders.sft import in_eval_split
 from stepgap.student.config import load_config
 from stepgap.student.judge import StudentJudge
-from stepgap.student.mining import student_requests
+from stepgap.student.mining import pool_traces
 from stepgap.student.sft import train
 
 from .conftest import REPO, TINY
@@ -25,9 +25,18 @@ ACCELERATE = REPO / "student" / "configs" / "accelerate"
 
 
 def _split(pool, held: bool):
-    """Student requests of the tiny recipe's train split (or its held-out traces)."""
+    """Judge requests of the teacher-labeled steps of the tiny recipe's train split (or its
+    held-out traces)."""
+    from stepgap.teacher.prompt import build_requests
+
     fraction = load_config(TINY).eval_fraction
-    return [r for r in student_requests(pool) if in_eval_split(r.trace_id, fraction) == held]
+    labeled = {(v.trace_id, v.step) for v in pool if v.label is not None}
+    return [
+        r
+        for t in pool_traces(pool)
+        for r in build_requests(t.id, t.question, t.steps)
+        if (r.trace_id, r.step) in labeled and in_eval_split(r.trace_id, fraction) == held
+    ]
 
 
 def _decisions(judge) -> list[object]:
@@ -299,3 +308,35 @@ def _assert_loss_falls(out: Path) -> None:
     losses = [h["loss"] for h in history if "loss" in h]
     assert len(losses) >= 4, history
     assert sum(losses[-2:]) < 0.9 * sum(losses[:2]), losses
+
+
+def test_a_set_whose_targets_would_be_cut_is_refused_with_the_length_it_needs(
+    tiny_student, tmp_path, examples_dir
+):
+    """TRL cuts examples to max_length silently; the trainer measures them first (as TRL
+    tokenizes them), counts them in its metrics, and refuses before a step when any is over."""
+    from transformers import AutoTokenizer
+
+    from stepgap.student.lengths import TruncationError, check_lengths
+    from stepgap.student.sft import load_sft_data
+
+    adapter, metrics = tiny_student
+    lengths = metrics["sft_lengths"]
+    assert lengths["train"]["examples"] == 21 and lengths["train"]["over"] == 0
+    longest = max(r["longest"] for r in lengths.values())
+    assert 0 < lengths["train"]["longest_target"] < longest <= 4096
+    cfg = load_config(TINY, {"dataset": str(examples_dir / "teacher_verdicts.jsonl")})
+    data = load_sft_data(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(adapter)
+    assert check_lengths(tokenizer, data, longest)["train"]["over"] == 0
+    with pytest.raises(TruncationError, match=rf"longer than max_length={longest - 1} .*"
+                       rf"Set max_length to at least {longest}"):  # fmt: skip
+        check_lengths(tokenizer, data, longest - 1)
+    out = tmp_path / "short"
+    cut = lengths["train"]["longest"] - 1
+    with pytest.raises(
+        TruncationError, match=r"[1-9]\d* of 21 train examples .* trace '[^']+' step \d"
+    ):
+        train(load_config(TINY, {"output_dir": str(out), "max_length": cut,
+                                 "dataset": str(examples_dir / "teacher_verdicts.jsonl")}))  # fmt: skip
+    assert not list(out.glob("checkpoint-*")) and not (out / "adapter_model.safetensors").exists()
