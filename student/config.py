@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 
 class StudentTrainConfig(BaseModel):
@@ -58,6 +58,28 @@ class StudentTrainConfig(BaseModel):
     seed: int = 0
     use_cpu: bool = False
     report_to: str | list[str] = "none"
+    # Hub upload through the Trainer's own push (TrainingArguments' keys and defaults). The token
+    # is never a key: huggingface_hub reads HF_TOKEN (or a `huggingface-cli login`).
+    push_to_hub: bool = False
+    hub_model_id: str | None = Field(default=None, validate_default=True)  # "user/name"
+    hub_strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = "every_save"
+    hub_private_repo: bool | None = None  # None: the account's or organisation's default
+
+    @field_validator("hub_model_id")
+    @classmethod
+    def _push_needs_a_repo(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("push_to_hub"):
+            raise ValueError(
+                "push_to_hub is true but no repo is named: set hub_model_id (user/name)"
+            )
+        return value
+
+
+# Keys refused with a reason rather than "extra inputs are not permitted".
+REFUSED_KEYS = {
+    "hub_token": "a token never goes in a recipe (it would be saved with the run): set HF_TOKEN "
+    "in the environment or run `huggingface-cli login`",
+}
 
 
 RECIPES = Path(__file__).with_name("configs")  # packaged with stepgap: usable from any folder
@@ -102,7 +124,12 @@ def load_config(recipe: str | Path, overrides: dict[str, Any] | None = None) -> 
             origin = (
                 "--set" if key in (overrides or {}) else f"line {where}" if where else "missing"
             )
-            problems.append(f"{key} ({origin}): {err['msg']}")
+            msg = (
+                REFUSED_KEYS.get(key, err["msg"])
+                if err["type"] == "extra_forbidden"
+                else err["msg"]
+            )
+            problems.append(f"{key} ({origin}): {msg}")
         raise ValueError(f"{path}: " + "; ".join(problems)) from None
 
 

@@ -166,6 +166,12 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     batch; rank 0 alone writes the adapter, tokenizer, metadata and logs."""
     from trl import SFTConfig, SFTTrainer
 
+    from stepgap.export.hub import require_hub_token
+
+    from .card import publishing_trainer
+
+    if cfg.push_to_hub:  # fail before any work, not at the first upload
+        require_hub_token(f"push_to_hub (to {cfg.hub_model_id})")
     data = load_sft_data(cfg)
     data_meta = read_sft_metadata(cfg.dataset) if Path(cfg.dataset).is_dir() else {}
     columns = ["prompt", "completion"]
@@ -200,8 +206,17 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         seed=cfg.seed,
         use_cpu=cfg.use_cpu,
         report_to=cfg.report_to,
+        # the Trainer's own push; hub_token stays unset: huggingface_hub reads HF_TOKEN itself
+        push_to_hub=cfg.push_to_hub,
+        hub_model_id=cfg.hub_model_id,
+        hub_strategy=cfg.hub_strategy,
+        hub_private_repo=cfg.hub_private_repo,
     )
-    trainer = SFTTrainer(
+
+    def card(trainer: Any, folder: Path) -> None:  # before each of the Trainer's uploads
+        _write_card(cfg, trainer, data, data_meta, folder, publish=cfg.push_to_hub)
+
+    trainer = publishing_trainer(SFTTrainer, card)(
         model=model,
         args=args,
         train_dataset=train_set,
@@ -215,11 +230,13 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", cfg.output_dir)
     result = trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.is_world_process_zero():  # before save_model, which pushes with push_to_hub
+        write_student_metadata(cfg, data_meta)
     trainer.save_model(cfg.output_dir)  # rank 0 writes; every rank takes part
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(cfg.output_dir)
         record_base(cfg.output_dir, model_ref(cfg))
-        write_student_metadata(cfg, data_meta)
+        _write_card(cfg, trainer, data, data_meta, Path(cfg.output_dir))
     trainer.accelerator.wait_for_everyone()
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
@@ -228,6 +245,32 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         metrics.update(trainer.evaluate())
     trainer.save_state()
     return metrics
+
+
+def _write_card(
+    cfg: StudentTrainConfig,
+    trainer: Any,
+    data: Any,
+    data_meta: dict[str, Any],
+    folder: Path,
+    publish: bool = False,
+) -> None:
+    """README.md (the adapter's card) in `folder`; with `publish`, the folder is also made fit
+    to upload (models named as published, not by this machine's paths)."""
+    from .card import data_counts, publish_folder, render_adapter_card, training_metrics
+
+    card = render_adapter_card(
+        cfg,
+        base=model_ref(cfg),
+        counts=data_counts(data["train"], data["test"] if "test" in data else None),
+        data_meta=data_meta,
+        metrics=training_metrics(trainer.state.log_history),
+        world_size=trainer.args.world_size,
+    )
+    if publish:
+        publish_folder(folder, model_ref(cfg), card)
+    else:
+        (folder / "README.md").write_text(card, encoding="utf-8")
 
 
 def model_ref(cfg: StudentTrainConfig) -> str:

@@ -80,3 +80,48 @@ def test_a_packaged_recipe_loads_by_name_from_any_folder(tmp_path, monkeypatch, 
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["max_steps"] == 7 and printed["model"] == "tiny-random:qwen2"
     assert not (tmp_path / "student_out").exists()  # printed, not trained
+
+
+def test_a_token_key_is_refused_with_where_to_put_it(tmp_path):
+    bad = tmp_path / "push.yaml"
+    bad.write_text("model: x\ndataset: y\noutput_dir: z\nhub_token: hf_secret_value\n")
+    with pytest.raises(ValueError, match=r"push\.yaml: hub_token \(line 4\): a token never goes "
+                       r"in a recipe.*set HF_TOKEN") as refused:  # fmt: skip
+        load_config(bad)
+    assert "hf_secret_value" not in str(refused.value)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("model: x\ndataset: y\noutput_dir: z\n")
+    with pytest.raises(ValueError, match=r"hub_token \(--set\): a token never goes in a recipe"):
+        load_config(ok, {"hub_token": "hf_secret_value"})
+
+
+def test_push_to_hub_needs_a_repo_id(tmp_path):
+    recipe = tmp_path / "push.yaml"
+    recipe.write_text("model: x\ndataset: y\noutput_dir: z\npush_to_hub: true\n")
+    with pytest.raises(ValueError, match=r"push\.yaml: hub_model_id \(missing\): .*push_to_hub "
+                       r"is true but no repo is named: set hub_model_id"):  # fmt: skip
+        load_config(recipe)
+    recipe.write_text(recipe.read_text() + "hub_model_id: null\n")
+    with pytest.raises(ValueError, match=r"hub_model_id \(line 5\)"):
+        load_config(recipe)
+    cfg = load_config(recipe, {"hub_model_id": "user/stepgap-student"})
+    assert cfg.push_to_hub and cfg.hub_model_id == "user/stepgap-student"
+    with pytest.raises(ValueError, match=r"hub_strategy \(--set\): Input should be 'end'"):
+        load_config(recipe, {"hub_model_id": "u/x", "hub_strategy": "sometimes"})
+
+
+def test_hub_keys_are_the_trainers_with_its_defaults():
+    """The four keys go to TrainingArguments as they are: same values allowed, same defaults."""
+    import dataclasses
+    from typing import get_args
+
+    from transformers import TrainingArguments
+    from transformers.trainer_utils import HubStrategy
+
+    fields = StudentTrainConfig.model_fields
+    strategies = get_args(fields["hub_strategy"].annotation)
+    assert set(strategies) == {s.value for s in HubStrategy}
+    theirs = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    for key in ("push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo"):
+        assert fields[key].default == theirs[key], key
+    assert "hub_token" not in fields

@@ -1,0 +1,293 @@
+"""The student adapter's model card (README.md next to the adapter, the page the Hub shows), and
+the folder made fit to publish right before each of the Trainer's uploads.
+
+The card says what the adapter is, its base, the recipe, the data, the metrics logged, how to
+load it and its limits (the method's, quoted from the bundle card's template: one text for both).
+Models and files are named as `stepgap.models.display_ref` names them: a hub id as it is, a local
+path by its last part only. The token never reaches a card: nothing here reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stepgap.export.hub import CARD, LICENSE, template_section
+from stepgap.models import display_ref, stand_in_note
+
+from .config import StudentTrainConfig
+
+TAGS = ["stepgap", "trl", "sft", "lora"]
+# The recipe keys a reader needs to judge or reproduce the run (the rest are bookkeeping).
+RECIPE_KEYS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "target_modules",
+    "load_in_4bit",
+    "dtype",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "max_length",
+    "packing",
+    "seed",
+)
+# Logged by TRL's SFTTrainer; the card shows the last value of each (train_loss: the run's mean,
+# loss: the last logged window's).
+METRIC_KEYS = (
+    "train_loss",
+    "loss",
+    "mean_token_accuracy",
+    "eval_loss",
+    "eval_mean_token_accuracy",
+    "epoch",
+)
+PUBLISHED_META_KEYS = ("base_model", "init_adapter", "nli_model")  # names, not local paths
+
+
+def hub_base(ref: str) -> str | None:
+    """`ref` if it names a Hub model, else None: a local folder, a .gguf file or a packaged model
+    (`pypi:`, `tiny-random:`) has no Hub page, and the Hub refuses a card whose `base_model` is
+    not a model id."""
+    if os.path.exists(ref) or ref.endswith(".gguf") or ":" in ref or display_ref(ref) != ref:
+        return None
+    return ref
+
+
+def training_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """The last logged value of each metric in METRIC_KEYS (the Trainer's `state.log_history`)."""
+    last: dict[str, float] = {}
+    for entry in log_history:
+        for key in METRIC_KEYS:
+            if isinstance(entry.get(key), (int, float)):
+                last[key] = float(entry[key])
+    out = {key: last[key] for key in METRIC_KEYS if key in last}
+    if log_history:
+        out["global_step"] = max(int(e.get("step", 0)) for e in log_history)
+    return out
+
+
+def data_counts(train_set: Any, eval_set: Any = None) -> dict[str, int]:
+    """Examples (one per step) and, where the data set keeps them, traces per split."""
+    counts: dict[str, int] = {}
+    for name, split in (("train", train_set), ("held_out", eval_set)):
+        if split is None:
+            continue
+        counts[f"{name}_examples"] = len(split)
+        if "trace_id" in split.column_names:
+            counts[f"{name}_traces"] = len(set(split["trace_id"]))
+    return counts
+
+
+def _stand_in(base: str) -> str | None:
+    config = Path(base) / "config.json"
+    if config.is_file():
+        return stand_in_note(json.loads(config.read_text(encoding="utf-8")))
+    return None
+
+
+def _table(rows: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    return "| key | value |\n| --- | --- |\n" + "\n".join(
+        f"| {k} | {fmt(v)} |" for k, v in rows.items()
+    )
+
+
+def render_adapter_card(
+    cfg: StudentTrainConfig,
+    *,
+    base: str,
+    counts: dict[str, int],
+    data_meta: dict[str, Any],
+    metrics: dict[str, float],
+    world_size: int = 1,
+) -> str:
+    """README.md for the adapter trained with `cfg` on `base` (the loadable reference the
+    adapter_config names; only its display form is written)."""
+    repo = cfg.hub_model_id
+    shown, on_hub = display_ref(base), hub_base(base)
+    kind = "QLoRA adapter (trained on a 4-bit nf4 base)" if cfg.load_in_4bit else "LoRA adapter"
+    meta: dict[str, Any] = {"library_name": "peft", "license": LICENSE}
+    if on_hub:
+        meta["base_model"] = on_hub
+    meta["pipeline_tag"] = "text-generation"
+    meta["tags"] = TAGS + (["qlora"] if cfg.load_in_4bit else [])
+    where = "" if on_hub else " (not a Hub model: give the base yourself when loading)"
+    note = _stand_in(base)
+    lines = [
+        "---",
+        yaml.safe_dump(meta, sort_keys=False).strip(),
+        "---",
+        "",
+        f"# {repo or 'stepgap student judge'}",
+        "",
+        f"A **stepgap** student judge: a {kind} on `{shown}`{where}, trained with TRL's "
+        "`SFTTrainer` to write, for one step of a search agent's reasoning trace, the teacher's "
+        "judge JSON (stages A-C of stepgap's decision tree) with the pipeline path and the gap "
+        "label (no-gap, CC, IE or MB). Alone it is half a checker: stages D-E need an NLI model "
+        "(`stepgap check --nli`), and `stepgap export` bundles both for offline use."
+        + (f" **The base is a {note}; these weights check nothing real.**" if note else ""),
+    ]
+    if cfg.init_adapter:
+        lines += [
+            "",
+            f"It continues adapter `{display_ref(cfg.init_adapter)}` (hard-negative "
+            "augmentation: `stepgap mine --augment-config`).",
+        ]
+    recipe = {k: getattr(cfg, k) for k in RECIPE_KEYS}
+    recipe["effective_batch_size"] = (
+        cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world_size
+    )
+    lines += ["", "## Training recipe", "", _table(recipe)]
+    data = {"source": f"`{display_ref(cfg.dataset)}`", **counts}
+    if cfg.max_train_examples is not None:
+        data["max_train_examples"] = cfg.max_train_examples
+    from stepgap.teacher.prompt import PROMPT_VERSION
+
+    data["prompt_version"] = data_meta.get("prompt_version", PROMPT_VERSION)
+    features = data_meta.get("nli_features")
+    data["nli_features"] = (
+        f"yes ({display_ref(data_meta['nli_model'])})"
+        if features and data_meta.get("nli_model")
+        else "yes"
+        if features
+        else "no"
+    )
+    lines += [
+        "",
+        "## Training data",
+        "",
+        "Teacher verdicts turned into prompt-completion chat examples (`stepgap sft-data`), one "
+        "per step, split by trace; the loss is on the completion only.",
+        "",
+        _table(data),
+        "",
+        "## Training metrics",
+        "",
+    ]
+    if metrics:
+        lines += [
+            "SFT losses and token accuracy: how closely the student imitates the teacher, not how "
+            "well it finds gaps (`stepgap eval` measures that against gold labels).",
+            "",
+            _table(metrics),
+        ]
+    else:
+        lines.append("No metrics were logged.")
+    name = repo or "USER/NAME"
+    base_arg = "" if on_hub else " --student-base BASE"
+    if on_hub:  # peft finds the base through adapter_config.json
+        peft_import, peft_load = (
+            "AutoPeftModelForCausalLM",
+            [f'model = AutoPeftModelForCausalLM.from_pretrained("{name}")'],
+        )
+    else:
+        peft_import, peft_load = (
+            "PeftModel",
+            [
+                'base = AutoModelForCausalLM.from_pretrained("BASE")  # the base, wherever it is',
+                f'model = PeftModel.from_pretrained(base, "{name}")',
+            ],
+        )
+    lines += [
+        "",
+        "## How to use",
+        "",
+        "```bash",
+        f"huggingface-cli download {name} --local-dir student",
+        f"stepgap check traces.jsonl --judge student:student{base_arg} "
+        "--nli MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli -o verdicts.jsonl",
+        "```",
+        "",
+        "`stepgap_student.json` in the folder says how the student is prompted (prompt version, "
+        "NLI features); `stepgap check` reads it. With peft alone:",
+        "",
+        "```python",
+        f"from peft import {peft_import}",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        *peft_load,
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}")  # the trained chat template',
+        "```",
+        "",
+        "## License and limitations",
+        "",
+        f"The adapter is released under {LICENSE}; the base model's own license applies to the "
+        "base weights. It was trained on teacher verdicts, not on human labels, so it carries "
+        "the teacher's errors as well as its own.",
+        "",
+        template_section("Limitations"),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def publish_folder(folder: Path, base: str, card: str) -> None:
+    """Make `folder` fit to upload: the adapter config and stepgap_student.json name models as
+    published (never a path of this machine), and README.md is `card`."""
+    config = folder / "adapter_config.json"
+    if config.is_file():
+        data = json.loads(config.read_text(encoding="utf-8"))
+        data["base_model_name_or_path"] = display_ref(base)
+        config.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    from .judge import STUDENT_META
+
+    meta_file = folder / STUDENT_META
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        for key in PUBLISHED_META_KEYS:
+            if meta.get(key):
+                meta[key] = display_ref(meta[key])
+        meta_file.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    (folder / CARD).write_text(card, encoding="utf-8")
+
+
+def publishing_trainer(trainer_cls: type, publish: Callable[[Any, Path], None]) -> type:
+    """`trainer_cls` (TRL's SFTTrainer) whose README.md is our card and whose every Hub upload
+    finds its folder made fit to publish by `publish(trainer, folder)`.
+
+    Three writers of README.md meet in a training run, and the Trainer uploads what lies in the
+    folder (all but `checkpoint-*` and `_*`):
+    - TRL's `_save_checkpoint` calls `create_model_card` before every checkpoint, and
+      `Trainer.push_to_hub` (which `save_model` calls when `push_to_hub` is set) calls it after
+      saving and right before the final upload. Our card replaces TRL's draft rather than merging
+      into it: the draft's quick start loads the adapter as a text-generation pipeline, which
+      says nothing of the judge JSON, and it names a local base by its path.
+    - peft's `save_pretrained` writes or updates README.md in every folder it saves (each
+      `checkpoint-N/` and the output folder), with the base as loaded: a path of this machine.
+      `create_model_card` runs after the final save, so ours is the last word there; a
+      checkpoint folder is published in `_push_from_checkpoint`, before the Trainer copies its
+      adapter files to the output folder and uploads (and, for the `checkpoint` strategies,
+      uploads the checkpoint folder itself).
+    """
+
+    class PublishingTrainer(trainer_cls):  # type: ignore[misc, valid-type]
+        def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+            if self.is_world_process_zero():
+                publish(self, Path(self.args.output_dir))
+
+        def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+            if self.is_world_process_zero() and self.args.hub_strategy != "end":
+                publish(self, Path(checkpoint_folder))
+            super()._push_from_checkpoint(checkpoint_folder)
+
+    PublishingTrainer.__name__ = PublishingTrainer.__qualname__ = (
+        f"Publishing{trainer_cls.__name__}"
+    )
+    return PublishingTrainer
