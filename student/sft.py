@@ -14,6 +14,7 @@ from typing import Any
 from stepgap.data_builders.sft import read_sft_metadata
 
 from .config import StudentTrainConfig
+from .lengths import check_lengths
 from .tiny import TINY_REF
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     train_set = data["train"].select_columns(columns)
     eval_set = data["test"].select_columns(columns) if "test" in data else None
     model, tokenizer = load_student_base(cfg, data)
+    lengths = check_lengths(tokenizer, data, cfg.max_length)  # refuse before any step is taken
     model, peft_config = _peft(cfg, model)
     args = SFTConfig(
         output_dir=cfg.output_dir,
@@ -231,7 +233,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         log.warning("--resume: no checkpoint in %s; starting from scratch", cfg.output_dir)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.is_world_process_zero():  # before save_model, which pushes with push_to_hub
-        write_student_metadata(cfg, data_meta)
+        write_student_metadata(cfg, data_meta, _trace_ids(data["train"]))
     trainer.save_model(cfg.output_dir)  # rank 0 writes; every rank takes part
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(cfg.output_dir)
@@ -241,6 +243,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
     metrics["resumed_from"] = checkpoint
+    metrics["sft_lengths"] = lengths
     if eval_set is not None:
         metrics.update(trainer.evaluate())
     trainer.save_state()
@@ -288,18 +291,33 @@ def record_base(output_dir: str, base: str) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
-def write_student_metadata(cfg: StudentTrainConfig, data_meta: dict[str, Any]) -> None:
-    """`stepgap_student.json` next to the adapter: how to prompt this student."""
+def _trace_ids(split: Any) -> list[str] | None:
+    """The traces a training split holds (None for a data set without `trace_id`)."""
+    return sorted(set(split["trace_id"])) if "trace_id" in split.column_names else None
+
+
+def write_student_metadata(
+    cfg: StudentTrainConfig, data_meta: dict[str, Any], trained: list[str] | None = None
+) -> None:
+    """`stepgap_student.json` next to the adapter: how to prompt this student, and the traces it
+    was trained on (with those of the adapter it continued), so that mining and evaluation can
+    keep to held-out traces."""
     from stepgap.teacher.prompt import PROMPT_VERSION
 
-    from .judge import STUDENT_META
+    from .judge import STUDENT_META, student_meta
+    from .mining import TRAIN_TRACES
 
+    if trained is not None and cfg.init_adapter:
+        earlier = student_meta(cfg.init_adapter).get(TRAIN_TRACES)
+        trained = None if earlier is None else sorted({*earlier, *trained})
     meta = {
         "nli_features": bool(data_meta.get("nli_features", False)),
         "nli_model": data_meta.get("nli_model"),
+        "earlier_evidence_chars": data_meta.get("earlier_evidence_chars"),
         "prompt_version": data_meta.get("prompt_version", PROMPT_VERSION),
         "base_model": cfg.model,
         "init_adapter": cfg.init_adapter,
+        TRAIN_TRACES: trained,
     }
     (Path(cfg.output_dir) / STUDENT_META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
