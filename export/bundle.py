@@ -4,7 +4,8 @@
       manifest.json    format and stepgap versions, sources, thresholds, prompt version,
                        parity, eval summary, and the sha256 of every other file
       student/         merged safetensors shards + tokenizer and chat template, or the adapter
-      nli/             model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer, config
+      nli/             model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer, config,
+                       parity_reference.json (the probe pairs' fp32 PyTorch probabilities)
 
 Loading verifies every checksum first and refuses pickled weights, so a bundle copied to a
 cluster either loads exactly what was exported or names the file that changed.
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+PARITY_REFERENCE = "parity_reference.json"  # in nli/, checksummed like every file
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Adapter files worth shipping; checkpoints, optimizer states and training_args.bin are not.
 ADAPTER_FILES = (
@@ -209,6 +211,10 @@ def export_bundle(
         )
         _scrub_local_paths(work)
         (work / RECIPE).write_text(serving_recipe(student_info), encoding="utf-8")
+        # the probe pairs' PyTorch probabilities: loading re-checks the serving provider on them
+        (onnx_dir / PARITY_REFERENCE).write_text(
+            json.dumps(parity.reference(), ensure_ascii=False), encoding="utf-8"
+        )
         config = json.loads((onnx_dir / "config.json").read_text())
         tree_cfg = TreeConfig(**(tree or {}))
         manifest = {
@@ -224,7 +230,7 @@ def export_bundle(
                 "precisions": ["fp32", *precisions],
                 "default_precision": "int8" if nli_quantize == "int8" else "fp32",
                 "id2label": config.get("id2label"),
-                "parity": parity.as_dict(),
+                "parity": {**parity.as_dict(), "reference": f"nli/{PARITY_REFERENCE}"},
             },
             "tree": {
                 "entail_threshold": tree_cfg.entail_threshold,

@@ -2,7 +2,9 @@
 
 Parity is checked before anything is written to a bundle: the fp32 graph must give the
 PyTorch logits within `atol` on a probe set, and each reduced-precision graph must agree with
-fp32 on the label of at least `floor` of the probe pairs.
+fp32 on the label of at least `floor` of the probe pairs. The PyTorch probabilities of the probe
+pairs travel in the bundle, so loading re-checks them on the provider and precision that will
+serve (`served_parity`): a CUDA kernel or a runtime build the export never ran is caught there.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stepgap.teacher.nli.base import Pair
 from stepgap.teacher.nli.hf import NLI_LABELS
-from stepgap.teacher.nli.onnx import ONNX_FILES
+from stepgap.teacher.nli.onnx import ONNX_FILES, ONNXNLI
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,10 @@ class ExportError(RuntimeError):
     """The export would produce a model that does not match its source."""
 
 
+class ParityError(RuntimeError):
+    """The ONNX model, as loaded here, does not give the probabilities recorded at export."""
+
+
 @dataclass
 class Parity:
     pairs: int
@@ -49,6 +56,12 @@ class Parity:
     agreement: dict[str, float] = field(default_factory=dict)  # precision -> label agreement
     # fp32 labels on the probe set: agreement over one class only would say little
     label_counts: dict[str, int] = field(default_factory=dict)
+    atol: float = 1e-3
+    floor: float = 0.99
+    # the probe pairs and their fp32 PyTorch probabilities (NLI_LABELS order): the reference
+    # that loading checks the serving provider against
+    probe: list[Pair] = field(default_factory=list)
+    reference_probs: list[list[float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -56,6 +69,16 @@ class Parity:
             "fp32_max_abs_logit_diff": self.fp32_max_abs_diff,
             "label_agreement_with_fp32": self.agreement,
             "fp32_label_counts": self.label_counts,
+            "atol": self.atol,
+            "floor": self.floor,
+        }
+
+    def reference(self) -> dict[str, object]:
+        """The probe set with its PyTorch probabilities, as a bundle stores it."""
+        return {
+            "labels": list(NLI_LABELS),
+            "pairs": [list(p) for p in self.probe],
+            "probs": self.reference_probs,
         }
 
 
@@ -108,7 +131,6 @@ def check_parity(
     import torch
 
     from stepgap.teacher.nli.hf import HFNLI
-    from stepgap.teacher.nli.onnx import ONNXNLI
 
     pairs = list(dict.fromkeys([*PROBE_PAIRS, *probe]))
     reference = HFNLI(torch_model, device="cpu", dtype="float32")
@@ -127,7 +149,16 @@ def check_parity(
     labels = fp32.argmax(-1)
     names = {column: name for name, column in reference.columns.items()}
     counts = Counter(names[int(i)] for i in labels)
-    parity = Parity(len(pairs), diff, label_counts={n: counts[n] for n in NLI_LABELS})
+    named = torch.softmax(expected, dim=-1)[:, [reference.columns[n] for n in NLI_LABELS]]
+    parity = Parity(
+        len(pairs),
+        diff,
+        label_counts={n: counts[n] for n in NLI_LABELS},
+        atol=atol,
+        floor=floor,
+        probe=pairs,
+        reference_probs=named.tolist(),
+    )
     for precision in precisions:
         agree = float((logits(precision).argmax(-1) == labels).float().mean())
         parity.agreement[precision] = agree
@@ -136,3 +167,61 @@ def check_parity(
                 f"ONNX {precision} agrees with fp32 on {agree:.1%} of probe labels (< {floor:.0%})"
             )
     return parity
+
+
+def served_parity(
+    backend: ONNXNLI, reference: dict[str, Any], *, atol: float, floor: float
+) -> dict[str, Any]:
+    """Re-run the recorded probe set on `backend` (its provider and precision) and compare with
+    the fp32 PyTorch probabilities recorded at export: fp32 must match within `atol`, every
+    precision must agree on the label of at least `floor` of the pairs. Raises ParityError
+    naming the provider, the precision and the worst pair; returns the figures otherwise."""
+    import torch
+
+    if list(reference.get("labels", [])) != list(NLI_LABELS):
+        raise ParityError(f"the parity reference's labels are {reference.get('labels')!r}")
+    pairs = [(str(p), str(h)) for p, h in reference["pairs"]]
+    expected = torch.tensor(reference["probs"], dtype=torch.float32)
+    if expected.shape != (len(pairs), len(NLI_LABELS)):
+        shape = tuple(expected.shape)
+        raise ParityError(f"the parity reference has {len(pairs)} pairs but probs of {shape}")
+    got = torch.tensor(
+        [[getattr(p, n) for n in NLI_LABELS] for p in backend.predict(pairs)], dtype=torch.float32
+    )
+    diff = (got - expected).abs().max(-1).values
+    agrees = got.argmax(-1) == expected.argmax(-1)
+    agreement = float(agrees.float().mean())
+    result = {
+        "provider": backend.provider,
+        "precision": backend.precision,
+        "probe_pairs": len(pairs),
+        "max_abs_prob_diff": float(diff.max()),
+        "label_agreement": agreement,
+    }
+    where = f"ONNX {backend.precision} on {backend.provider}"
+    if backend.precision == "fp32" and result["max_abs_prob_diff"] > atol:
+        worst = int(diff.argmax())
+        raise ParityError(
+            f"{where}: probabilities differ from the exported PyTorch reference by up to "
+            f"{result['max_abs_prob_diff']:.2e} (> atol {atol:g}) on {len(pairs)} probe pairs; "
+            f"worst pair {_show(pairs[worst])}: {_probs(got[worst])} vs {_probs(expected[worst])}"
+        )
+    if agreement < floor:
+        worst = int(torch.where(agrees, -1.0, diff).argmax())
+        raise ParityError(
+            f"{where}: agrees with the exported fp32 PyTorch labels on {agreement:.1%} of "
+            f"{len(pairs)} probe pairs (< floor {floor:.0%}); worst pair {_show(pairs[worst])}: "
+            f"{_probs(got[worst])} vs {_probs(expected[worst])}"
+        )
+    return result
+
+
+def _show(pair: Pair, width: int = 80) -> str:
+    def cut(text: str) -> str:
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    return f"(premise {cut(pair[0])!r}, hypothesis {cut(pair[1])!r})"
+
+
+def _probs(row) -> str:  # torch.Tensor of NLI_LABELS probabilities
+    return ", ".join(f"{n}={float(v):.4f}" for n, v in zip(NLI_LABELS, row, strict=True))

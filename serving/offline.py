@@ -1,20 +1,26 @@
 """The offline checker: a bundle in, verdicts out; no API key, no network.
 
 `OfflineChecker.from_bundle` verifies every checksum, switches the Hub client offline, loads
-the student (safetensors only, no remote code) and the ONNX NLI model, and runs them through the
-same decision tree as the teacher with the thresholds recorded at export.
+the ONNX NLI model on the chosen execution providers and re-runs the bundle's parity probe there,
+loads the student (safetensors only, no remote code), and runs them through the same decision
+tree as the teacher with the thresholds recorded at export.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges import JudgeBackend
+from stepgap.teacher.nli.onnx import Provider
 from stepgap.teacher.tree import TreeConfig
+
+log = logging.getLogger(__name__)
 
 
 def go_offline() -> None:
@@ -31,6 +37,8 @@ def go_offline() -> None:
 
 class OfflineChecker(Checker):
     manifest: dict[str, Any]
+    # the bundle's parity probe as re-run at load: provider, precision, figures
+    nli_parity: dict[str, Any] | None
 
     @classmethod
     def from_bundle(
@@ -38,6 +46,7 @@ class OfflineChecker(Checker):
         path: str | Path,
         *,
         nli_precision: str | None = None,
+        nli_providers: Sequence[Provider] | None = None,
         device: str | None = None,
         dtype: str | None = None,
         batch_size: int = 8,
@@ -45,15 +54,45 @@ class OfflineChecker(Checker):
         nli_batch_size: int = 32,
         served_judge: Callable[[bool], JudgeBackend] | None = None,
     ) -> OfflineChecker:
-        """`served_judge(nli_features)`: the bundle's student as served elsewhere (an
+        """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
+        preference, each a name or (name, provider options), e.g. `["CUDAExecutionProvider",
+        "CPUExecutionProvider"]`; default CUDA when available, then CPU. The bundle's probe
+        pairs are re-run on the provider and precision that will serve before the student
+        loads: probabilities off the recorded PyTorch ones raise BundleError.
+
+        `served_judge(nli_features)`: the bundle's student as served elsewhere (an
         OpenAI-compatible engine), used instead of loading the student here."""
-        from stepgap.export.bundle import verify_bundle
+        from stepgap.export.bundle import BundleError, verify_bundle
+        from stepgap.export.onnx_nli import ParityError, served_parity
         from stepgap.student.judge import StudentJudge, student_meta
         from stepgap.teacher.nli.onnx import ONNXNLI
 
         go_offline()
         root = Path(path)
         manifest = verify_bundle(root)
+        nli_info = manifest["nli"]
+        nli = ONNXNLI(
+            root / nli_info["path"],
+            precision=nli_precision or nli_info["default_precision"],
+            providers=nli_providers,
+            batch_size=nli_batch_size,
+        )
+        parity = nli_info.get("parity") or {}
+        served = None
+        if parity.get("reference"):
+            reference = json.loads((root / parity["reference"]).read_text(encoding="utf-8"))
+            try:
+                served = served_parity(nli, reference, atol=parity["atol"], floor=parity["floor"])
+            except ParityError as exc:
+                raise BundleError(f"{root}: {exc}") from None
+            log.info("%s: NLI parity holds on %s (%s)", root, nli.provider, nli.precision)
+        else:
+            log.warning(
+                "%s: the bundle records no parity reference (exported by an older stepgap), so "
+                "the NLI model is not checked on %s; re-export to check it",
+                root,
+                nli.provider,
+            )
         student = manifest["student"]
         judge: JudgeBackend
         if served_judge is not None:
@@ -74,11 +113,7 @@ class OfflineChecker(Checker):
                 batch_size=batch_size,
                 max_new_tokens=max_new_tokens,
             )
-        nli = ONNXNLI(
-            root / manifest["nli"]["path"],
-            precision=nli_precision or manifest["nli"]["default_precision"],
-            batch_size=nli_batch_size,
-        )
         checker = cls(judge, nli, TreeConfig(**manifest["tree"]))
         checker.manifest = manifest
+        checker.nli_parity = served
         return checker

@@ -3,13 +3,17 @@ Python users alike (a notebook, a veRL worker, a sweep script)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .checker import Checker
 from .judges import JudgeBackend
 from .nli import NLIBackend
 from .tree import TreeConfig
+
+if TYPE_CHECKING:
+    from .nli.onnx import Provider
 
 
 def build_judge(
@@ -58,6 +62,7 @@ def build_checker(
     tree: TreeConfig | None = None,
     device: str | None = None,
     nli_precision: str | None = None,
+    nli_providers: Sequence[Provider] | None = None,
     judge_options: dict[str, Any] | None = None,
 ) -> Checker:
     """The hybrid checker from a judge and an NLI model (specs or backends), or the offline
@@ -67,7 +72,8 @@ def build_checker(
     bundle still gives the schema, prompt version, NLI model and thresholds.
 
     `device` places the NLI model; `judge_options` go to `build_judge` (for a bundle: the
-    student's `device`, `dtype`, `batch_size` and `max_tokens`).
+    student's `device`, `dtype`, `batch_size` and `max_tokens`). `nli_providers`: the bundle's
+    ONNX Runtime execution providers (`OfflineChecker.from_bundle`).
     """
     options = dict(judge_options or {})
     if bundle:
@@ -90,6 +96,7 @@ def build_checker(
         return OfflineChecker.from_bundle(
             bundle,
             nli_precision=nli_precision,
+            nli_providers=nli_providers,
             device=options.get("device"),
             dtype=options.get("dtype"),
             batch_size=options.get("batch_size") or 8,
@@ -98,6 +105,8 @@ def build_checker(
         )
     if not judge or not nli:
         raise ValueError("give --judge and --nli, or --bundle")
+    if nli_providers:
+        raise ValueError("--nli-provider picks the ONNX Runtime providers of a --bundle")
     from .nli import load_nli
 
     judge_backend = build_judge(judge, **options) if isinstance(judge, str) else judge

@@ -165,6 +165,15 @@ def add_checker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nli-precision", choices=["fp32", "int8", "fp16"], help="--bundle: which ONNX graph"
     )
+    p.add_argument(
+        "--nli-provider",
+        action="append",
+        metavar="NAME[:KEY=VALUE...]",
+        help="--bundle: ONNX Runtime execution provider(s) of the NLI model in order of "
+        "preference, repeated or a comma list, with provider options after the name, e.g. "
+        "CUDAExecutionProvider:device_id=1,CPUExecutionProvider (default: CUDA if available, "
+        "then CPU); the bundle's parity probe is re-run on them at load",
+    )
     add_judge_options(p, required=False, spec=True)
     add_nli_options(p, required=False)
 
@@ -172,12 +181,14 @@ def add_checker_options(p: argparse.ArgumentParser) -> None:
 def checker(args: argparse.Namespace):
     """The checker the flags describe (`stepgap.teacher.build_checker`)."""
     from stepgap.teacher import build_checker
+    from stepgap.teacher.nli.onnx import parse_providers
 
     return build_checker(
         args.judge,
         args.nli,
         bundle=getattr(args, "bundle", None),
         nli_precision=getattr(args, "nli_precision", None),
+        nli_providers=parse_providers(getattr(args, "nli_provider", None)),
         tree=tree_config(args),
         device=args.device,
         judge_options=judge_options(args),

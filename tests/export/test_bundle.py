@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -336,3 +337,62 @@ def test_a_bundle_takes_only_a_served_openai_judge(bundles, capsys):
                "hf:some/model", "-o", "x.jsonl"])  # fmt: skip
     assert rc == 2
     assert "with --bundle, --judge can only be openai:NAME" in capsys.readouterr().err
+
+
+def _rechecksum(bundle: Path, rel: str) -> None:
+    """Record `rel`'s new sha256 in the manifest: only its content differs, no checksum does."""
+    from stepgap.export.bundle import sha256_file
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"][rel] = sha256_file(bundle / rel)
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def test_the_parity_probe_is_rerun_on_the_serving_provider(bundles, tmp_path):
+    """Loading re-runs the recorded probe pairs on the chosen provider and precision: a good
+    bundle loads on CPUExecutionProvider; one whose recorded PyTorch probabilities no longer
+    match (one pair's label moved, re-checksummed) fails naming provider, precision and pair."""
+    from stepgap.serving.offline import OfflineChecker
+
+    manifest = verify_bundle(bundles["merged"])
+    parity = manifest["nli"]["parity"]
+    assert parity["reference"] in manifest["files"] and parity["atol"] == 1e-3
+    reference = json.loads((bundles["merged"] / parity["reference"]).read_text())
+    assert len(reference["pairs"]) == len(reference["probs"]) == parity["probe_pairs"]
+
+    good = OfflineChecker.from_bundle(bundles["merged"], nli_providers=["CPUExecutionProvider"])
+    assert good.nli_parity is not None
+    assert (good.nli_parity["provider"], good.nli_parity["precision"]) == (
+        "CPUExecutionProvider", "int8",
+    )  # fmt: skip
+    assert good.nli_parity["label_agreement"] >= parity["floor"]
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles["merged"], copy)
+    reference["probs"][1] = reference["probs"][1][1:] + reference["probs"][1][:1]
+    (copy / parity["reference"]).write_text(json.dumps(reference))
+    _rechecksum(copy, parity["reference"])
+    verify_bundle(copy)  # every checksum holds: only the parity differs
+    hypothesis = re.escape(reference["pairs"][1][1])
+    with pytest.raises(BundleError, match=rf"int8 on CPUExecutionProvider.*{hypothesis}"):
+        OfflineChecker.from_bundle(copy, nli_providers=["CPUExecutionProvider"])
+    with pytest.raises(BundleError, match=rf"fp32 on CPUExecutionProvider.*atol.*{hypothesis}"):
+        OfflineChecker.from_bundle(copy, nli_precision="fp32")
+
+
+def test_an_unavailable_provider_is_named_with_those_available(bundles, examples_dir, capsys):
+    """The CPU onnxruntime here: CUDA asked for on `check` and `serve` is exit 2 and one line
+    listing the available providers, not ORT's silent fall-back to the CPU."""
+    traces = str(examples_dir / "traces.jsonl")
+    bundle = str(bundles["merged"])
+    assert main(["check", traces, "--bundle", bundle, "-o", "unused.jsonl",
+                 "--nli-provider", "CUDAExecutionProvider", "--nli-provider", "cpu"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "CUDAExecutionProvider is not available" in err and "CPUExecutionProvider" in err, err
+    assert main(["serve", "--bundle", bundle, "--nli-provider", "cuda:device_id=0,cpu"]) == 2
+    assert "CUDAExecutionProvider is not available" in capsys.readouterr().err
+    assert main(["check", traces, "--judge", "replay:x", "--nli", "replay:y", "-o", "unused.jsonl",
+                 "--nli-provider", "cpu"]) == 2  # fmt: skip
+    assert (
+        "--nli-provider picks the ONNX Runtime providers of a --bundle" in capsys.readouterr().err
+    )

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from stepgap.export.onnx_nli import PROBE_PAIRS, ExportError, check_parity, export_onnx
+from stepgap.export.onnx_nli import (
+    PROBE_PAIRS,
+    ExportError,
+    ParityError,
+    check_parity,
+    export_onnx,
+    served_parity,
+)
 from stepgap.teacher import load_nli
 from stepgap.teacher.nli import nli_label
 from stepgap.teacher.nli.hf import HFNLI, NLI_LABELS
-from stepgap.teacher.nli.onnx import ONNXNLI
+from stepgap.teacher.nli.onnx import ONNXNLI, parse_providers, resolve_providers
 
 
 @pytest.fixture(scope="module", params=["moritz", "cross-encoder"])
@@ -27,6 +34,28 @@ def test_fp32_and_int8_parity(exported):
     # agreement over a mix of labels, not one class (the stand-in spans all three here)
     assert all(parity.label_counts[c] > 0 for c in NLI_LABELS), parity.label_counts
     print("fp32 labels on the probe set:", parity.label_counts)
+
+    # the recorded PyTorch reference, re-run on the serving provider (here the CPU)
+    reference = parity.reference()
+    assert len(reference["pairs"]) == parity.pairs == len(reference["probs"])
+    for precision in ("fp32", "int8"):
+        backend = ONNXNLI(onnx_dir, precision=precision, providers=["CPUExecutionProvider"])
+        served = served_parity(backend, reference, atol=parity.atol, floor=parity.floor)
+        assert served["provider"] == "CPUExecutionProvider"
+        assert served["label_agreement"] >= 0.99
+    assert (
+        served_parity(ONNXNLI(onnx_dir), reference, atol=1e-3, floor=0.99)["max_abs_prob_diff"]
+        < 1e-3
+    )
+    # one pair's recorded probabilities moved by 0.01: fp32 fails naming it; int8 checks labels
+    moved = {**reference, "probs": [list(r) for r in reference["probs"]]}
+    moved["probs"][2] = [v + (0.01 if i == 0 else -0.005) for i, v in enumerate(moved["probs"][2])]
+    with pytest.raises(ParityError, match=r"ONNX fp32 on CPUExecutionProvider.*Kurosawa directed"):
+        served_parity(ONNXNLI(onnx_dir), moved, atol=parity.atol, floor=parity.floor)
+    # every label rotated: no precision agrees
+    rotated = {**reference, "probs": [r[1:] + r[:1] for r in reference["probs"]]}
+    with pytest.raises(ParityError, match=r"ONNX int8 on CPUExecutionProvider: agrees .* 0\.0%"):
+        served_parity(backend, rotated, atol=parity.atol, floor=parity.floor)
 
 
 def test_onnx_backend_gives_the_pytorch_probabilities_per_named_label(exported):
@@ -82,3 +111,44 @@ def test_the_export_prints_no_avoidable_warning(tmp_path, tiny_nli, caplog, capf
     said = capfd.readouterr().err + caplog.text
     assert "torch_dtype" not in said and "pre-processing" not in said, said
     assert not (tmp_path / "onnx" / "model_prepared.onnx").exists()
+
+
+def test_execution_providers_are_checked_and_parsed(exported):
+    """This machine has the CPU onnxruntime: CUDA asked for explicitly is an error listing what
+    is available, never ORT's silent fall-back to the CPU."""
+    import onnxruntime as ort
+
+    _, onnx_dir = exported
+    assert "CUDAExecutionProvider" not in ort.get_available_providers()
+    with pytest.raises(ValueError, match=r"CUDAExecutionProvider is not available.*CPUExecution"):
+        ONNXNLI(onnx_dir, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(ValueError, match="unknown ONNX Runtime provider 'GPUExecutionProvider'"):
+        ONNXNLI(onnx_dir, providers=["GPUExecutionProvider"])
+    cpu = ONNXNLI(onnx_dir, providers=[("cpu", {"arena_extend_strategy": "kSameAsRequested"})])
+    assert cpu.session.get_providers() == ["CPUExecutionProvider"] == [cpu.provider]
+    # the options go to ORT as strings, by full provider name (the CPU provider keeps none)
+    assert resolve_providers([("cpu", {"arena_extend_strategy": 1}), "CPUExecutionProvider"]) == [
+        ("CPUExecutionProvider", {"arena_extend_strategy": "1"}),
+        ("CPUExecutionProvider", {}),
+    ]
+    assert parse_providers(["CUDAExecutionProvider:device_id=1:use_tf32=0,cpu", "Azure"]) == [
+        ("CUDAExecutionProvider", {"device_id": "1", "use_tf32": "0"}),
+        "cpu",
+        "Azure",
+    ]
+    assert parse_providers(None) is None
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_providers(["CUDAExecutionProvider:device_id"])
+
+
+def test_io_binding_gives_the_plain_run_logits(exported):
+    """The IO-binding path (CUDA's) bound to the CPU here: the same logits as a plain run.
+    A CPU session binds nothing by default."""
+    import torch
+
+    _, onnx_dir = exported
+    backend = ONNXNLI(onnx_dir, providers=["CPUExecutionProvider"])
+    assert backend._bind_device is None
+    plain = backend._logits(PROBE_PAIRS)
+    backend._bind_device = ("cpu", 0)
+    torch.testing.assert_close(backend._logits(PROBE_PAIRS), plain, rtol=0, atol=0)
