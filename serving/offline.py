@@ -52,7 +52,7 @@ class OfflineChecker(Checker):
         batch_size: int = 8,
         max_new_tokens: int = 768,
         nli_batch_size: int = 32,
-        served_judge: Callable[[bool], JudgeBackend] | None = None,
+        served_judge: Callable[[dict[str, Any]], JudgeBackend] | None = None,
     ) -> OfflineChecker:
         """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
         preference, each a name or (name, provider options), e.g. `["CUDAExecutionProvider",
@@ -60,7 +60,7 @@ class OfflineChecker(Checker):
         pairs are re-run on the provider and precision that will serve before the student
         loads: probabilities off the recorded PyTorch ones raise BundleError.
 
-        `served_judge(nli_features)`: the bundle's student as served elsewhere (an
+        `served_judge(student_meta)`: the bundle's student as served elsewhere (an
         OpenAI-compatible engine), used instead of loading the student here."""
         from stepgap.export.bundle import BundleError, verify_bundle
         from stepgap.export.onnx_nli import ParityError, served_parity
@@ -97,7 +97,7 @@ class OfflineChecker(Checker):
         judge: JudgeBackend
         if served_judge is not None:
             meta = student_meta(root / student["path"])
-            judge = served_judge(bool(meta.get("nli_features", False)))
+            judge = served_judge(meta)  # how to prompt it: NLI features, evidence budget
         else:
             base = None
             if not student["merged"]:  # carried in the bundle, or a hub id pinned to a commit

@@ -90,8 +90,14 @@ def build_checker(
                     "by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) at --base-url"
                 )
 
-            def served(nli_features: bool) -> JudgeBackend:
-                return build_judge(f"openai-student:{name}", nli_features=nli_features, **options)
+            def served(meta: dict[str, Any]) -> JudgeBackend:
+                return build_judge(
+                    f"openai-student:{name}",
+                    nli_features=bool(meta.get("nli_features", False)),
+                    earlier_evidence_chars=meta.get("earlier_evidence_chars"),
+                    target=meta.get("target") or "full",  # the schema it was trained to write
+                    **options,
+                )
 
         return OfflineChecker.from_bundle(
             bundle,
