@@ -7,15 +7,20 @@ file of verdicts under another ablation or threshold without calling a model.
 
 from __future__ import annotations
 
+import heapq
 import logging
+import queue
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from stepgap.data_builders.io import ErrorReport, JsonlWriter, read_models
 from stepgap.data_builders.schema import NLICall, NLIProbs, Step, Trace, Verdict
 
-from .judges.base import JudgeBackend, JudgeResult
+from .judges.base import JudgeBackend, JudgeRequest, JudgeResult
 from .judges.replay import ReplayJudge
 from .nli.base import NLIBackend, NLIError, Pair
 from .nli.replay import ReplayNLI
@@ -161,22 +166,207 @@ class Checker:
 
     def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
         """Stages A-C for every step of every trace, in one call to the judge backend."""
-        requests = []
-        with_features = getattr(self.judge, "nli_features", False)
-        for t in traces:
-            if t.steps is None:
-                raise ValueError(f"trace {t.id!r} is not segmented; run segment_trace first")
-            features = (
-                step_nli_features(t.question, t.steps, self.nli, self.config)
-                if with_features
-                else None
-            )
-            requests.extend(build_requests(t.id, t.question, t.steps, features))
+        requests = [r for t in traces for r in self._judge_requests(t)]
         results = iter(self.judge.judge(requests))
         return [[next(results) for _ in t.steps] for t in traces]  # type: ignore[union-attr]
 
+    def _judge_requests(self, trace: Trace) -> list[JudgeRequest]:
+        """The judge requests of a trace's steps (with NLI features for a judge that wants them)."""
+        if trace.steps is None:
+            raise ValueError(f"trace {trace.id!r} is not segmented; run segment_trace first")
+        features = (
+            step_nli_features(trace.question, trace.steps, self.nli, self.config)
+            if getattr(self.judge, "nli_features", False)
+            else None
+        )
+        return build_requests(trace.id, trace.question, trace.steps, features)
+
+    def check_stream(
+        self, traces: Iterable[Trace], *, batch_size: int = 16, chunk_requests: int = 4096
+    ) -> Iterator[tuple[Trace, list[Verdict]]]:
+        """(trace, its verdicts) for every trace, as soon as its own judge answers are in.
+
+        Unlike `check` over batches, no trace waits for another trace's answers: the judge is
+        fed one stream of requests (a concurrent backend keeps its `concurrency` requests in
+        flight across traces), and each trace whose answers are complete is decided at once,
+        with at most `batch_size` such traces sharing one NLI call, while the judge goes on.
+        Traces come out in the order they finish (input order among those finishing
+        together). The judge is called on `chunk_requests` requests at a time (whole traces),
+        which bounds the prompts held in memory. A subclass that changes `check` or
+        `judge_traces` is checked in batches of `batch_size` traces, in input order.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        cls = type(self)
+        if cls.check is not Checker.check or cls.judge_traces is not Checker.judge_traces:
+            it = iter(traces)
+            while batch := list(islice(it, batch_size)):
+                yield from zip(batch, self.check(batch), strict=True)
+            return
+        yield from _JudgeStream(self, traces, batch_size, chunk_requests).run()
+
     def check_trace(self, trace: Trace) -> list[Verdict]:
         return self.check([trace])[0]
+
+
+class _Stopped(Exception):
+    """Raised from the judge's result hook to end a stream whose reader has gone."""
+
+
+class _Waiting:
+    """A trace whose judge answers are coming in."""
+
+    __slots__ = ("position", "trace", "results", "missing")
+
+    def __init__(self, position: int, trace: Trace, steps: int) -> None:
+        self.position = position
+        self.trace = trace
+        self.results: list[JudgeResult | None] = [None] * steps
+        self.missing = steps
+
+
+class _JudgeStream:
+    """`Checker.check_stream`: a worker thread feeds the judge chunks of requests; the judge's
+    `on_result` hook (OpenAI and HF judges) reports each answer as it arrives, and the rest
+    arrive with the call's return value; the reading thread decides the finished traces."""
+
+    def __init__(
+        self, checker: Checker, traces: Iterable[Trace], batch_size: int, chunk_requests: int
+    ) -> None:
+        self.checker = checker
+        self.traces = iter(traces)
+        self.batch_size = batch_size
+        # at least a few rounds of the judge's concurrency per call, so a call's last,
+        # slowest answers are a small part of it
+        concurrency = int(getattr(checker.judge, "concurrency", 1) or 1)
+        self.chunk_requests = max(chunk_requests, 16 * concurrency)
+        self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.chunks: queue.Queue[list[JudgeRequest] | None] = queue.Queue()
+        self.stop = threading.Event()
+        self.current: frozenset[int] = frozenset()  # ids of the requests of the call in flight
+        self.owner: dict[int, tuple[JudgeRequest, _Waiting, int]] = {}
+        self.ready: list[tuple[int, _Waiting]] = []  # a heap by input position
+        self.position = 0
+        self.exhausted = False
+        self.hooked = hasattr(checker.judge, "on_result")
+        self.original_hook = getattr(checker.judge, "on_result", None)
+
+    def _hook(self, request: JudgeRequest, result: JudgeResult) -> None:
+        if self.original_hook is not None:
+            self.original_hook(request, result)
+        if id(request) in self.current:
+            if self.stop.is_set():
+                raise _Stopped
+            self.events.put(("result", request, result))
+
+    def _work(self) -> None:
+        judge = self.checker.judge
+        try:
+            while (requests := self.chunks.get()) is not None and not self.stop.is_set():
+                self.current = frozenset(map(id, requests))
+                try:
+                    results = judge.judge(requests)
+                except _Stopped:
+                    return
+                except BaseException as exc:  # JudgeConfigError and the like: the reader raises
+                    self.events.put(("error", exc, None))
+                    return
+                self.events.put(("done", requests, results))
+        finally:
+            self.current = frozenset()
+            if self.hooked and getattr(judge, "on_result", None) == self._hook:
+                judge.on_result = self.original_hook
+
+    def _submit_chunk(self) -> int:
+        """Build the next chunk of requests (whole traces) and queue it: 1 judge call queued,
+        or 0 at the end of the input."""
+        requests: list[JudgeRequest] = []
+        while not self.exhausted and len(requests) < self.chunk_requests:
+            trace = next(self.traces, None)
+            if trace is None:
+                self.exhausted = True
+                break
+            own = self.checker._judge_requests(trace)
+            waiting = _Waiting(self.position, trace, len(own))
+            self.position += 1
+            for i, request in enumerate(own):
+                self.owner[id(request)] = (request, waiting, i)
+            if not own:
+                heapq.heappush(self.ready, (waiting.position, waiting))
+            requests.extend(own)
+        if not requests:
+            return 0
+        self.chunks.put(requests)
+        return 1
+
+    def _deliver(self, request: JudgeRequest, result: JudgeResult) -> None:
+        found = self.owner.pop(id(request), None)
+        if found is None or found[0] is not request:
+            return  # already delivered by the hook
+        _, waiting, i = found
+        waiting.results[i] = result
+        waiting.missing -= 1
+        if waiting.missing == 0:
+            heapq.heappush(self.ready, (waiting.position, waiting))
+
+    def _handle(self, kind: str, a: Any, b: Any) -> int:
+        """One event from the worker; returns how many judge calls it finished."""
+        if kind == "error":
+            raise a
+        if kind == "result":
+            self._deliver(a, b)
+            return 0
+        for request, result in zip(a, b, strict=True):  # "done": what no hook reported
+            self._deliver(request, result)
+        return 1
+
+    def run(self) -> Iterator[tuple[Trace, list[Verdict]]]:
+        judge = self.checker.judge
+        if self.hooked:
+            judge.on_result = self._hook
+        worker = threading.Thread(target=self._work, name="stepgap-judge-stream", daemon=True)
+        worker.start()
+        calls = 0  # judge calls queued or running
+        finished = False
+        try:
+            while True:
+                # two calls queued: the judge starts the next one as soon as one returns
+                while calls < 2 and not self.exhausted:
+                    calls += self._submit_chunk()
+                if not calls and not self.ready:
+                    break
+                if not self.ready:
+                    calls -= self._handle(*self.events.get())
+                while True:  # everything that has arrived meanwhile
+                    try:
+                        calls -= self._handle(*self.events.get_nowait())
+                    except queue.Empty:
+                        break
+                while self.ready:
+                    batch = [
+                        heapq.heappop(self.ready)[1]
+                        for _ in range(min(self.batch_size, len(self.ready)))
+                    ]
+                    yield from self._decide(batch)
+            finished = True
+        finally:
+            self.stop.set()
+            self.chunks.put(None)
+            if finished:
+                worker.join()
+
+    def _decide(self, batch: list[_Waiting]) -> Iterator[tuple[Trace, list[Verdict]]]:
+        checker = self.checker
+        items = [(w.trace.id, w.trace.question, w.trace.steps, w.results) for w in batch]
+        decided = _decide_batch(
+            items,  # type: ignore[arg-type]
+            checker.nli,
+            checker.config,
+            PROMPT_VERSION,
+            checker.provenance,
+        )
+        for w, verdicts in zip(batch, decided, strict=True):
+            yield w.trace, verdicts
 
 
 def group_by_trace(verdicts: Iterable[Verdict]) -> dict[str, list[Verdict]]:

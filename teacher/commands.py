@@ -92,7 +92,7 @@ def label_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shard", default="0/1", metavar="I/N", help="label only shard I of N")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N traces")
-    p.add_argument("--batch-size", type=int, default=16, help="traces per judge+NLI batch")
+    p.add_argument("--batch-size", type=int, default=16, help="finished traces per NLI batch")
     p.add_argument("--fsync", action="store_true", help="fsync after every verdict")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--summary", metavar="FILE", help="write counts and cost as JSON")

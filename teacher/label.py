@@ -1,9 +1,10 @@
 """Labeling at scale: shard, resume, append verdicts as traces finish, show progress and cost.
 
 The output file is the checkpoint. A rerun of the same command reads the verdicts already
-written, skips every finished (trace, step) and writes only what is missing, so a crash or a
-kill costs at most the batch in flight, and the judge cache makes even that batch free: answers
-already received are not asked again.
+written, skips every finished (trace, step) and writes only what is missing. A trace is written
+as soon as its own judge answers are in, so a crash or a kill costs at most the traces whose
+answers are still arriving, and the judge cache makes even those free: answers already received
+are not asked again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,17 +142,6 @@ class LabelSummary(VerdictCounts):
             json.dump({**asdict(self), "cost": cost}, fh, indent=2)
 
 
-def _batches(traces: Iterable[Trace], size: int) -> Iterator[list[Trace]]:
-    batch: list[Trace] = []
-    for t in traces:
-        batch.append(t)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def label_traces(
     traces: Iterable[Trace],
     checker: Checker,
@@ -170,6 +160,11 @@ def label_traces(
     Steps already labelled in `output` are skipped; steps whose check failed in an earlier run
     are asked again (their old lines are removed first) unless `retry_errors` is False. With
     `summary_path`, the counts and the judge's cost are also written there as JSON.
+
+    The judge's requests stream across traces (`Checker.check_stream`): a trace's verdicts
+    are appended as soon as its own answers are in, so with a concurrent judge the file holds
+    traces in the order they finish, each trace's steps together and in order; at most
+    `batch_size` finished traces share one NLI call.
     """
     index, shards = shard
     summary = LabelSummary()
@@ -198,15 +193,15 @@ def label_traces(
     total = sum(1 for t in pending for s in t.steps or [] if (t.id, s.index) not in done)
     bar = tqdm(total=total, desc="label", unit="step", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(output, append=True, fsync=fsync) as out:
-        for batch in _batches(pending, batch_size):
-            for trace, verdicts in zip(batch, checker.check(batch), strict=True):
-                for v in verdicts:
-                    if (trace.id, v.step) in done:
-                        continue
-                    out.write(v)
-                    done.add((trace.id, v.step))
-                    summary.add(v)
-                    bar.update(1)
+        # each trace is written as soon as its own judge answers are in and decided
+        for trace, verdicts in checker.check_stream(pending, batch_size=batch_size):
+            for v in verdicts:
+                if (trace.id, v.step) in done:
+                    continue
+                out.write(v)
+                done.add((trace.id, v.step))
+                summary.add(v)
+                bar.update(1)
             if meter is not None:
                 bar.set_postfix(meter.postfix(), refresh=False)
     bar.close()

@@ -8,13 +8,16 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from stepgap.teacher.label import finished_steps, parse_shard, shard_of
+from tests.fixtures.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
@@ -288,3 +291,123 @@ def test_merge_refuses_duplicates_and_gaps_and_writes_nothing(tmp_path, examples
     out.unlink()
     assert main(["merge", str(shards[0]), "--traces", str(traces), "-o", str(out)]) == 2
     assert "has no verdicts in any input" in capsys.readouterr().err and not out.exists()
+
+
+@dataclass
+class _TimedOpenAI(FakeOpenAI):
+    """The fake server with a delay per request (varied, so answers do not arrive in lockstep)
+    that records how many requests are open after every arrival and departure, and how many
+    verdict lines `watch` held when each request arrived."""
+
+    delays: tuple[float, ...] = (0.3, 0.5, 0.4, 0.6)
+    watch: Path | None = None
+    open_now: int = 0
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, open requests)
+    written_at_arrival: list[int] = field(default_factory=list)
+    counter: threading.Lock = field(default_factory=threading.Lock)
+
+    def _handle(self, h) -> None:
+        with self.counter:
+            delay = self.delays[len(self.written_at_arrival) % len(self.delays)]
+            lines = self.watch.read_text().count("\n") if self.watch and self.watch.exists() else 0
+            self.written_at_arrival.append(lines)
+            self.open_now += 1
+            self.timeline.append((time.monotonic(), self.open_now))
+        try:
+            time.sleep(delay)
+            super()._handle(h)
+        finally:
+            with self.counter:
+                self.open_now -= 1
+                self.timeline.append((time.monotonic(), self.open_now))
+
+
+def _openai_checker(server, examples_dir, concurrency: int):
+    from stepgap.teacher import build_checker
+
+    return build_checker(
+        judge="openai:gpt-4.1-mini",
+        nli=f"replay:{examples_dir / 'nli_replay.jsonl'}",
+        judge_options={
+            "base_url": server.base_url,
+            "concurrency": concurrency,
+            "cache": False,
+            "logprobs": False,  # less client CPU per answer: a busy machine starves it less
+        },
+    )
+
+
+def test_label_streams_requests_across_traces_without_a_barrier(
+    example_answers, tmp_path, examples_dir
+):
+    """At concurrency 4 with 2 traces per NLI batch, requests stay in flight across trace (and
+    batch) boundaries until the last one is sent: the judge never waits for a batch to finish.
+    Each trace is written as soon as its answers are in, and the verdicts are the sequential
+    run's, line for line (in the order traces finished, each trace's steps together)."""
+    from stepgap.teacher.label import label_file
+
+    concurrency = 4
+    server = _TimedOpenAI(answers=dict(example_answers)).start()
+    try:
+        out = tmp_path / "streamed.jsonl"
+        server.watch = out
+        checker = _openai_checker(server, examples_dir, concurrency)
+        summary = label_file(
+            examples_dir / "traces.jsonl", checker, out, batch_size=2, progress=False
+        )
+        assert summary.verdicts == 28 and summary.errors == 0
+        assert checker.judge.on_result is None  # the stream's hook is gone again
+        timeline = list(server.timeline)
+        server.delays = (0.0,)
+        sequential = tmp_path / "sequential.jsonl"
+        label_file(
+            examples_dir / "traces.jsonl",
+            _openai_checker(server, examples_dir, 1),
+            sequential,
+            progress=False,
+        )
+    finally:
+        server.stop()
+
+    # The first request goes alone (the judge's probe); from its answer until the last request
+    # is sent, work remains, and requests must stay open all along.
+    arrivals = [
+        t for (t, n), (_, before) in zip(timeline[1:], timeline, strict=False) if n > before
+    ]
+    first_answer = next(t for t, n in timeline if n == 0)
+    window = [(t, n) for t, n in timeline if first_answer <= t < arrivals[-1]]
+    # A barrier empties the server at each of the 4 boundaries between batches of 2 traces;
+    # one moment at 0 is tolerated: a busy 2-core machine can starve the client that long.
+    stalls = sum(n == 0 for _, n in window[1:])
+    assert stalls <= 1, f"no request open {stalls} times while work remained: a barrier"
+    busy = sum(n * (t2 - t1) for (t1, n), (t2, _) in zip(window, window[1:], strict=False))
+    mean = busy / (window[-1][0] - window[0][0])
+    assert mean >= 0.6 * concurrency, f"{mean:.2f} requests open on average, want ~{concurrency}"
+    assert server.written_at_arrival[-1] > 0  # early traces were on disk before the last ask
+
+    streamed_lines = out.read_text().splitlines()
+    assert sorted(streamed_lines) == sorted(sequential.read_text().splitlines())
+    order = [(json.loads(x)["trace_id"], json.loads(x)["step"]) for x in streamed_lines]
+    traces = list(dict.fromkeys(t for t, _ in order))
+    assert order == [(t, s) for t in traces for s, _ in enumerate(x for x in order if x[0] == t)]
+
+
+def test_check_stream_gives_every_trace_once_with_the_batch_checks_verdicts(
+    example_traces, examples_dir
+):
+    """Over several judge calls and NLI batches, a trace with no steps included, every trace
+    comes out once with the verdicts `check` gives it."""
+    from stepgap.teacher import build_checker
+
+    checker = build_checker(
+        judge=f"replay:{examples_dir / 'judge_replay.jsonl'}",
+        nli=f"replay:{examples_dir / 'nli_replay.jsonl'}",
+    )
+    empty = example_traces[0].model_copy(update={"id": "no-steps", "steps": []})
+    traces = [*example_traces[:4], empty, *example_traces[4:]]
+    streamed = list(checker.check_stream(traces, batch_size=3, chunk_requests=5))
+    assert sorted(t.id for t, _ in streamed) == sorted(t.id for t in traces)
+    expected = {t.id: vs for t, vs in zip(traces, checker.check(traces), strict=True)}
+    assert {t.id: [v.model_dump() for v in vs] for t, vs in streamed} == {
+        k: [v.model_dump() for v in vs] for k, vs in expected.items()
+    }
