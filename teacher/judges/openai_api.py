@@ -99,6 +99,7 @@ class OpenAIJudge:
         # unsupported parameter) costs a few requests, not every step times every retry.
         self.stop_after = stop_after
         self.working = False
+        self._schemas: dict[object, dict[str, Any]] = {}  # per answer schema, built once
 
     @property
     def provenance(self) -> dict[str, str | None]:
@@ -111,6 +112,15 @@ class OpenAIJudge:
     def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
         """(judge object, anything the answer holds beyond it)."""
         return parse_judge(text), {}
+
+    def _schema_for(self, answer: type | None) -> dict[str, Any]:
+        """The schema a request is asked to follow (its own answer schema wins), built once per
+        judge: pydantic's schema walk was a quarter of the client's CPU per request at
+        concurrency 32 (bench/labeling.py profile)."""
+        key = answer if answer is not None else "judge"
+        if key not in self._schemas:
+            self._schemas[key] = self.schema() if answer is None else answer_json_schema(answer)
+        return self._schemas[key]
 
     def _parse(self, request: JudgeRequest, text: str) -> tuple[Any, dict[str, Any]]:
         """The backend's own parse, or the request's answer schema when it names one."""
@@ -187,8 +197,7 @@ class OpenAIJudge:
         """
         import openai
 
-        # once per request, not once per format tried; a request's own answer schema wins
-        schema = self.schema() if request.answer is None else answer_json_schema(request.answer)
+        schema = self._schema_for(request.answer)
         while True:
             fmt = self.formats[0]
             probing = not self.working and len(self.formats) > 1

@@ -55,6 +55,21 @@ def test_labels_equal_replay_and_cost_and_confidences_are_counted(
     assert (again.meter.calls, again.meter.cache_hits, again.meter.cost) == (0, 28, 0.0)
 
 
+def test_the_answer_schema_is_built_once_per_judge_not_per_request(
+    fake_openai, tmp_path, example_traces, examples_dir, monkeypatch
+):
+    """28 requests, one schema build: rebuilding it per request was a quarter of the labeling
+    client's CPU at concurrency 32."""
+    import stepgap.teacher.judges.openai_api as api
+
+    judge = _judge(fake_openai, tmp_path)
+    built = []
+    real = api.judge_json_schema
+    monkeypatch.setattr(api, "judge_json_schema", lambda: built.append(1) or real())
+    assert len(_run(judge, example_traces, examples_dir)) == 28
+    assert len(built) == 1 and fake_openai.response_formats
+
+
 TRANSIENT = ["429", "500", "drop", "slow", "invalid_json", "truncated", "refusal"]
 
 
