@@ -179,7 +179,13 @@ class Checker:
             if getattr(self.judge, "nli_features", False)
             else None
         )
-        return build_requests(trace.id, trace.question, trace.steps, features)
+        return build_requests(
+            trace.id,
+            trace.question,
+            trace.steps,
+            features,
+            earlier_evidence_chars=getattr(self.judge, "earlier_evidence_chars", None),
+        )
 
     def check_stream(
         self, traces: Iterable[Trace], *, batch_size: int = 16, chunk_requests: int = 4096
