@@ -10,6 +10,7 @@ import sys
 
 from stepgap.cli import Command
 from stepgap.cli.options import add_errors_option, finish
+from stepgap.data_builders.sft import TARGETS
 
 
 def segment(args: argparse.Namespace) -> int:
@@ -42,6 +43,7 @@ def sft_data(args: argparse.Namespace) -> int:
         push_to_hub=args.push_to_hub,
         private=args.private,
         earlier_evidence_chars=args.evidence_chars,
+        target=args.target,
         report=report,
     )
     sizes = ", ".join(f"{k}: {len(v)}" for k, v in data.items())
@@ -74,6 +76,14 @@ def sft_data_arguments(p: argparse.ArgumentParser) -> None:
         help="budget of earlier steps' evidence in each prompt, in characters (default: the "
         "teacher's 32000, about 7400 Qwen tokens): fit the prompts to the recipe's max_length; "
         "the trained student keeps this budget when it judges",
+    )
+    p.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="full",
+        help="what the student learns to write: full = the teacher's judge JSON with its "
+        "reasoning (the paper's); compact = the judge's decisions and evidence quote only; both "
+        "add the path and label. The trained student decodes and parses the same target",
     )
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the data set to the Hub")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: a private repo")

@@ -2,7 +2,8 @@
 
 Each example is one step: the prompt is exactly the teacher's judge prompt for that step, the
 completion is the teacher's judge JSON extended with its `pipeline_path` and `gap_type`, so the
-student learns how the tree reached the label, not only the label. Splits are drawn by trace
+student learns how the tree reached the label, not only the label (the `compact` target keeps
+only the judge's decisions and quote, without its reasoning strings). Splits are drawn by trace
 (a hash of the trace id), so no trace has steps on both sides; gold-benchmark traces can be
 excluded by id. Steps whose teacher check failed are skipped and counted, never guessed.
 """
@@ -16,17 +17,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schema import Verdict
+from .schema import Judge, Verdict
 
 STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
 SFT_META = "stepgap_sft.json"  # beside a saved data set: how its prompts were built
+# What the student writes: "full" is the teacher's judge JSON (the paper's), "compact" drops the
+# judge's free-text reasoning and keeps what the tree reads (decisions, the verbatim quote).
+TARGETS = ("full", "compact")
+# The judge's free-text fields, per stage, that the compact target leaves out (the tree reads
+# none of them; `evidence_quote` is kept: stage D's premise).
+REASONING_FIELDS = {
+    "step_minus1_alignment": ("alignment_reasoning",),
+    "step_0_abstention_check": ("abstention_reasoning",),
+    "step_1_quote_search": ("entity_match_reasoning", "quote_search_reasoning"),
+}
 
 
-def student_target(verdict: Verdict) -> str:
-    """The judge JSON plus the teacher's path and label, as the student should write it."""
+def check_target(target: str, where: str = "target") -> str:
+    """`target` if it names a known target kind, else a ValueError that says where it came from."""
+    if target not in TARGETS:
+        raise ValueError(
+            f"{where}: unknown student target {target!r} (one of {', '.join(TARGETS)})"
+        )
+    return target
+
+
+def judge_decisions(judge: Judge) -> dict[str, Any]:
+    """The judge object without its reasoning strings: all the tree reads (the compact target's
+    judge part), so two judges decide alike exactly when these are equal."""
+    obj = judge.model_dump(mode="json")
+    for stage, fields in REASONING_FIELDS.items():
+        for name in fields:
+            del obj[stage][name]
+    return obj
+
+
+def student_target(verdict: Verdict, target: str = "full") -> str:
+    """The judge JSON (all of it, or its decisions and quote for `compact`) plus the teacher's
+    path and label, as the student should write it."""
+    check_target(target)
     if verdict.judge is None or verdict.label is None:
         raise ValueError(f"trace {verdict.trace_id!r} step {verdict.step}: no teacher judge/label")
-    obj = verdict.judge.model_dump(mode="json")
+    judge = verdict.judge
+    obj = judge.model_dump(mode="json") if target == "full" else judge_decisions(judge)
     obj["pipeline_path"] = list(verdict.path)
     obj["gap_type"] = verdict.label
     return json.dumps(
@@ -51,17 +84,20 @@ def sft_examples(
     stats: SFTStats | None = None,
     nli: Any = None,
     earlier_evidence_chars: int | None = None,
+    target: str = "full",
 ) -> Iterator[dict[str, Any]]:
     """Prompt-completion chat examples, one per successfully labeled step.
 
     With an NLI backend, each prompt also carries the step's NLI features (the "with NLI"
     student); without, it is the teacher's prompt exactly (the paper's "no NLI" ablation).
     `earlier_evidence_chars` shortens the earlier-evidence budget of the prompt (default: the
-    teacher's), to keep the examples within the student's `max_length`.
+    teacher's), to keep the examples within the student's `max_length`. `target`: what the
+    completion holds (`TARGETS`; see `student_target`).
     """
     from stepgap.teacher.checker import group_by_trace, step_nli_features
     from stepgap.teacher.prompt import build_messages
 
+    check_target(target)
     stats = stats if stats is not None else SFTStats()
     excluded = set(exclude_ids)
     for trace_id, group in group_by_trace(verdicts).items():
@@ -89,7 +125,7 @@ def sft_examples(
                     features[i] if features else None,
                     earlier_evidence_chars=earlier_evidence_chars,
                 ),
-                "completion": [{"role": "assistant", "content": student_target(v)}],
+                "completion": [{"role": "assistant", "content": student_target(v, target)}],
                 "trace_id": trace_id,
                 "step": v.step,
                 "label": v.label,
@@ -121,6 +157,7 @@ def build_sft_dataset(
     stats: SFTStats | None = None,
     nli: Any = None,
     earlier_evidence_chars: int | None = None,
+    target: str = "full",
 ) -> Any:
     """A `datasets.DatasetDict` with `train` and (when non-empty) `test` splits."""
     from datasets import Dataset, DatasetDict
@@ -132,6 +169,7 @@ def build_sft_dataset(
             stats=stats,
             nli=nli,
             earlier_evidence_chars=earlier_evidence_chars,
+            target=target,
         )
     )
     if not examples:
@@ -145,7 +183,7 @@ def build_sft_dataset(
 
 def save_sft_dataset(data: Any, path: str | Path, *, nli_features: bool, **info: Any) -> None:
     """`save_to_disk` plus a `stepgap_sft.json` that the trainer copies into the adapter, so the
-    student judge knows whether its prompts need NLI features."""
+    student judge knows whether its prompts need NLI features and which target it writes."""
     from stepgap.teacher.prompt import PROMPT_VERSION
 
     data.save_to_disk(str(path))
@@ -154,7 +192,8 @@ def save_sft_dataset(data: Any, path: str | Path, *, nli_features: bool, **info:
 
 
 def read_sft_metadata(path: str | Path) -> dict[str, Any]:
-    """The data set's metadata; a folder without one (or a verdicts file) has no NLI features."""
+    """The data set's metadata; a folder without one (or a verdicts file) has no NLI features
+    (and, like any data set built before targets were recorded, the full target)."""
     meta = Path(path) / SFT_META
     if meta.is_file():
         return json.loads(meta.read_text(encoding="utf-8"))
@@ -188,12 +227,14 @@ def write_sft_data(
     push_to_hub: str | None = None,
     private: bool = False,
     earlier_evidence_chars: int | None = None,
+    target: str = "full",
     report: Any = None,
 ) -> tuple[Any, SFTStats]:
     """Teacher verdict files -> the student's SFT data set on disk (`stepgap sft-data`).
 
     `exclude_ids` are files of trace ids to leave out (the gold benchmark); `nli_features` is an
-    NLI spec whose probabilities go into each prompt (the "with NLI" student). The data set is
+    NLI spec whose probabilities go into each prompt (the "with NLI" student); `target` is what
+    each completion holds (`TARGETS`), recorded for the student judge. The data set is
     saved with `save_to_disk` under `output` (and pushed when `push_to_hub` names a repo).
     Returns the `DatasetDict` and its counts; unreadable verdict lines go to `report`.
     """
@@ -217,6 +258,7 @@ def write_sft_data(
         stats=stats,
         nli=nli,
         earlier_evidence_chars=earlier_evidence_chars,
+        target=target,
     )
     save_sft_dataset(
         data,
@@ -224,6 +266,7 @@ def write_sft_data(
         nli_features=nli is not None,
         nli_model=nli_features,
         earlier_evidence_chars=earlier_evidence_chars,
+        target=target,
         eval_fraction=eval_fraction,
         seed=seed,
         stats=stats.__dict__,

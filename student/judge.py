@@ -4,7 +4,10 @@ PATH is a LoRA adapter folder (its base is read from `adapter_config.json`, or g
 `base=`) or a merged model folder. The student writes the judge JSON plus the path and label it
 learned from the teacher (`pipeline_path`, `gap_type`); decoding is held to that extended schema,
 the extra keys go to `JudgeResult.extra` (hard-negative mining compares them with the teacher's)
-and the judge object alone is fed to the same decision tree as the teacher's.
+and the judge object alone is fed to the same decision tree as the teacher's. A student trained
+on the compact target (`sft-data --target compact`, recorded in its `stepgap_student.json`)
+writes the judge's decisions and quote without reasoning strings; its answers are parsed into the
+same judge object with empty reasoning.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stepgap.data_builders.schema import LABELS, Judge
-from stepgap.data_builders.sft import STUDENT_KEYS
+from stepgap.data_builders.sft import REASONING_FIELDS, STUDENT_KEYS, check_target
 from stepgap.models import align_chat_eos, explain_load_errors
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
@@ -28,9 +31,16 @@ ADAPTER_CONFIG = "adapter_config.json"
 STUDENT_META = "stepgap_student.json"  # written by the trainer: how to prompt this student
 
 
-def student_json_schema() -> dict[str, Any]:
-    """The teacher's judge schema plus the student's `pipeline_path` and `gap_type`."""
+def student_json_schema(target: str = "full") -> dict[str, Any]:
+    """The teacher's judge schema (without its reasoning fields for the `compact` target) plus
+    the student's `pipeline_path` and `gap_type`."""
     schema = judge_json_schema()
+    if check_target(target) == "compact":
+        for stage, fields in REASONING_FIELDS.items():
+            node = schema["properties"][stage]
+            for name in fields:
+                del node["properties"][name]
+            node["required"] = [k for k in node["required"] if k not in fields]
     schema["properties"]["pipeline_path"] = {
         "type": "array",
         "items": {"type": "string", "enum": list(PATH_TOKENS)},
@@ -42,8 +52,11 @@ def student_json_schema() -> dict[str, Any]:
     return schema
 
 
-def parse_student_answer(text: str) -> tuple[Judge, dict[str, Any]]:
-    """The judge object, and the student's own path and label split off from it."""
+def parse_student_answer(text: str, target: str = "full") -> tuple[Judge, dict[str, Any]]:
+    """The judge object, and the student's own path and label split off from it. A `compact`
+    answer becomes the same judge object with empty reasoning strings, so the tree, verdicts,
+    mining and export take it as they take a full one."""
+    check_target(target)
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
@@ -51,7 +64,24 @@ def parse_student_answer(text: str) -> tuple[Judge, dict[str, Any]]:
     if not isinstance(obj, dict):
         raise JudgeParseError("student answer is not a JSON object")
     claims = {key: obj.pop(key, None) for key in STUDENT_KEYS}
+    if target == "compact":
+        for stage, fields in REASONING_FIELDS.items():
+            node = obj.get(stage)
+            if not isinstance(node, dict):
+                continue  # parse_judge names what is wrong with it
+            for name in fields:
+                if name in node:
+                    raise JudgeParseError(
+                        f"compact student answer has {stage}.{name}: the compact target "
+                        "carries no reasoning (was this student trained on the full target?)"
+                    )
+                node[name] = ""
     return parse_judge(json.dumps(obj)), claims
+
+
+def meta_target(meta: dict[str, Any], where: str) -> str:
+    """The target a student writes, from its metadata (`full` when it predates targets)."""
+    return check_target(meta.get("target") or "full", f"{where}: target")
 
 
 def is_adapter(path: str | Path) -> bool:
@@ -93,6 +123,7 @@ def load_student(
 
 class StudentJudge(HFJudge):
     name = "student"
+    target = "full"  # what it was trained to write; set from its stepgap_student.json
 
     def __init__(
         self,
@@ -107,16 +138,17 @@ class StudentJudge(HFJudge):
         meta = student_meta(model)
         self.nli_features = bool(meta.get("nli_features", False))  # the Checker adds them
         self.earlier_evidence_chars = meta.get("earlier_evidence_chars")  # its prompt budget
-        super().__init__(model, **options)
+        self.target = meta_target(meta, str(Path(model) / STUDENT_META))  # what it writes
+        super().__init__(model, **options)  # builds the decoding index from schema()
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
         return load_student(model, self.base, device, dtype, self.base_revision)
 
     def schema(self) -> dict[str, Any]:
-        return student_json_schema()
+        return student_json_schema(self.target)
 
     def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
-        return parse_student_answer(text)
+        return parse_student_answer(text, self.target)
 
 
 def load_student_judge(model: str, **options: Any) -> StudentJudge:
@@ -132,9 +164,11 @@ class ServedStudentJudge(OpenAIJudge):
     under `model`: asked with the student's schema (guided JSON), parsed as the student's
     answer. `nli_features`: the student was trained with NLI features in its prompt (the
     Checker adds them), as its bundle records; `earlier_evidence_chars`: its prompt's budget
-    of earlier evidence, when it was trained with a shorter one than the teacher's."""
+    of earlier evidence, when it was trained with a shorter one than the teacher's; `target`:
+    the answer it was trained to write (`full` or `compact`), the schema it is asked for."""
 
     name = "openai-student"
+    target = "full"
 
     def __init__(
         self,
@@ -142,10 +176,12 @@ class ServedStudentJudge(OpenAIJudge):
         *,
         nli_features: bool = False,
         earlier_evidence_chars: int | None = None,
+        target: str = "full",
         **options: Any,
     ) -> None:
         self.nli_features = nli_features
         self.earlier_evidence_chars = earlier_evidence_chars
+        self.target = check_target(target)
         super().__init__(model, **options)
 
     @property
@@ -153,16 +189,16 @@ class ServedStudentJudge(OpenAIJudge):
         return {"spec": f"openai:{self.model}", "note": "the bundle's student, served remotely"}
 
     def schema(self) -> dict[str, Any]:
-        return student_json_schema()
+        return student_json_schema(self.target)
 
     def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
-        return parse_student_answer(text)
+        return parse_student_answer(text, self.target)
 
 
 def load_served_student_judge(model: str, **options: Any) -> ServedStudentJudge:
     from stepgap.teacher.judges.openai_api import OPENAI_OPTIONS
 
-    known = {*OPENAI_OPTIONS, "nli_features", "earlier_evidence_chars"}
+    known = {*OPENAI_OPTIONS, "nli_features", "earlier_evidence_chars", "target"}
     return ServedStudentJudge(
         model, **{k: v for k, v in options.items() if k in known and v is not None}
     )

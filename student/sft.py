@@ -316,6 +316,7 @@ def write_student_metadata(
         "earlier_evidence_chars": data_meta.get("earlier_evidence_chars"),
         "prompt_version": data_meta.get("prompt_version", PROMPT_VERSION),
         "base_model": cfg.model,
+        "target": data_meta.get("target") or "full",  # the answer schema it learned to write
         "init_adapter": cfg.init_adapter,
         TRAIN_TRACES: trained,
     }

@@ -192,3 +192,81 @@ def test_a_prompt_budget_set_for_the_data_is_the_one_the_student_judges_with(
     prompts = {(r.trace_id, r.step): r.messages for r in asked}
     for row in b:
         assert prompts[(row["trace_id"], row["step"])] == row["prompt"]
+
+
+def _keys(node: object) -> set[str]:
+    """Every key of a JSON object, at any depth."""
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keys(v)}
+    return set()
+
+
+def test_compact_target_drops_the_reasoning_and_keeps_every_decision(verdicts):
+    """`--target compact`: no reasoning strings, and for every example step the parsed answer
+    gives the tree the same decisions as the full target, so re-deciding all 28 steps from the
+    compact answers yields the teacher's labels and paths."""
+    from stepgap.data_builders.sft import REASONING_FIELDS, judge_decisions
+    from stepgap.student.judge import parse_student_answer
+    from stepgap.teacher.checker import relabel
+
+    reasoning = {name for fields in REASONING_FIELDS.values() for name in fields}
+    assert reasoning == {k for k in _keys(verdicts[0].judge.model_dump()) if "reasoning" in k}
+    parsed = []
+    for v in verdicts:
+        text = student_target(v, "compact")
+        assert not _keys(json.loads(text)) & reasoning, text
+        assert "evidence_quote" in _keys(json.loads(text))  # stage D's premise, verbatim
+        assert len(text) < len(student_target(v))
+        judge, extra = parse_student_answer(text, "compact")
+        full, full_extra = parse_student_answer(student_target(v))
+        assert full == v.judge
+        assert extra == full_extra == {"pipeline_path": v.path, "gap_type": v.label}
+        assert judge_decisions(judge) == judge_decisions(full)
+        dumped = judge.model_dump()
+        assert all(dumped[s][n] == "" for s, names in REASONING_FIELDS.items() for n in names)
+        parsed.append(v.model_copy(update={"judge": judge}))
+    again = list(relabel(parsed))
+    assert [(v.label, v.path) for v in again] == [(v.label, v.path) for v in verdicts]
+    assert sum(v.label != "no_gap" for v in again) >= 5  # the examples exercise the gap labels
+
+
+def test_a_compact_answer_is_refused_by_the_full_parser_and_vice_versa(verdicts):
+    from stepgap.student.judge import parse_student_answer
+    from stepgap.teacher.judges.base import JudgeParseError
+
+    v = verdicts[0]
+    with pytest.raises(JudgeParseError, match="alignment_reasoning"):
+        parse_student_answer(student_target(v, "compact"))
+    with pytest.raises(JudgeParseError, match="carries no reasoning"):
+        parse_student_answer(student_target(v), "compact")
+    with pytest.raises(ValueError, match="unknown student target 'short'"):
+        student_target(v, "short")
+
+
+def test_cli_sft_data_target_is_recorded_and_reaches_the_student(tmp_path, examples_dir):
+    """`sft-data --target compact` writes compact completions and says so in stepgap_sft.json;
+    the trainer copies the target into the student's stepgap_student.json; full is the default."""
+    from datasets import load_from_disk
+
+    from stepgap.data_builders.sft import read_sft_metadata
+    from stepgap.student.config import load_config
+    from stepgap.student.judge import student_meta
+    from stepgap.student.sft import write_student_metadata
+
+    full, compact = tmp_path / "full", tmp_path / "compact"
+    src = str(examples_dir / "teacher_verdicts.jsonl")
+    assert main(["sft-data", src, "-o", str(full), "--eval-fraction", "0"]) == 0
+    assert main(["sft-data", src, "-o", str(compact), "--eval-fraction", "0",
+                 "--target", "compact"]) == 0  # fmt: skip
+    assert read_sft_metadata(full)["target"] == "full"
+    assert read_sft_metadata(compact)["target"] == "compact"
+    a, b = load_from_disk(str(full))["train"], load_from_disk(str(compact))["train"]
+    assert a["prompt"] == b["prompt"]  # same prompts, only the completion differs
+    for x, y in zip(a["completion"], b["completion"], strict=True):
+        assert "_reasoning" in x[0]["content"] and "_reasoning" not in y[0]["content"]
+    for data, want in ((compact, "compact"), (full, "full")):
+        out = tmp_path / f"student-{want}"
+        out.mkdir()
+        cfg = load_config("tiny", {"output_dir": str(out), "dataset": str(data)})
+        write_student_metadata(cfg, read_sft_metadata(data), [])
+        assert student_meta(out)["target"] == want

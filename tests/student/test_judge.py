@@ -91,3 +91,83 @@ def test_mining_a_features_student_needs_an_nli_model(examples_dir):
 
     with pytest.raises(ValueError, match="NLI features"):
         compare(FeatureStudent(), [])
+
+
+def _reasoning(judge) -> list[str]:
+    """The judge object's reasoning strings (empty for a compact student's answer)."""
+    from stepgap.data_builders.sft import REASONING_FIELDS
+
+    dumped = judge.model_dump()
+    return [dumped[stage][name] for stage, names in REASONING_FIELDS.items() for name in names]
+
+
+@pytest.mark.slow
+def test_a_tiny_student_trained_on_the_compact_target_writes_and_parses_it(
+    tmp_path, examples_dir, example_traces
+):
+    """`sft-data --target compact` -> the tiny recipe (6 steps): the student's metadata says
+    compact, so it decodes under the compact schema and its answers parse into judge objects
+    (empty reasoning) with its own path and label."""
+    from stepgap.cli import main
+    from stepgap.student.config import load_config
+    from stepgap.student.judge import student_meta
+    from stepgap.student.sft import train
+    from stepgap.teacher.prompt import build_requests
+
+    from .conftest import TINY
+
+    data, out = tmp_path / "compact", tmp_path / "student"
+    assert main(["sft-data", str(examples_dir / "teacher_verdicts.jsonl"), "-o", str(data),
+                 "--eval-fraction", "0", "--target", "compact"]) == 0  # fmt: skip
+    settings = {"output_dir": str(out), "dataset": str(data), "max_steps": 6}
+    train(load_config(TINY, {**settings, "max_train_examples": 12}))
+    assert student_meta(out)["target"] == "compact"
+    judge = StudentJudge(str(out), batch_size=8, max_new_tokens=256, max_string_chars=60)
+    assert judge.target == "compact" and judge.schema() == student_json_schema("compact")
+    requests = [r for t in example_traces[:3] for r in build_requests(t.id, t.question, t.steps)]
+    results = judge.judge(requests)
+    assert all(r.judge is not None for r in results), [r.error for r in results]
+    assert all(_reasoning(r.judge) == [""] * 4 for r in results)
+    assert all(r.extra["gap_type"] in LABELS and r.extra["pipeline_path"] for r in results)
+
+
+def test_a_served_compact_student_is_asked_and_parsed_in_its_schema(
+    monkeypatch, examples_dir, example_traces, pool
+):
+    """`check --bundle B --judge openai:NAME` for a bundle whose student metadata says compact:
+    the served judge asks the test server for the compact schema and parses its compact answers
+    (the teacher's targets here) into judge objects that the tree decides as the teacher did."""
+    from stepgap.serving.offline import OfflineChecker
+    from stepgap.teacher import Checker, ReplayNLI, build_checker
+    from stepgap.teacher.prompt import build_requests
+    from tests.fixtures.openai_server import FakeOpenAI, prompt_key
+
+    teacher = {(v.trace_id, v.step): v for v in pool}
+    answers = {
+        prompt_key(r.messages): json.loads(student_target(teacher[(r.trace_id, r.step)], "compact"))
+        for t in example_traces
+        for r in build_requests(t.id, t.question, t.steps)
+    }
+    # the bundle part is not under test here: build_checker hands its served judge the
+    # student's metadata as OfflineChecker.from_bundle reads it from a bundle
+    monkeypatch.setattr(
+        OfflineChecker,
+        "from_bundle",
+        classmethod(lambda cls, path, served_judge, **kw: served_judge({"target": "compact"})),
+    )
+    server = FakeOpenAI(answers=answers).start()
+    try:
+        judge = build_checker(bundle="bundle", judge="openai:stepgap-student",
+                              judge_options={"base_url": server.base_url, "cache": False})  # fmt: skip
+        assert judge.target == "compact"
+        nli = ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")
+        verdicts = [v for vs in Checker(judge, nli).check(example_traces) for v in vs]
+    finally:
+        server.stop()
+    schema = server.response_formats[0]["json_schema"]["schema"]
+    assert schema == student_json_schema("compact")
+    assert len(verdicts) == len(pool) == 28
+    for v in verdicts:
+        want = teacher[(v.trace_id, v.step)]
+        assert (v.label, v.path) == (want.label, want.path), (v.trace_id, v.step, v.error)
+        assert _reasoning(v.judge) == [""] * 4
