@@ -50,6 +50,10 @@ class StudentTrainConfig(BaseModel):
     packing: bool = False
     padding_free: bool = False
     gradient_checkpointing: bool = True
+    # kernels: None keeps transformers' default attention (sdpa); flash_attention_2 needs the
+    # flash-attn package and lets padding-free/packed batches skip attention across examples
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    use_liger_kernel: bool = False  # Liger's Triton kernels (RMSNorm, RoPE, SwiGLU): liger-kernel
     # bookkeeping
     eval_steps: int | None = None  # evaluate on the held-out split every N steps (None: per epoch)
     save_steps: int = 200

@@ -119,6 +119,8 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     if ref.endswith(".gguf"):
         source, kwargs["gguf_file"] = str(Path(ref).parent), Path(ref).name
     dtype = _dtype(cfg)
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
     if cfg.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
@@ -198,6 +200,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
         padding_free=cfg.padding_free,
         completion_only_loss=True,
         gradient_checkpointing=cfg.gradient_checkpointing,
+        use_liger_kernel=cfg.use_liger_kernel,
         bf16=_dtype(cfg).__repr__() == "torch.bfloat16" or cfg.load_in_4bit,
         eval_strategy=("steps" if cfg.eval_steps else "epoch") if eval_set is not None else "no",
         eval_steps=cfg.eval_steps,

@@ -125,3 +125,46 @@ def test_hub_keys_are_the_trainers_with_its_defaults():
     for key in ("push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo"):
         assert fields[key].default == theirs[key], key
     assert "hub_token" not in fields
+
+
+def test_kernel_keys_default_to_transformers_own_and_are_checked():
+    cfg = load_config("qwen2.5-7b-lora")
+    assert cfg.attn_implementation is None and cfg.use_liger_kernel is False
+    cfg = load_config("tiny", {"attn_implementation": "sdpa", "use_liger_kernel": True})
+    assert cfg.attn_implementation == "sdpa" and cfg.use_liger_kernel
+    with pytest.raises(ValueError, match=r"attn_implementation \(--set\): Input should be"):
+        load_config("tiny", {"attn_implementation": "flash"})
+
+
+def test_attn_implementation_reaches_the_model(tiny_qwen2):
+    from stepgap.student.sft import load_student_base
+
+    default, _ = load_student_base(load_config("tiny", {"model": str(tiny_qwen2)}))
+    assert default.config._attn_implementation == "sdpa"  # transformers' own choice
+    cfg = load_config("tiny", {"model": str(tiny_qwen2), "attn_implementation": "eager"})
+    model, _ = load_student_base(cfg)
+    assert model.config._attn_implementation == "eager"
+
+
+def test_use_liger_kernel_reaches_the_trainer(tmp_path, tiny_qwen2, examples_dir):
+    """Without liger-kernel installed, transformers' Trainer refuses the key by name: proof
+    that train() passed it on (a dropped key would train without a word)."""
+    import importlib.util
+
+    from stepgap.student.sft import train
+
+    if importlib.util.find_spec("liger_kernel") is not None:
+        pytest.skip("liger-kernel is installed: the Trainer would accept the key")
+    cfg = load_config(
+        "tiny",
+        {
+            "model": str(tiny_qwen2),
+            "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
+            "output_dir": str(tmp_path / "out"),
+            "max_train_examples": 2,
+            "max_steps": 1,  # a dropped key would train this one step and fail the test
+            "use_liger_kernel": True,
+        },
+    )
+    with pytest.raises(ImportError, match="liger-kernel"):
+        train(cfg)

@@ -1,0 +1,141 @@
+"""bench/gpu_suite.py: the GPU suite runs on the CPU with --tiny (the same code as the 7B run),
+every section ends with figures or the reason it was skipped, and the wheels it carries to the
+device stay installable."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_suite.py"
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
+    import torch
+
+    out = tmp_path / "suite.json"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        timeout=900,
+    )
+    report = json.loads(out.read_text())
+    sections = report["sections"]
+    assert list(sections) == ["judge", "sft", "qlora", "onnx_nli"]
+    for name, section in sections.items():
+        assert section["status"] in {"ok", "skipped"}, name
+        if section["status"] == "skipped":
+            assert section["skipped"].startswith("skipped: "), name
+        assert section["seconds"] >= 0
+    assert report["setup"]["status"] == "ok", report["setup"].get("error")
+    assert report["machine"]["torch"] == torch.__version__
+
+    sft = sections["sft"]
+    assert sft["status"] == "ok", sft.get("error")
+    assert sft["plain_trl"]["tokens_per_s"] > 0 and sft["project"]["tokens_per_s"] > 0
+    assert sft["plain_trl"]["recipe"] == {"packing": False, "padding_free": False}
+    assert sft["project"]["recipe"]["packing"] and sft["project"]["recipe"]["padding_free"]
+    # the recipe's attention key reached the model the project's train() built
+    assert sft["project"]["attn_implementation"] == sft["project"]["recipe"]["attn_implementation"]
+    assert sft["ratio"] == pytest.approx(
+        sft["project"]["tokens_per_s"] / sft["plain_trl"]["tokens_per_s"], rel=1e-3
+    )
+    assert 100 <= sft["lengths"]["min"] and sft["lengths"]["max"] <= sft["max_length"]
+
+    nli = sections["onnx_nli"]
+    assert nli["status"] == "ok", nli.get("error")
+    assert nli["provider"] == "CPUExecutionProvider"
+    assert set(nli["pairs_per_s"]) == {"pytorch_fp32", "onnx_fp32"}
+    assert all(v > 0 for v in nli["pairs_per_s"].values())
+    if not torch.cuda.is_available():
+        assert "CUDA" in sections["qlora"]["skipped"]
+
+
+def test_a_failing_section_is_skipped_with_its_error(monkeypatch, tmp_path):
+    suite = _suite()
+
+    def broken(sizes, work):
+        raise KeyError("no such tensor: lm_head.weight")
+
+    def missing(sizes, work):
+        raise suite.Skip("bitsandbytes is not installed")
+
+    monkeypatch.setitem(suite.SECTION_RUNS, "sft", broken)
+    monkeypatch.setitem(suite.SECTION_RUNS, "qlora", missing)
+    failed = suite.run_section("sft", suite.TINY_SIZES, tmp_path)
+    assert failed["status"] == "skipped"
+    assert failed["skipped"] == "skipped: error: KeyError: 'no such tensor: lm_head.weight'"
+    assert "Traceback" in failed["error"] and "broken" in failed["error"]
+    skipped = suite.run_section("qlora", suite.TINY_SIZES, tmp_path)
+    assert skipped["skipped"] == "skipped: bitsandbytes is not installed"
+    assert "error" not in skipped
+
+
+def test_a_section_over_its_budget_is_killed_and_recorded(tmp_path):
+    result = _suite().run_child("setup", tmp_path, tiny=True, budget=0.5)
+    assert result == {
+        "status": "skipped",
+        "skipped": "skipped: over its budget of 0.5 s (killed)",
+        "seconds": pytest.approx(0.5, abs=5),
+    }
+
+
+def test_step_clock_times_tokens_after_the_warmup():
+    clock = _suite().StepClock()
+    clock.times = {0: 0.0, 1: 10.0, 2: 12.0, 3: 14.0}
+    clock.tokens = {1: 1000.0, 2: 1800.0, 3: 2600.0}
+    figures = clock.figures(warmup=1)
+    assert figures["tokens"] == 1600 and figures["seconds"] == 4.0
+    assert figures["tokens_per_s"] == 400.0 and figures["timed_steps"] == 2
+    with pytest.raises(RuntimeError, match="warm-up"):
+        clock.figures(warmup=3)
+
+
+def test_slim_wheel_keeps_one_cuda_and_a_consistent_record(tmp_path):
+    suite = _suite()
+    wheel = tmp_path / "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
+    libs = [
+        "bitsandbytes/libbitsandbytes_cpu.so",
+        "bitsandbytes/libbitsandbytes_cuda118.so",
+        "bitsandbytes/libbitsandbytes_cuda128.so",
+        "bitsandbytes/libbitsandbytes_cuda130.so",
+        "bitsandbytes/libbitsandbytes_cuda132.so",
+        "bitsandbytes/libbitsandbytes_rocm64.so",
+    ]
+    files = ["bitsandbytes/__init__.py", *libs]
+    record = (
+        "".join(f"{f},sha256=x,1\n" for f in files) + "bitsandbytes-0.50.2.dist-info/RECORD,,\n"
+    )
+    with zipfile.ZipFile(wheel, "w") as z:
+        for f in files:
+            z.writestr(f, b"x")
+        z.writestr("bitsandbytes-0.50.2.dist-info/RECORD", record)
+    assert suite.slim_wheel(wheel, suite._other_gpu_library(13)) == 3
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        kept = z.read("bitsandbytes-0.50.2.dist-info/RECORD").decode()
+    expected = {
+        "bitsandbytes/__init__.py",
+        "bitsandbytes/libbitsandbytes_cpu.so",
+        "bitsandbytes/libbitsandbytes_cuda130.so",
+        "bitsandbytes/libbitsandbytes_cuda132.so",
+    }
+    assert names == expected | {"bitsandbytes-0.50.2.dist-info/RECORD"}
+    assert {line.split(",")[0] for line in kept.splitlines()} == names
