@@ -135,7 +135,7 @@ class Agreement:
 
     steps: int = 0
     failed: int = 0  # no verdict (no schema-valid judge answer, or an NLI failure)
-    judge_json: float | None = None  # the whole judge object equal
+    judge_json: float | None = None  # the judge's decisions and quote equal (what the tree reads)
     path: float | None = None  # the tree's path equal
     nli_stage: float | None = None  # stage D/E part of the path equal
     label: float | None = None  # the shipped label equal
@@ -152,7 +152,7 @@ class Agreement:
         return cls(
             steps=n,
             failed=sum(c.student.label is None for c in comparisons),
-            judge_json=rate(sum(c.student.judge == c.teacher.judge for c in comparisons)),
+            judge_json=rate(sum(_same_decisions(c) for c in comparisons)),
             path=rate(sum(c.student_path == list(c.teacher.path) for c in comparisons)),
             nli_stage=rate(
                 sum(
@@ -163,6 +163,14 @@ class Agreement:
             ),
             label=rate(sum(c.student_label == c.teacher.label for c in comparisons)),
         )
+
+
+def _same_decisions(c: Comparison) -> bool:
+    """Equal judge decisions and quote, reasoning aside (a compact student writes none)."""
+    from stepgap.data_builders.sft import judge_decisions
+
+    s, t = c.student.judge, c.teacher.judge
+    return s is not None and t is not None and judge_decisions(s) == judge_decisions(t)
 
 
 @dataclass

@@ -82,15 +82,13 @@ def test_checker_gives_a_features_student_its_nli_features(examples_dir, tiny_nl
     assert not any('"nli_features"' in text for text in teacher.seen)
 
 
-def test_mining_a_features_student_needs_an_nli_model(examples_dir):
-    from stepgap.student.mining import compare
+def test_mining_needs_an_nli_model(examples_dir, capsys):
+    """Mining compares the checker that ships, whose stages D-E are NLI: no --nli, no run."""
+    from stepgap.cli import main
 
-    class FeatureStudent:
-        name = "x"
-        nli_features = True
-
-    with pytest.raises(ValueError, match="NLI features"):
-        compare(FeatureStudent(), [])
+    with pytest.raises(SystemExit) as exit_:
+        main(["mine", str(examples_dir / "teacher_verdicts.jsonl"), "--student", "x", "-o", "y"])
+    assert exit_.value.code == 2 and "--nli" in capsys.readouterr().err
 
 
 def _reasoning(judge) -> list[str]:

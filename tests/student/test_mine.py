@@ -302,8 +302,17 @@ def test_agreement_rates(pool, nli):
     labeled = [v for v in pool if v.label is not None]
     off = _stage_d_gaps(pool)[0]
     failed = next(v for v in labeled if v.label == "no_gap")
+    terse = next(v for v in labeled if v.label == "no_gap" and v is not failed)
+
+    def without_reasoning(v: Verdict) -> JudgeResult:  # a compact student's answer
+        judge = v.judge.model_copy(deep=True)
+        judge.step_minus1_alignment.alignment_reasoning = ""
+        judge.step_1_quote_search.quote_search_reasoning = ""
+        return JudgeResult(judge=judge)
+
     overrides = {(off.trace_id, off.step): _own_quote,
-                 (failed.trace_id, failed.step): lambda v: JudgeResult.failed("truncated")}  # fmt: skip
+                 (failed.trace_id, failed.step): lambda v: JudgeResult.failed("truncated"),
+                 (terse.trace_id, terse.step): without_reasoning}  # fmt: skip
     agreement = Agreement.of(compare(ScriptedStudent(pool, overrides), pool, nli))
     n = len(labeled)
     assert agreement.steps == n and agreement.failed == 1
