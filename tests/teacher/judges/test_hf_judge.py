@@ -11,7 +11,7 @@ import pytest
 
 from stepgap.data_builders.schema import Judge
 from stepgap.teacher.judges import JudgeCache, load_judge
-from stepgap.teacher.judges.hf import judge_regex
+from stepgap.teacher.judges.hf import HFJudge, auto_batch_size, judge_regex
 from stepgap.teacher.prompt import build_requests
 from tests.fixtures.models import smollm2_gguf
 
@@ -46,6 +46,34 @@ def test_constrained_decoding_gives_schema_valid_judges_from_random_weights(
     again = judge.judge(requests_)
     assert [r.judge for r in again] == [r.judge for r in results]
     assert judge.meter.cache_hits == 6 and judge.meter.calls == 6
+
+
+@pytest.mark.slow
+def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
+    """The project's decoder (one batch, finished rows dropped, schema-forced tokens appended
+    without a pass of their own) gives the tokens of plain `generate()` at batch 1, and so the
+    same judge objects, with the same confidences up to float rounding."""
+    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300)
+    prompts = [judge.prompt_ids(r) for r in requests_[:3]]
+    judge.fast = False
+    plain = [judge.generate_ids([p])[0] for p in prompts]
+    judge.fast = True
+    fast = judge.generate_ids(prompts)
+    assert [d.tokens for d in fast] == [d.tokens for d in plain]
+    assert all(d.forward_passes < len(d.tokens) for d in fast)  # forced tokens rode along
+    assert all(d.forward_passes == len(d.tokens) for d in plain)
+    for f, p, n in zip(fast, plain, prompts, strict=True):
+        rf, rp = judge._result(f, len(n), None), judge._result(p, len(n), None)
+        assert rf.judge is not None and rf.judge == rp.judge and rf.usage == rp.usage
+        assert rf.confidences == pytest.approx(rp.confidences, rel=1e-4)
+
+
+def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
+    judge = HFJudge(str(tiny_qwen2), constrained=False)
+    short, long = auto_batch_size(judge.model, 100), auto_batch_size(judge.model, 10**8)
+    assert 1 <= long < short <= 64
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        HFJudge(str(tiny_qwen2), batch_size=0)
 
 
 def test_unconstrained_random_model_failures_are_reported_not_guessed(tiny_qwen2, requests_):
