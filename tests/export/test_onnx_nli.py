@@ -152,3 +152,54 @@ def test_io_binding_gives_the_plain_run_logits(exported):
     plain = backend._logits(PROBE_PAIRS)
     backend._bind_device = ("cpu", 0)
     torch.testing.assert_close(backend._logits(PROBE_PAIRS), plain, rtol=0, atol=0)
+
+
+def test_int8_graph_is_fused_and_quantized_per_channel(exported):
+    """The shipped int8 recipe: ORT's fusions before quantization (BiasGelu, FusedMatMul in
+    the graph file, not only at session load) and one weight scale per output column."""
+    import onnx
+    from onnx import numpy_helper
+
+    from stepgap.teacher.nli.onnx import ONNX_FILES
+
+    _, onnx_dir = exported
+    graph = onnx.load(onnx_dir / ONNX_FILES["int8"]).graph
+    ops = {node.op_type for node in graph.node}
+    assert {"BiasGelu", "FusedMatMul", "DynamicQuantizeLinear", "MatMulInteger"} <= ops, ops
+    assert "Erf" not in ops  # GELU's erf form is gone into BiasGelu
+    weights = {t.name: t for t in graph.initializer}
+    integer = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    assert len(integer) >= 12  # 2 layers x (Q, K, V, output, 2 FFN) at least
+    for node in integer:
+        weight = numpy_helper.to_array(weights[node.input[1]])
+        scale = numpy_helper.to_array(weights[node.input[1].removesuffix("_quantized") + "_scale"])
+        assert scale.shape == (weight.shape[1],), (node.name, scale.shape, weight.shape)
+        assert weight.dtype.name == "int8" and int(abs(weight.astype(int)).max()) <= 64  # 7 bits
+
+
+def test_batches_hold_pairs_of_like_token_length(exported):
+    """Pairs are batched by their token count (each batch padded to its own longest), not by
+    characters: single letters and digits take a token each, common words few, so batches by
+    characters here would pair the two longest and two shortest in tokens."""
+    _, onnx_dir = exported
+    backend = ONNXNLI(onnx_dir, batch_size=2, max_length=64)
+    pairs = [
+        ("1 2 3 4 5 6 7 8 9 0 1 2", "A claim."),
+        ("x y z w v u t s r q p o n m", "A claim."),
+        ("Information and organisation.", "A claim."),
+        ("The film was released in the United States.", "A claim."),
+    ]
+    lengths = backend._token_lengths(pairs)
+    chars = [len(p) + len(h) for p, h in pairs]
+    assert sorted(range(4), key=chars.__getitem__) != sorted(range(4), key=lengths.__getitem__)
+    widths: list[list[int]] = []
+    logits = backend._logits
+
+    def recording(batch):
+        widths.append([lengths[pairs.index(pair)] for pair in batch])
+        return logits(batch)
+
+    backend._logits = recording
+    backend.predict(pairs)
+    assert max(widths[0]) <= min(widths[1]), widths
+    assert backend._token_lengths(pairs[:1]) == [len(backend._encode(pairs[:1])["input_ids"][0])]
