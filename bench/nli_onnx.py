@@ -1,6 +1,6 @@
 """NLI pairs/s on CPU for the DeBERTa-v3-base architecture: PyTorch fp32 vs ONNX fp32 vs int8s.
 
-    python bench/nli_onnx.py [--pairs 256] [--batch-size 64] [--rounds 3] [--out bench/results]
+    python bench/nli_onnx.py [--pairs 128] [--batch-size 64] [--rounds 3] [--out bench/results]
 
 Random weights of the real architecture (speed does not depend on weight values), the test
 fixture's SentencePiece tokenizer, premise/hypothesis pairs from the example traces truncated
@@ -70,7 +70,7 @@ def main() -> None:
     from stepgap.teacher.nli.onnx import ONNX_FILES, ONNXNLI
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=256)
+    p.add_argument("--pairs", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
