@@ -139,13 +139,9 @@ def _export_student(
         config_file = root / info["base"] / "config.json"
         if not config_file.is_file():
             config_file = out / "config.json"  # a hub base or a GGUF file: no config to read
-    meta_file = out / STUDENT_META
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-    for key in ("base_model", "init_adapter"):  # published metadata: names, not local paths
-        if meta.get(key):
-            meta[key] = display_ref(meta[key])
-    if meta:
-        meta_file.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    from stepgap.student.card import publish_meta
+
+    meta = publish_meta(out)  # published metadata: names, not local paths
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     info["nli_features"] = bool(meta.get("nli_features", False))
     info["note"] = stand_in_note(config)

@@ -238,6 +238,22 @@ def render_adapter_card(
     return "\n".join(lines)
 
 
+def publish_meta(folder: Path) -> dict[str, Any]:
+    """`folder`'s stepgap_student.json with its models named as published (never a path of this
+    machine), rewritten in place; {} when there is none. Bundles and Hub uploads both use it."""
+    from .judge import STUDENT_META
+
+    meta_file = folder / STUDENT_META
+    if not meta_file.is_file():
+        return {}
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    for key in PUBLISHED_META_KEYS:
+        if meta.get(key):
+            meta[key] = display_ref(meta[key])
+    meta_file.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return meta
+
+
 def publish_folder(folder: Path, base: str, card: str) -> None:
     """Make `folder` fit to upload: the adapter config and stepgap_student.json name models as
     published (never a path of this machine), and README.md is `card`."""
@@ -246,15 +262,7 @@ def publish_folder(folder: Path, base: str, card: str) -> None:
         data = json.loads(config.read_text(encoding="utf-8"))
         data["base_model_name_or_path"] = display_ref(base)
         config.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    from .judge import STUDENT_META
-
-    meta_file = folder / STUDENT_META
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        for key in PUBLISHED_META_KEYS:
-            if meta.get(key):
-                meta[key] = display_ref(meta[key])
-        meta_file.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    publish_meta(folder)
     (folder / CARD).write_text(card, encoding="utf-8")
 
 
