@@ -24,6 +24,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -725,7 +726,7 @@ def section_onnx_nli(sizes: Sizes, work: Path) -> dict[str, Any]:
         )
     if importlib.util.find_spec("optimum") is None:
         raise Skip("the ONNX export needs optimum-onnx (pip install 'stepgap[export]')")
-    from nli_onnx import build_base_nli, example_pairs, timed
+    from nli_onnx import build_base_nli, example_pairs, interleaved
 
     from stepgap.export.onnx_nli import export_onnx
     from stepgap.teacher.nli.hf import HFNLI
@@ -744,7 +745,8 @@ def section_onnx_nli(sizes: Sizes, work: Path) -> dict[str, Any]:
         backends["pytorch_fp16"] = HFNLI(str(model), device=device, dtype="float16", **common)
         backends["onnx_fp16"] = ONNXNLI(onnx_dir, precision="fp16", providers=[provider], **common)
     pairs = example_pairs(sizes.nli_pairs)
-    speed = {name: timed(b, pairs, sizes.nli_repeats) for name, b in backends.items()}
+    runs = interleaved(backends, pairs, sizes.nli_repeats)
+    speed = {name: statistics.median(v) for name, v in runs.items()}
     return {
         "model": "DeBERTa-v3-base architecture" if cuda else "tiny DeBERTa-v2",
         "provider": provider,

@@ -61,6 +61,23 @@ def char_sorted(backend):
     return backend
 
 
+def interleaved(
+    backends: dict, pairs: list[tuple[str, str]], rounds: int
+) -> dict[str, list[float]]:
+    """Pairs/s of every backend in each of `rounds` rounds, after one warm-up batch each.
+
+    Each round times every backend once, so load from other work spreads over all of them."""
+    for b in backends.values():
+        b.predict(pairs[: b.batch_size])
+    runs: dict[str, list[float]] = {name: [] for name in backends}
+    for _ in range(rounds):
+        for name, b in backends.items():
+            start = time.perf_counter()
+            b.predict(pairs)
+            runs[name].append(len(pairs) / (time.perf_counter() - start))
+    return runs
+
+
 def main() -> None:
     import torch
 
@@ -110,14 +127,7 @@ def main() -> None:
             "int8 fused": onnx(dirs["fused"], "int8"),
             "int8 shipped (all)": onnx(onnx_dir, "int8"),
         }
-        for b in backends.values():  # warm-up
-            b.predict(pairs[: args.batch_size])
-        runs: dict[str, list[float]] = {name: [] for name in backends}
-        for _ in range(args.rounds):
-            for name, b in backends.items():
-                start = time.perf_counter()
-                b.predict(pairs)
-                runs[name].append(len(pairs) / (time.perf_counter() - start))
+        runs = interleaved(backends, pairs, args.rounds)
         probs = {name: b.predict(pairs) for name, b in backends.items() if name != "pytorch_fp32"}
 
     def top(x) -> str:
