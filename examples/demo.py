@@ -72,8 +72,10 @@ def main_demo() -> None:
     agree = len(hand) - len(differ)
     print(f"  agreement with the hand labels in examples/gold_steps.jsonl: {agree}/{len(hand)}")
     for v, g in differ:  # the teacher's own errors, as the annotator explained them
-        print(f"  - {v['trace_id']} step {v['step']}: teacher {v['label']}, hand {g['label']}: "
-              f"{g.get('note', '')}")
+        print(
+            f"  - {v['trace_id']} step {v['step']}: teacher {v['label']}, hand {g['label']}: "
+            f"{g.get('note', '')}"
+        )
 
     print("\n== 3. relabel the stored verdicts under ablations (no model is called)")
     for ablation in ("A", "E"):

@@ -188,3 +188,29 @@ def test_a_fixed_response_format_is_never_changed(
     assert set(fake_openai.formats_seen) == {"json_schema"} and len(fake_openai.formats_seen) == 3
     with pytest.raises(ValueError, match="response_format must be"):
         load_judge("openai:m", base_url="http://x", response_format="yaml")
+
+
+def test_a_completion_is_read_from_the_answer_json_and_a_bad_body_is_a_problem():
+    from stepgap.teacher.judges.openai_api import Completion
+
+    body = {
+        "choices": [
+            {
+                "message": {"content": '{"a": 1}', "refusal": None},
+                "finish_reason": "stop",
+                "logprobs": {"content": [{"token": '{"', "logprob": -0.5, "top_logprobs": []}]},
+            }
+        ],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": None},
+    }
+    c = Completion.of(json.dumps(body).encode())
+    assert (c.content, c.finish_reason, c.problem) == ('{"a": 1}', "stop", None)
+    assert c.logprobs == [('{"', -0.5)]
+    assert c.usage == {"prompt_tokens": 7, "completion_tokens": 3, "cached_tokens": 0}
+    empty = Completion.of(b'{"choices": [], "usage": {"prompt_tokens": 2}}')
+    assert empty.problem == "the server returned no choices" and empty.usage["prompt_tokens"] == 2
+    assert Completion.of(b"<html>bad gateway</html>").problem.startswith(
+        "the server's answer is not JSON"
+    )
+    assert Completion.of(b"[1, 2]").problem == "the server's answer is not a JSON object"
+    assert Completion.of(b'{"choices": [{"message": {}}]}').usage == {}
