@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,8 +365,7 @@ class HFJudge:
             self.model, max((len(p) for p in prompts.values()), default=1) + self.max_new_tokens
         )
         bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
-        for start in range(0, len(todo), size):
-            batch = todo[start : start + size]
+        for batch in self._batches(todo, size, [_system_text(requests[i]) for i in todo]):
             answers = [requests[i].answer for i in batch]
             decoded = self.generate_ids([prompts[i] for i in batch], answers)
             for i, d in zip(batch, decoded, strict=True):
@@ -380,6 +379,22 @@ class HFJudge:
             bar.update(len(batch))
         bar.close()
         return results  # type: ignore[return-value]
+
+    def _batches(self, todo: list[int], size: int, systems: list[str]) -> Iterator[list[int]]:
+        """`todo` in order, `size` at a time; with prefix sharing, a new batch also starts where
+        the system prompt changes, so each batch shares its whole system prompt."""
+        batch: list[int] = []
+        current: str | None = None
+        for i, system in zip(todo, systems, strict=True):
+            if batch and (
+                len(batch) == size or (self.fast and self.share_prefix and system != current)
+            ):
+                yield batch
+                batch = []
+            batch.append(i)
+            current = system
+        if batch:
+            yield batch
 
     def prompt_ids(self, request: JudgeRequest) -> list[int]:
         """The token ids of a request's chat prompt, ready for the answer."""

@@ -84,6 +84,18 @@ def test_shared_prefix_leaves_every_row_a_token_of_its_own():
     assert shared_prefix([[1, 2, 3]]) == 0  # nothing to share in a batch of one
 
 
+def test_batches_are_cut_where_the_system_prompt_changes_when_the_prefix_is_shared():
+    from types import SimpleNamespace
+
+    systems = ["inference", "inference", "inference", "conclusion", "conclusion"]
+    shared = SimpleNamespace(fast=True, share_prefix=True)
+    assert list(HFJudge._batches(shared, [4, 0, 1, 2, 3], 2, systems)) == [[4, 0], [1], [2, 3]]
+    for judge in (SimpleNamespace(fast=True, share_prefix=False), SimpleNamespace(fast=False)):
+        judge.share_prefix = getattr(judge, "share_prefix", True)
+        batches = list(HFJudge._batches(judge, [4, 0, 1, 2, 3], 2, systems))
+        assert batches == [[4, 0], [1, 2], [3]]
+
+
 def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
     judge = HFJudge(str(tiny_qwen2), constrained=False)
     short, long = auto_batch_size(judge.model, 100), auto_batch_size(judge.model, 10**8)
