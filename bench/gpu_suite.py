@@ -833,7 +833,8 @@ def headline(name: str, result: dict[str, Any]) -> str:
     judge = result["result"]  # bench/judge_throughput.py's report
     return (
         f"stepgap {judge['fast_vs_plain_b1']}x plain batch 1, {judge['fast_vs_best_plain']}x "
-        f"best plain ({judge['best_plain']})"
+        f"best plain ({judge['best_plain']}), {judge.get('fast_vs_fast_unshared')}x without "
+        "prefix sharing"
     )
 
 

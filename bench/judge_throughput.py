@@ -179,6 +179,11 @@ def main() -> None:
         if "plain_b1" in runs
         else None,
         "fast_vs_best_plain": round(fast["steps_per_s"] / plain[best]["steps_per_s"], 2),
+        "fast_vs_fast_unshared": round(
+            fast["steps_per_s"] / runs["fast_unshared"]["steps_per_s"], 2
+        )
+        if "fast_unshared" in runs
+        else None,
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
     }
     print(f"{report['model']} on {report['device']} ({report['steps']} steps, prompts "
@@ -191,7 +196,8 @@ def main() -> None:
               f"{r['tokens_per_step']:>8} {r['forward_passes_per_step']:>9} {r['truncated']:>5} "
               f"{r['judges_equal_reference']:>8} {r['answers_equal_reference']!s:>7}")  # fmt: skip
     print(f"fast / plain batch 1: {report['fast_vs_plain_b1']}x; "
-          f"fast / best plain ({best}): {report['fast_vs_best_plain']}x")  # fmt: skip
+          f"fast / best plain ({best}): {report['fast_vs_best_plain']}x; "
+          f"fast / fast without prefix sharing: {report['fast_vs_fast_unshared']}x")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
