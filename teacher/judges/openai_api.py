@@ -343,6 +343,13 @@ class Completion:
             return cls(problem=f"the server's answer is not JSON: {exc}")
         if not isinstance(data, dict):
             return cls(problem="the server's answer is not a JSON object")
+        try:
+            return cls._read(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            return cls(problem=f"the server's answer is not a chat completion ({exc!r})")
+
+    @classmethod
+    def _read(cls, data: dict[str, Any]) -> Completion:
         raw_usage = data.get("usage")
         usage: dict[str, int] = {}
         if raw_usage:
@@ -362,7 +369,7 @@ class Completion:
             content=message.get("content") or "",
             refusal=message.get("refusal"),
             finish_reason=choice.get("finish_reason"),
-            logprobs=[(t["token"], t["logprob"]) for t in tokens],
+            logprobs=[(t["token"], float(t["logprob"])) for t in tokens],
             usage=usage,
         )
 

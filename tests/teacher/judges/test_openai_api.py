@@ -214,3 +214,5 @@ def test_a_completion_is_read_from_the_answer_json_and_a_bad_body_is_a_problem()
     )
     assert Completion.of(b"[1, 2]").problem == "the server's answer is not a JSON object"
     assert Completion.of(b'{"choices": [{"message": {}}]}').usage == {}
+    for odd in (b'{"choices": ["text"]}', b'{"choices": [{"logprobs": {"content": [{}]}}]}'):
+        assert Completion.of(odd).problem.startswith("the server's answer is not a chat completion")
