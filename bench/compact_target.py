@@ -178,7 +178,10 @@ def show(results: dict[str, Any]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--smollm2-steps", type=int, default=30, help="optimiser steps of SmolLM2")
+    p.add_argument(
+        "--smollm2-steps", type=int, default=30,
+        help="optimiser steps of SmolLM2 (0: the recipe as shipped, 10 epochs)",
+    )  # fmt: skip
     p.add_argument(
         "--recipes", nargs="*", default=["tiny", "smollm2-135m"], choices=["tiny", "smollm2-135m"],
         help="recipes to train on each target (none: token counts only)",
@@ -187,17 +190,24 @@ def main() -> None:
     args = p.parse_args()
     sys.path.insert(0, str(REPO))  # tests.fixtures (the Qwen tokenizer builder)
     pool = verdicts()
+    import torch
+
+    cuda = torch.cuda.is_available()
     results: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, no GPU",
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+        + (torch.cuda.get_device_name(0) if cuda else "no GPU"),
         "tokens": token_counts(pool),
         "agreement": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
+        steps = args.smollm2_steps
         overrides: dict[str, dict[str, Any]] = {
             "tiny": {},  # as shipped: 100 steps
-            "smollm2-135m": {  # shortened for CPU; evaluated once, at the end
-                "max_steps": args.smollm2_steps, "use_cpu": True, "dtype": "float32",
-                "eval_steps": args.smollm2_steps, "save_steps": 10_000, "logging_steps": 5,
+            "smollm2-135m": {  # on the GPU when there is one (bf16), else fp32 on the CPU
+                "use_cpu": not cuda, "dtype": "auto" if cuda else "float32",
+                "save_steps": 10_000, "logging_steps": 5,
+                # shortened (for the CPU) and evaluated once, at the end; 0: as shipped
+                **({"max_steps": steps, "eval_steps": steps} if steps > 0 else {}),
             },
         }  # fmt: skip
         for recipe in args.recipes:
