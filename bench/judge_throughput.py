@@ -30,9 +30,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-from stepgap.teacher.judges.hf import MIN_SHARED_PREFIX, shared_prefix  # noqa: E402
-
-
 def run(
     judge: Any, requests: list, *, fast: bool, batch_size: int | None, share_prefix: bool = True
 ) -> dict[str, Any]:
@@ -44,8 +41,7 @@ def run(
     prefill = type(judge)._prefill
 
     def timed_prefill(prompts, cache):
-        n = shared_prefix(prompts) if judge.share_prefix else 0
-        skipped[0] += n * (len(prompts) - 1) if n >= MIN_SHARED_PREFIX else 0
+        skipped[0] += judge.prefix_length(prompts) * (len(prompts) - 1)
         start = time.perf_counter()
         out = prefill(judge, prompts, cache)
         prefill_s[0] += time.perf_counter() - start

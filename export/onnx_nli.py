@@ -131,8 +131,8 @@ INT8_PLAIN = Int8Recipe(fuse=False, per_channel=False, reduce_range=False)
 
 def quantize_int8(fp32: Path, out: Path, recipe: Int8Recipe = INT8_SHIPPED) -> Path:
     """Dynamic int8 (weights int8 ahead of time, activations per batch) of the fp32 graph's
-    weights (MatMul, and the word embeddings' Gather), as `recipe` says. Fused graphs hold ORT-only ops (com.microsoft domain), so the
-    quantizer is told their outputs are float."""
+    weights (MatMul, and the word embeddings' Gather), as `recipe` says. Fused graphs hold
+    ORT-only ops (com.microsoft domain), so the quantizer is told their outputs are float."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process

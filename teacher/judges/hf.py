@@ -358,14 +358,15 @@ class HFJudge:
             else:
                 todo.append(i)
         prompts = {i: self.prompt_ids(requests[i]) for i in todo}
+        systems = {i: _system_text(requests[i]) for i in todo}
         # all steps of all traces at once: per system prompt (a prefix the batch computes
         # once), then similar lengths sharing a batch (less padding)
-        todo.sort(key=lambda i: (_system_text(requests[i]), -len(prompts[i])))
+        todo.sort(key=lambda i: (systems[i], -len(prompts[i])))
         size = self.batch_size or auto_batch_size(
             self.model, max((len(p) for p in prompts.values()), default=1) + self.max_new_tokens
         )
         bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
-        for batch in self._batches(todo, size, [_system_text(requests[i]) for i in todo]):
+        for batch in self._batches(todo, size, [systems[i] for i in todo]):
             answers = [requests[i].answer for i in batch]
             decoded = self.generate_ids([prompts[i] for i in batch], answers)
             for i, d in zip(batch, decoded, strict=True):
@@ -547,6 +548,15 @@ class HFJudge:
                     rows[r].forward_passes += 1
         return rows
 
+    def prefix_length(self, prompts: Sequence[Sequence[int]]) -> int:
+        """Tokens of a batch's prompts that `_prefill` runs once for all rows (0: none)."""
+        from transformers import DynamicCache
+
+        n = shared_prefix(prompts) if self.share_prefix else 0
+        if n < MIN_SHARED_PREFIX or not hasattr(DynamicCache, "batch_repeat_interleave"):
+            return 0  # too little to share, or a transformers whose cache cannot be repeated
+        return n
+
     def _prefill(self, prompts: Sequence[Sequence[int]], cache: Any) -> tuple[Any, Any]:
         """Run the prompts into `cache`: (last-position logits, attention mask so far).
 
@@ -556,9 +566,7 @@ class HFJudge:
         the positions those of its unpadded prompt."""
         import torch
 
-        n = shared_prefix(prompts) if self.share_prefix else 0
-        if n < MIN_SHARED_PREFIX or not hasattr(cache, "batch_repeat_interleave"):
-            n = 0  # too little to share, or a transformers whose cache cannot be repeated
+        n = self.prefix_length(prompts)
         if n:
             prefix = torch.tensor([list(prompts[0][:n])], device=self.model.device)
             self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -61,7 +61,7 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
     same judge objects, with the same confidences up to float rounding."""
     judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300)
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
-    assert shared_prefix(prompts) >= MIN_SHARED_PREFIX  # so the prefix is computed once
+    assert judge.prefix_length(prompts) >= MIN_SHARED_PREFIX  # so the prefix is computed once
     judge.fast = False
     plain = [judge.generate_ids([p])[0] for p in prompts]
     judge.fast = True
