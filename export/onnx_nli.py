@@ -9,8 +9,10 @@ serve (`served_parity`): a CUDA kernel or a runtime build the export never ran i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -82,6 +84,30 @@ class Parity:
         }
 
 
+class _DropUnquantizedNotes(logging.Filter):
+    """onnxruntime's quantizer notes, on the root logger, each tensor whose type it cannot infer
+    (DeBERTa's GatherElements in attention): such a tensor stays float, as it would anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to infer data type of tensor")
+
+
+@contextlib.contextmanager
+def _without_exporter_notes():
+    """Hide what the exporters print that a user cannot act on: torch's deprecation notes on the
+    TorchScript exporter and `torch.jit.script` (optimum-onnx and transformers pick them; a
+    note to those libraries, shown by `-W default` or a notebook), and the quantizer's notes
+    above."""
+    drop, root = _DropUnquantizedNotes(), logging.getLogger()
+    root.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            yield
+    finally:
+        root.removeFilter(drop)
+
+
 def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bool = False) -> Path:
     """Write model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer and config."""
     import torch
@@ -102,10 +128,11 @@ def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bo
         ).eval()
     with explain_load_errors(model, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(model)
-    onnx_export_from_model(
-        source, out, opset=OPSET, task="text-classification", do_validation=False,
-        preprocessors=[tokenizer],
-    )  # fmt: skip
+    with _without_exporter_notes():
+        onnx_export_from_model(
+            source, out, opset=OPSET, task="text-classification", do_validation=False,
+            preprocessors=[tokenizer],
+        )  # fmt: skip
     if int8:
         quantize_int8(out / ONNX_FILES["fp32"], out / ONNX_FILES["int8"])
     if fp16:
@@ -164,14 +191,15 @@ def quantize_int8(fp32: Path, out: Path, recipe: Int8Recipe = INT8_SHIPPED) -> P
             skip_optimization=recipe.fuse,
             skip_symbolic_shape=True,
         )
-        quantize_dynamic(
-            prepared,
-            out,
-            per_channel=recipe.per_channel,
-            reduce_range=recipe.reduce_range,
-            weight_type=QuantType[recipe.weight_type],
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
+        with _without_exporter_notes():
+            quantize_dynamic(
+                prepared,
+                out,
+                per_channel=recipe.per_channel,
+                reduce_range=recipe.reduce_range,
+                weight_type=QuantType[recipe.weight_type],
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
     finally:
         prepared.unlink(missing_ok=True)
         work.unlink(missing_ok=True)

@@ -101,6 +101,37 @@ def resolve_model_ref(ref: str) -> str:
     return check_model_ref(ref)
 
 
+def pretrained_source(ref: str) -> tuple[str, dict[str, Any]]:
+    """(folder or id, kwargs) for `from_pretrained`: a `.gguf` file is its folder plus
+    `gguf_file`, anything else is itself."""
+    if ref.endswith(".gguf"):
+        return os.path.dirname(ref) or ".", {"gguf_file": os.path.basename(ref)}
+    return ref, {}
+
+
+@contextlib.contextmanager
+def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
+    """While a `.gguf` file loads: no transformers progress bar for its dequantisation (a
+    detail of the file format, not progress of the user's job), and the tokenizer kwargs that
+    keep its Llama tokenizer's behaviour without the "legacy behaviour" warning (the warning
+    itself says to ignore it for GGUF files). Yields those tokenizer kwargs."""
+    if not ref.endswith(".gguf"):
+        yield {}
+        return
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)  # transformers' own module-level tqdm import
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield {"legacy": True}
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+
+
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jinja")
 
 

@@ -103,7 +103,13 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stepgap.models import align_chat_eos, explain_load_errors, resolve_model_ref
+    from stepgap.models import (
+        align_chat_eos,
+        explain_load_errors,
+        pretrained_source,
+        quiet_gguf_load,
+        resolve_model_ref,
+    )
 
     from .tiny import tiny_student_base
 
@@ -114,10 +120,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
             ref = str(tiny_student_base(model_ref(cfg), data["train"], cfg.seed))
     else:
         ref = resolve_model_ref(cfg.model)
-    kwargs: dict[str, Any] = {}
-    source = ref
-    if ref.endswith(".gguf"):
-        source, kwargs["gguf_file"] = str(Path(ref).parent), Path(ref).name
+    source, kwargs = pretrained_source(ref)
     dtype = _dtype(cfg)
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -131,15 +134,16 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
         kwargs["device_map"] = kbit_device_map()
-    with explain_load_errors(ref, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's alone
-            source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
-        )
+    with quiet_gguf_load(ref) as tokenizer_kwargs:
+        with explain_load_errors(ref, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's
+                source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}, **tokenizer_kwargs
+            )
+        with explain_load_errors(ref, "model"):
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     align_chat_eos(tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    with explain_load_errors(ref, "model"):
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     if cfg.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 

@@ -16,7 +16,6 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -27,6 +26,8 @@ from stepgap.models import (
     display_ref,
     explain_load_errors,
     model_identity,
+    pretrained_source,
+    quiet_gguf_load,
     resolve_model_ref,
     stand_in_note,
 )
@@ -174,17 +175,17 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ref = resolve_model_ref(ref)
-    kwargs: dict[str, Any] = {"revision": revision} if revision else {}
-    source = ref
-    if ref.endswith(".gguf"):
-        source, kwargs["gguf_file"] = str(Path(ref).parent), Path(ref).name
+    source, kwargs = pretrained_source(ref)
+    if revision:
+        kwargs["revision"] = revision
     device = resolve_device(device)
-    with explain_load_errors(ref, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    with explain_load_errors(ref, "model"):
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
-        ).to(device)
+    with quiet_gguf_load(ref) as tokenizer_kwargs:
+        with explain_load_errors(ref, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs, **tokenizer_kwargs)
+        with explain_load_errors(ref, "model"):
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
+            ).to(device)
     model.eval()
     if tokenizer.chat_template is None:
         raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")

@@ -144,6 +144,8 @@ def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tin
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    # loading the GGUF file says nothing for a user: no dequantisation bar, no "legacy" note
+    assert "de-quantizing" not in done.stderr and "legacy" not in done.stderr, done.stderr
     verdicts = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(verdicts) == 7 and {v["trace_id"] for v in verdicts} == keep
     for v in verdicts:  # every step: a schema-valid judge object and a label, or a stated error
