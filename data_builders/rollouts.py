@@ -452,6 +452,9 @@ class OpenAIPolicy:
         self.temperature = temperature
         self.top_p = top_p
         self.seed = seed
+        # Until one request has been answered, one retry only: a server that is not there
+        # fails the first wave in seconds, not after minutes of backoff (the judge does so too).
+        self.working = False
 
     def _one(self, r: Rollout, stops: Sequence[str]) -> Generation:
         hermes = "</tool_call>" in stops
@@ -475,7 +478,9 @@ class OpenAIPolicy:
                     "continue_final_message": True,
                     "add_generation_prompt": False,
                 }
-        resp = self.client.chat.completions.create(messages=messages, **kwargs)
+        client = self.client if self.working else self.client.with_options(max_retries=1)
+        resp = client.chat.completions.create(messages=messages, **kwargs)
+        self.working = False
         choice = resp.choices[0]
         text = choice.message.content or ""
         calls = choice.message.tool_calls or []

@@ -379,3 +379,20 @@ def test_exclude_ids_and_several_rollouts_per_question(wiki_bm25, tmp_path):
         ("q0#0", "q0", 0), ("q0#1", "q0", 1), ("q2#0", "q2", 0), ("q2#1", "q2", 1),
     ]  # fmt: skip
     assert summary.questions == 2 and summary.finish == {"answer": 4}
+
+
+def test_a_policy_server_that_never_answers_fails_the_first_wave_after_one_retry(
+    fake_openai, wiki_bm25, qa_file, tmp_path
+):
+    """Until the policy server has answered once, a request is retried once, not `max_retries`
+    times: a wrong or dead server is a clear error within seconds (it took 22 s of backoff,
+    7 requests per rollout), while a server that has answered keeps the full retries."""
+    from stepgap.data_builders.rollouts import OpenAIPolicy
+
+    fake_openai.always = "500"
+    policy = OpenAIPolicy("m", base_url=fake_openai.base_url, max_retries=6, concurrency=4)
+    questions = list(iter_questions(qa_file))
+    with pytest.raises(ValueError, match="all failed"):
+        run_rollouts(questions, policy, LocalIndex(wiki_bm25), tmp_path / "r.jsonl", progress=False)
+    assert len(fake_openai.events) == 2 * len(questions)  # each: the request and one retry
+    assert not policy.working and policy.client.max_retries == 6
