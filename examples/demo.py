@@ -8,11 +8,12 @@ studies; a second check runs a stand-in NLI model: a tiny DebertaV2 built here
 (`demo_out/standin-nli`) that exercises the real model path end to end, says so in every output
 it touches, and measures nothing about a real checker.
 
-`make demo-full` (`--full`) adds the distillation: a tiny student trained for a minute, its
+`make demo-full` (`--full`) adds the distillation: a tiny student trained in seconds, its
 checks and hard negatives, the evaluation again with it, an offline bundle (merged student +
 ONNX NLI) and a check from that bundle. `--rollouts` adds real-corpus traces: a dense index of
-200 Wikipedia pages and SmolLM2-135M rollouts, labelled by SmolLM2 (slow, and a 135M policy
-seldom searches: it shows the mechanics, not what a trained policy writes).
+200 Wikipedia pages and SmolLM2-135M rollouts, labelled by SmolLM2 (another minute; a 135M
+policy seldom searches, none did in the three questions: it shows the mechanics, not what a
+trained policy writes).
 
 Every command is printed as you can paste it again from the repository root; each stage says
 how long it took on a two-core machine before it starts.
@@ -106,7 +107,9 @@ def main_job() -> None:
         show(f"  labels without stage {ablation}", out)
     show("  labels with every stage", OUT / "verdicts.jsonl")
 
-    stage("4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)", "40 s")
+    stage(
+        "4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)", "a minute"
+    )
     from tests.fixtures.models import build_deberta_nli
 
     if not (NLI / "config.json").is_file():
@@ -164,19 +167,19 @@ def evaluate(title: str, student: bool = False) -> None:
 
 def distil_and_ship() -> None:
     """Train the tiny student on the teacher's verdicts, check and mine with it, bundle it."""
-    stage("8. distil: SFT data from the teacher verdicts, then the tiny recipe", "60 s")
+    stage("8. distil: SFT data from the teacher verdicts, then the tiny recipe", "20 s")
     run("sft-data", str(OUT / "verdicts.jsonl"), "-o", str(OUT / "sft_data"), "--eval-fraction=0.3")
     run("train", "--config", "tiny", f"--set=dataset={OUT / 'verdicts.jsonl'}",
         f"--set=output_dir={STUDENT}")  # fmt: skip
 
-    stage("9. the tiny student checks the steps, and mines hard negatives", "40 s")
+    stage("9. the tiny student checks the steps, and mines hard negatives", "10 s")
     run("check", str(SEG), f"--judge=student:{STUDENT}", f"--nli={NLI}", "--device=cpu",
         "-o", str(OUT / "verdicts_student.jsonl"))  # fmt: skip
     run("mine", str(OUT / "verdicts.jsonl"), f"--student={STUDENT}", f"--nli={NLI}",
         "--device=cpu", "-o", str(OUT / "mined"))  # fmt: skip
     evaluate("10. the evaluation again, with the student's row", student=True)
 
-    stage("11. export the student + ONNX NLI bundle, then check offline from it", "60 s")
+    stage("11. export the student + ONNX NLI bundle, then check offline from it", "10 s")
     run("export", f"--student={STUDENT}", f"--nli={NLI}", "-o", str(OUT / "bundle"),
         "--merge", "--nli-quantize=int8", "--overwrite",
         f"--eval-report={OUT / 'report' / 'report.json'}", "--eval-checker=student-standin",
@@ -194,7 +197,7 @@ def main_demo(argv: list[str] | None = None) -> None:
     parser.add_argument("--full", action="store_true",
                         help="also distil a tiny student, export and check an offline bundle")  # fmt: skip
     parser.add_argument("--rollouts", action="store_true",
-                        help="also index 200 Wikipedia pages and roll out SmolLM2-135M (slow)")  # fmt: skip
+                        help="also index 200 Wikipedia pages, roll out SmolLM2-135M and label it (a minute)")  # fmt: skip
     args = parser.parse_args(argv)
     os.chdir(REPO)
     OUT.mkdir(exist_ok=True)
@@ -247,7 +250,8 @@ def build_traces_demo() -> None:
     import shutil
 
     stage(
-        "12. build traces: a dense MiniLM index of 200 Wikipedia pages, SmolLM2 rollouts", "5 min"
+        "12. build traces: a dense MiniLM index of 200 Wikipedia pages, SmolLM2 rollouts",
+        "a minute",
     )
     index, traces, verdicts = (
         OUT / "wiki_index",
