@@ -254,10 +254,8 @@ def test_an_adapter_bundle_loads_after_its_source_folders_are_gone(
 
 
 def test_a_hub_base_is_pinned_to_a_revision_or_refused(
-    tiny_student, tiny_nli, tmp_path, monkeypatch
-):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: no revision to read
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tiny_student, tiny_nli, tmp_path, hub_offline
+):  # an empty cache: no revision to read
     adapter, _ = tiny_student
     copy = tmp_path / "adapter"
     shutil.copytree(adapter, copy, ignore=shutil.ignore_patterns("checkpoint-*", "tiny-base"))

@@ -211,14 +211,12 @@ def test_batches_hold_pairs_of_like_token_length(exported):
     assert backend._token_lengths(pairs[:1]) == [len(backend._encode(pairs[:1])["input_ids"][0])]
 
 
-def test_an_nli_model_that_cannot_be_had_is_one_clear_error(tmp_path, monkeypatch):
+def test_an_nli_model_that_cannot_be_had_is_one_clear_error(tmp_path, hub_offline):
     """`stepgap export --nli ID` with an id neither on disk nor reachable: the one-line error
     the CLI prints (a FileNotFoundError), not transformers' OSError traceback."""
     from stepgap.export.onnx_nli import export_onnx
     from stepgap.models import ModelLoadError
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelLoadError, match="not a local folder and not in the Hugging Face"):
         export_onnx("nobody/no-such-nli-model", tmp_path / "nli")
     with pytest.raises(FileNotFoundError, match="model folder not found"):

@@ -9,6 +9,7 @@ tests/teacher/test_label.py::test_canary_api_key_never_reaches_logs_cache_or_ver
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,17 +26,16 @@ CANARIES = {
 }
 
 
-def _run(args: list[str], logs: list[str]) -> None:
-    env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "stepgap.cli", "-vv", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    logs.append(done.stdout + done.stderr)
-    assert done.returncode == 0, done.stderr[-3000:]
+# The five commands in one process (as `examples/demo.py` runs them), each through the CLI's
+# own entry point with its logging set up afresh: one interpreter start, not five.
+RUNNER = """
+import json, sys
+from stepgap.cli import main
+for argv in json.loads(sys.argv[1]):
+    print(f"$ stepgap {' '.join(argv)}", flush=True)
+    if main(["-vv", *argv]) != 0:
+        sys.exit(f"stepgap {argv[0]} failed")
+"""
 
 
 @pytest.mark.slow
@@ -43,17 +43,28 @@ def _run(args: list[str], logs: list[str]) -> None:
 def test_canary_secrets_never_reach_data_adapters_bundles_cards_or_logs(
     tmp_path, examples_dir, tiny_nli
 ):
-    logs: list[str] = []
     sft, student, bundle = tmp_path / "sft", tmp_path / "student", tmp_path / "bundle"
-    _run(["sft-data", str(examples_dir / "teacher_verdicts.jsonl"), "-o", str(sft)], logs)
-    _run(["train", "--config", "student/configs/tiny.yaml", "--set", f"output_dir={student}",
-          "--set", f"dataset={sft}", "--set", "max_steps=2", "--set", "save_steps=1"], logs)  # fmt: skip
-    _run(["export", "--student", str(student), "--nli", str(tiny_nli), "-o", str(bundle),
-          "--merge", "--nli-quantize", "int8"], logs)  # fmt: skip
-    _run(["check", str(examples_dir / "traces.jsonl"), "--bundle", str(bundle),
-          "-o", str(tmp_path / "verdicts.jsonl")], logs)  # fmt: skip
-    _run(["push", str(bundle), "--repo-id", "someone/stepgap-checker", "--dry-run"], logs)
-
+    commands = [
+        ["sft-data", str(examples_dir / "teacher_verdicts.jsonl"), "-o", str(sft)],
+        ["train", "--config", "student/configs/tiny.yaml", "--set", f"output_dir={student}",
+         "--set", f"dataset={sft}", "--set", "max_steps=2", "--set", "save_steps=1"],
+        ["export", "--student", str(student), "--nli", str(tiny_nli), "-o", str(bundle),
+         "--merge", "--nli-quantize", "int8"],
+        ["check", str(examples_dir / "traces.jsonl"), "--bundle", str(bundle),
+         "-o", str(tmp_path / "verdicts.jsonl")],
+        ["push", str(bundle), "--repo-id", "someone/stepgap-checker", "--dry-run"],
+    ]  # fmt: skip
+    env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(commands)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = [done.stdout, done.stderr]
+    assert done.stdout.count("$ stepgap ") == len(commands)
     printed = "\n".join(logs)
     assert "model.onnx" in printed and "---" in printed  # the listing and the card were printed
     assert "DEBUG" in printed  # debug logging was on
