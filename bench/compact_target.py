@@ -51,7 +51,7 @@ def smollm2_tokenizer() -> Any:
 
 def token_counts(pool: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     """tokenizer -> target -> mean / median / max / total tokens of the student's answer."""
-    from stepgap.data_builders.sft import student_target
+    from stepgap.data_builders.student_target import student_target
     from tests.fixtures.models import qwen_tokenizer
 
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -94,7 +94,7 @@ def decisions(judge: Any) -> list[object]:
 
 def agreement(student: Any, reqs: list[Any], teacher: dict) -> dict[str, Any]:
     """How many of the teacher's decisions the student's answers reproduce on `reqs`."""
-    from stepgap.data_builders.sft import judge_decisions
+    from stepgap.data_builders.student_target import judge_decisions
 
     start = time.perf_counter()
     results = student.judge(reqs)

@@ -11,7 +11,7 @@ import sys
 
 from stepgap.cli import Command
 from stepgap.cli.options import add_errors_option, finish
-from stepgap.data_builders.sft import TARGETS
+from stepgap.data_builders.student_target import TARGETS
 
 
 def segment(args: argparse.Namespace) -> int:

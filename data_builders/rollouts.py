@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tqdm.auto import tqdm
+
+from stepgap.tags import first_block
 
 from .io import ErrorReport, JsonlWriter
 from .qa import QAItem, iter_questions
@@ -66,7 +67,6 @@ INVALID_ACTION = (
     "Let me try again.\n"
 )
 INFORMATION = "\n\n<information>{}</information>\n\n"
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
 HERMES_TEMPLATE = (
     "Answer the given question. "
@@ -104,8 +104,6 @@ def hermes_tools_prompt(tools: list[dict[str, Any]]) -> str:
     )
 
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 FORMATS = ("search-r1", "hermes")
 
 
@@ -202,20 +200,20 @@ class SearchR1Format:
         """Apply one turn: set `r.finish` or `r.pending_query`, extend the texts. On the last
         turn Search-R1 appends nothing after the model's text (`do_search=False`)."""
         text, _ = cut_turn(gen.text, self.stops)
-        match = _ACTION.search(text)
+        action = first_block(text, ("search", "answer"))
         r.response += text
         r.prefix += text
-        if match is None and not last:
+        if action is None and not last:
             # The note is the environment's, like an <information> block, but unwrapped: its
             # literal `<search> and </search>` would read as a search (and `<answer> and
             # </answer>` as an answer) to `segment` and `reward`. The policy sees it; the
             # trace keeps it in `rollout.transcript` only.
             r.prefix += INVALID_ACTION
             r.invalid_turns += 1
-        if match and match.group(1) == "answer":
+        if action and action[0] == "answer":
             r.finish = "answer"
-        elif match:
-            r.pending_query = match.group(2).strip()
+        elif action:
+            r.pending_query = action[1].strip()
 
     def observe(self, r: Rollout, passages: str | None) -> None:
         """The retrieved block after a search (None: the last turn, searched no more)."""
@@ -249,14 +247,14 @@ class HermesFormat:
                 f"<tool_call>\n{call_text}\n</tool_call>"
             )
         r.response += text
-        answer, call = _ANSWER.search(text), _TOOL_CALL.search(text)
-        if answer and (call is None or answer.start() < call.start()):
-            r.finish = "answer"
-            return
-        if call is None:
+        action = first_block(text, ("answer", "tool_call"))
+        if action is None:
             r.finish = "no_action"
             return
-        query = _tool_query(native if native is not None else call.group(1))
+        if action[0] == "answer":
+            r.finish = "answer"
+            return
+        query = _tool_query(native if native is not None else action[1])
         if query is None:
             r.finish = "bad_tool_call"  # written as is: `segment` reports why
             return

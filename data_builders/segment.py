@@ -2,9 +2,10 @@
 
 Every action (`<search>`, a Hermes `<tool_call>` to `search`, or `<answer>`) closes one step.
 The step's claim is the model's own text since the previous step, its evidence the retrieval
-block(s) after the action. Tags are matched case-insensitively; an unclosed tag runs to the end
-of the response. Only a malformed action (a tool call that is not a search call in JSON) makes a
-response unusable, and that raises `SegmentationError` with a reason, never anything else.
+block(s) after the action. Tags are read as `stepgap.tags` reads them (any case, spaces
+inside); an unclosed tag runs to the end of the response. Only a malformed action (a tool call
+that is not a search call in JSON) makes a response unusable, and that raises
+`SegmentationError` with a reason, never anything else.
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stepgap.tags import ACTIONS, EVIDENCE, OPEN, TAG, closing
+
 from .io import ErrorReport, JsonlWriter, check_output, read_records
 from .schema import Snippet, Step, Trace
 
-_TAG_NAMES = "think|search|information|answer|tool_call|tool_response"
-_TAG = re.compile(rf"<\s*(/?)\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
-_CLOSE = {name: re.compile(rf"<\s*/\s*{name}\s*>", re.IGNORECASE) for name in _TAG_NAMES.split("|")}
-_ACTIONS = {"search", "answer", "tool_call"}
-_EVIDENCE = {"information", "tool_response"}
 _DOC_HEAD = re.compile(r"Doc\s*\d+\s*\(\s*Title\s*:\s*", re.IGNORECASE)
 
 
@@ -46,19 +44,16 @@ class _Block:
     end: int  # position after the closing tag (or len(text) when unclosed)
 
 
-_OPEN = re.compile(rf"<\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
-
-
 def _block(text: str, m: re.Match[str]) -> _Block:
     """The block opened by `m`. A retrieval block ends at its *last* closing tag before the next
     opening tag: retrieved text that contains a literal `</information>` (a page about HTML,
     or an injection that fakes the end of the evidence) stays evidence, never model text."""
     name = m.group(2).lower()
-    close = _CLOSE[name].search(text, m.end())
-    if close is not None and name in _EVIDENCE:
-        nxt = _OPEN.search(text, m.end())
+    close = closing(name).search(text, m.end())
+    if close is not None and name in EVIDENCE:
+        nxt = OPEN.search(text, m.end())
         limit = nxt.start() if nxt else len(text)
-        for later in _CLOSE[name].finditer(text, close.end(), limit):
+        for later in closing(name).finditer(text, close.end(), limit):
             close = later
     if close is None:
         return _Block(name, m.start(), m.end(), len(text), len(text))
@@ -139,7 +134,7 @@ def segment_response(response: str) -> list[Step]:
     pos = 0
     tool_calls = 0
     while True:
-        m = _TAG.search(response, pos)
+        m = TAG.search(response, pos)
         if m is None:
             break
         claim_parts.append(response[pos : m.start()])
@@ -148,7 +143,7 @@ def segment_response(response: str) -> list[Step]:
             pos = m.end()  # think tags are dropped, their content is the claim
             continue
         block = _block(response, m)
-        if name in _EVIDENCE:  # retrieval output with no action before it: not model text
+        if name in EVIDENCE:  # retrieval output with no action before it: not model text
             pos = block.end
             continue
         content = response[block.content_start : block.content_end]
@@ -198,14 +193,14 @@ def _collect_evidence(response: str, pos: int) -> tuple[list[Snippet], int]:
     evidence: list[Snippet] = []
     end = pos
     while True:
-        m = _TAG.search(response, pos)
+        m = TAG.search(response, pos)
         if m is None:
             return evidence, end
         name = m.group(2).lower()
         if m.group(1) or name == "think":
             pos = m.end()
             continue
-        if name in _ACTIONS:
+        if name in ACTIONS:
             return evidence, end
         block = _block(response, m)
         evidence.extend(parse_snippets(response[block.content_start : block.content_end]))

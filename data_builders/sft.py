@@ -17,54 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schema import Judge, Verdict
+from .schema import Verdict
+from .student_target import check_target, student_target
 
-STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
 SFT_META = "stepgap_sft.json"  # beside a saved data set: how its prompts were built
-# What the student writes: "full" is the teacher's judge JSON (the paper's), "compact" drops the
-# judge's free-text reasoning and keeps what the tree reads (decisions, the verbatim quote).
-TARGETS = ("full", "compact")
-# The judge's free-text fields, per stage, that the compact target leaves out (the tree reads
-# none of them; `evidence_quote` is kept: stage D's premise).
-REASONING_FIELDS = {
-    "step_minus1_alignment": ("alignment_reasoning",),
-    "step_0_abstention_check": ("abstention_reasoning",),
-    "step_1_quote_search": ("entity_match_reasoning", "quote_search_reasoning"),
-}
-
-
-def check_target(target: str, where: str = "target") -> str:
-    """`target` if it names a known target kind, else a ValueError that says where it came from."""
-    if target not in TARGETS:
-        raise ValueError(
-            f"{where}: unknown student target {target!r} (one of {', '.join(TARGETS)})"
-        )
-    return target
-
-
-def judge_decisions(judge: Judge) -> dict[str, Any]:
-    """The judge object without its reasoning strings: all the tree reads (the compact target's
-    judge part), so two judges decide alike exactly when these are equal."""
-    obj = judge.model_dump(mode="json")
-    for stage, fields in REASONING_FIELDS.items():
-        for name in fields:
-            del obj[stage][name]
-    return obj
-
-
-def student_target(verdict: Verdict, target: str = "full") -> str:
-    """The judge JSON (all of it, or its decisions and quote for `compact`) plus the teacher's
-    path and label, as the student should write it."""
-    check_target(target)
-    if verdict.judge is None or verdict.label is None:
-        raise ValueError(f"trace {verdict.trace_id!r} step {verdict.step}: no teacher judge/label")
-    judge = verdict.judge
-    obj = judge.model_dump(mode="json") if target == "full" else judge_decisions(judge)
-    obj["pipeline_path"] = list(verdict.path)
-    obj["gap_type"] = verdict.label
-    return json.dumps(
-        obj, ensure_ascii=False, separators=(",", ":")
-    )  # as constrained decoding writes it
 
 
 @dataclass

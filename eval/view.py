@@ -32,7 +32,11 @@ from pydantic import BaseModel, ConfigDict
 from stepgap.data_builders.io import ErrorReport, read_models, read_steps_once
 from stepgap.data_builders.schema import LABELS, Snippet, Trace, Verdict
 from stepgap.serving.reward import exact_match, final_answer
-from stepgap.teacher.tree import AccumulatedEvidence
+from stepgap.teacher.tree import (
+    AccumulatedEvidence,
+    normalise_quote,
+    normalise_quote_with_origin,
+)
 
 from .report import Gold, PredStep, build_report, load_gold
 
@@ -81,27 +85,6 @@ class ViewResult:
 
 
 # ------------------------------------------------------------------ the quote, as stage C sees it
-def _normalised_with_origin(text: str) -> tuple[str, list[int]]:
-    """`" ".join(text.split()).casefold()` and, for each of its characters, the index in `text`
-    it came from: the normalisation of stage C, with a way back to the original text."""
-    chars: list[str] = []
-    origin: list[int] = []
-    space_at = -1
-    for i, ch in enumerate(text):
-        if ch.isspace():
-            if chars and space_at < 0:
-                space_at = i
-            continue
-        if space_at >= 0:
-            chars.append(" ")
-            origin.append(space_at)
-            space_at = -1
-        for folded in ch.casefold():
-            chars.append(folded)
-            origin.append(i)
-    return "".join(chars), origin
-
-
 def _utf16(text: str, index: int) -> int:
     """A Python string index as a JavaScript (UTF-16) one: characters beyond the BMP count 2."""
     return index + sum(1 for ch in text[:index] if ord(ch) > 0xFFFF)
@@ -110,10 +93,10 @@ def _utf16(text: str, index: int) -> int:
 def locate_quote(quote: str, text: str) -> tuple[int, int] | None:
     """Where `quote` occurs in `text` under stage C's comparison (whitespace collapsed, case
     folded), as a `[start, end)` range of `text` in Python indices; None when it does not."""
-    needle = " ".join(quote.split()).casefold()
+    needle = normalise_quote(quote)
     if not needle:
         return None
-    haystack, origin = _normalised_with_origin(text)
+    haystack, origin = normalise_quote_with_origin(text)
     at = haystack.find(needle)
     if at < 0:
         return None
@@ -135,7 +118,9 @@ class _EvidenceSoFar:
             for field in ("text", "title"):
                 value = getattr(snippet, field)
                 if value:
-                    self.fields.append((position, j, field, value, *_normalised_with_origin(value)))
+                    self.fields.append(
+                        (position, j, field, value, *normalise_quote_with_origin(value))
+                    )
 
     def quote(self, verdict: Verdict) -> dict[str, Any] | None:
         """The judge's quote: verbatim or not (stage C's own check), and every snippet of
@@ -149,7 +134,7 @@ class _EvidenceSoFar:
         verbatim = self.stage_c.contains(quote)
         hits: list[dict[str, Any]] = []
         if verbatim:
-            needle = " ".join(quote.split()).casefold()
+            needle = normalise_quote(quote)
             seen: set[tuple[int, int]] = set()
             for k, j, field, value, normalised, origin in self.fields:
                 at = normalised.find(needle)

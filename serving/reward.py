@@ -24,6 +24,7 @@ from typing import Any, Literal
 from stepgap.data_builders.io import ErrorReport, check_output
 from stepgap.data_builders.schema import Step, Trace, Verdict
 from stepgap.data_builders.segment import SegmentationError, segment_trace
+from stepgap.tags import last_block
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,6 @@ SHAPE_RESEARCH, SHAPE_RETRACT, SHAPE_IGNORED, SHAPE_LAZY = 0.10, 0.15, -0.15, -0
 # a retraction. Compared as exact fractions so that F1 = 0.7 is never a duplicate by rounding.
 DUPLICATE_F1 = Fraction(7, 10)
 RETRACTION_CUES = re.compile(r"\b(actually|wait|correction|i was wrong)\b", re.IGNORECASE)
-_ANSWER_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
-_ANSWER_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
 
 
 # ------------------------------------------------------------------ text helpers (SQuAD)
@@ -80,12 +79,8 @@ def is_retraction(claim: str, previous_claim: str) -> bool:
 def final_answer(response: str | None, steps: Sequence[Step]) -> str | None:
     """The last `<answer>` of the response, tags in any case (an unclosed one runs to the end);
     without a response, the last conclusion step's answer."""
-    if response:
-        opens = list(_ANSWER_OPEN.finditer(response))
-        if opens:
-            opened = opens[-1]
-            close = _ANSWER_CLOSE.search(response, opened.end())
-            return response[opened.end() : close.start() if close else len(response)]
+    if response and (answer := last_block(response, "answer")) is not None:
+        return answer
     answers = [s.answer for s in steps if s.answer is not None]
     return answers[-1] if answers else None
 

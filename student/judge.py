@@ -17,66 +17,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.schema import LABELS, Judge
-from stepgap.data_builders.sft import REASONING_FIELDS, STUDENT_KEYS, check_target
+from stepgap.data_builders.schema import Judge
+from stepgap.data_builders.student_target import (
+    check_target,
+    parse_student_answer,
+    student_json_schema,
+)
 from stepgap.models import align_chat_eos, explain_load_errors
-from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
 from stepgap.teacher.judges.openai_api import OpenAIJudge
-from stepgap.teacher.tree import PATH_TOKENS
 
 log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 STUDENT_META = "stepgap_student.json"  # written by the trainer: how to prompt this student
-
-
-def student_json_schema(target: str = "full") -> dict[str, Any]:
-    """The teacher's judge schema (without its reasoning fields for the `compact` target) plus
-    the student's `pipeline_path` and `gap_type`."""
-    schema = judge_json_schema()
-    if check_target(target) == "compact":
-        for stage, fields in REASONING_FIELDS.items():
-            node = schema["properties"][stage]
-            for name in fields:
-                del node["properties"][name]
-            node["required"] = [k for k in node["required"] if k not in fields]
-    schema["properties"]["pipeline_path"] = {
-        "type": "array",
-        "items": {"type": "string", "enum": list(PATH_TOKENS)},
-        "minItems": 1,
-        "maxItems": 5,
-    }
-    schema["properties"]["gap_type"] = {"type": "string", "enum": list(LABELS)}
-    schema["required"] = [*schema["required"], *STUDENT_KEYS]
-    return schema
-
-
-def parse_student_answer(text: str, target: str = "full") -> tuple[Judge, dict[str, Any]]:
-    """The judge object, and the student's own path and label split off from it. A `compact`
-    answer becomes the same judge object with empty reasoning strings, so the tree, verdicts,
-    mining and export take it as they take a full one."""
-    check_target(target)
-    try:
-        obj = json.loads(text, strict=False)  # as parse_judge: raw control characters in strings
-    except json.JSONDecodeError:
-        return parse_judge(text), {}  # raises with the position
-    if not isinstance(obj, dict):
-        raise JudgeParseError("student answer is not a JSON object")
-    claims = {key: obj.pop(key, None) for key in STUDENT_KEYS}
-    if target == "compact":
-        for stage, fields in REASONING_FIELDS.items():
-            node = obj.get(stage)
-            if not isinstance(node, dict):
-                continue  # parse_judge names what is wrong with it
-            for name in fields:
-                if name in node:
-                    raise JudgeParseError(
-                        f"compact student answer has {stage}.{name}: the compact target "
-                        "carries no reasoning (was this student trained on the full target?)"
-                    )
-                node[name] = ""
-    return parse_judge(json.dumps(obj)), claims
 
 
 def meta_target(meta: dict[str, Any], where: str) -> str:

@@ -167,7 +167,7 @@ class Agreement:
 
 def _same_decisions(c: Comparison) -> bool:
     """Equal judge decisions and quote, reasoning aside (a compact student writes none)."""
-    from stepgap.data_builders.sft import judge_decisions
+    from stepgap.data_builders.student_target import judge_decisions
 
     s, t = c.student.judge, c.teacher.judge
     return s is not None and t is not None and judge_decisions(s) == judge_decisions(t)

@@ -75,8 +75,30 @@ def hypothesis_for(step: Step, question: str, mode: HypothesisMode = "answer_sta
     return f'The answer to "{question}" is {answer}.'
 
 
-def _norm(text: str) -> str:
+def normalise_quote(text: str) -> str:
+    """Stage C's comparison of a quote with the evidence: whitespace collapsed, case folded."""
     return " ".join(text.split()).casefold()
+
+
+def normalise_quote_with_origin(text: str) -> tuple[str, list[int]]:
+    """`normalise_quote(text)` and, for each of its characters, the index in `text` it came
+    from: the same comparison with a way back to the original text (to show where a quote is)."""
+    chars: list[str] = []
+    origin: list[int] = []
+    space_at = -1
+    for i, ch in enumerate(text):
+        if ch.isspace():
+            if chars and space_at < 0:
+                space_at = i
+            continue
+        if space_at >= 0:
+            chars.append(" ")
+            origin.append(space_at)
+            space_at = -1
+        for folded in ch.casefold():
+            chars.append(folded)
+            origin.append(i)
+    return "".join(chars), origin
 
 
 class AccumulatedEvidence:
@@ -88,12 +110,12 @@ class AccumulatedEvidence:
         self.extend(snippets)
 
     def extend(self, snippets: Sequence[Snippet]) -> None:
-        self._texts.extend(_norm(s.text) for s in snippets)
+        self._texts.extend(normalise_quote(s.text) for s in snippets)
 
     def contains(self, quote: str) -> bool:
         """Whether the quote occurs (whitespace collapsed, case folded) inside one snippet's
         text: not across two snippets, not in a title."""
-        q = _norm(quote)
+        q = normalise_quote(quote)
         return bool(q) and any(q in t for t in self._texts)
 
 

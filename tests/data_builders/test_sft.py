@@ -205,8 +205,11 @@ def test_compact_target_drops_the_reasoning_and_keeps_every_decision(verdicts):
     """`--target compact`: no reasoning strings, and for every example step the parsed answer
     gives the tree the same decisions as the full target, so re-deciding all 28 steps from the
     compact answers yields the teacher's labels and paths."""
-    from stepgap.data_builders.sft import REASONING_FIELDS, judge_decisions
-    from stepgap.student.judge import parse_student_answer
+    from stepgap.data_builders.student_target import (
+        REASONING_FIELDS,
+        judge_decisions,
+        parse_student_answer,
+    )
     from stepgap.teacher.checker import relabel
 
     reasoning = {name for fields in REASONING_FIELDS.values() for name in fields}
@@ -231,7 +234,7 @@ def test_compact_target_drops_the_reasoning_and_keeps_every_decision(verdicts):
 
 
 def test_a_compact_answer_is_refused_by_the_full_parser_and_vice_versa(verdicts):
-    from stepgap.student.judge import parse_student_answer
+    from stepgap.data_builders.student_target import parse_student_answer
     from stepgap.teacher.judges.base import JudgeParseError
 
     v = verdicts[0]

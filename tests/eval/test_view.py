@@ -16,7 +16,6 @@ from stepgap.cli import main
 from stepgap.data_builders import ErrorReport, Snippet, Verdict, iter_traces, read_models
 from stepgap.eval.report import build_report, load_gold, load_predictions
 from stepgap.eval.view import (
-    _normalised_with_origin,
     embed_json,
     locate_quote,
     parse_named_files,
@@ -24,7 +23,7 @@ from stepgap.eval.view import (
     view_data,
     write_view,
 )
-from stepgap.teacher.tree import quote_in_evidence
+from stepgap.teacher.tree import normalise_quote_with_origin, quote_in_evidence
 
 DATA = re.compile(r'<script type="application/json" id="stepgap-data">(.*?)</script>', re.S)
 
@@ -55,7 +54,7 @@ def test_the_highlight_agrees_with_stage_c(text, data):
         quote = "  " + "\n ".join(quote.split(" ")) + " "
     elif mutate == "other":
         quote = data.draw(TEXT)
-    normalised, origin = _normalised_with_origin(text)
+    normalised, origin = normalise_quote_with_origin(text)
     assert normalised == " ".join(text.split()).casefold()
     assert len(origin) == len(normalised)
     span = locate_quote(quote, text)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from stepgap.data_builders.schema import LABELS
-from stepgap.data_builders.sft import STUDENT_KEYS, student_target
-from stepgap.student.judge import StudentJudge, is_adapter, student_json_schema
+from stepgap.data_builders.student_target import STUDENT_KEYS, student_json_schema, student_target
+from stepgap.student.judge import StudentJudge, is_adapter
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema
 from stepgap.teacher.judges.hf import judge_regex
 from stepgap.teacher.tree import PATH_TOKENS
@@ -93,7 +93,7 @@ def test_mining_needs_an_nli_model(examples_dir, capsys):
 
 def _reasoning(judge) -> list[str]:
     """The judge object's reasoning strings (empty for a compact student's answer)."""
-    from stepgap.data_builders.sft import REASONING_FIELDS
+    from stepgap.data_builders.student_target import REASONING_FIELDS
 
     dumped = judge.model_dump()
     return [dumped[stage][name] for stage, names in REASONING_FIELDS.items() for name in names]

@@ -81,7 +81,7 @@ def test_raw_newlines_and_tabs_inside_strings_are_read_and_the_schema_still_hold
 
 
 def test_the_student_parser_reads_raw_control_characters_too():
-    from stepgap.student.judge import parse_student_answer
+    from stepgap.data_builders.student_target import parse_student_answer
 
     obj = json.loads(judge(quote="a\tquote").model_dump_json())
     obj["step_minus1_alignment"]["alignment_reasoning"] = "first\nsecond"
