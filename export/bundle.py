@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -331,6 +332,51 @@ def summarize_eval_report(report: str | Path, checker: str | None = None) -> dic
         "metrics": {k: row[k] for k in keys if row.get(k) is not None},
         "notes": provenance_notes(row.get("provenance") or []),
     }
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle as the offline checker takes it: the reader of the layout that
+    `export_bundle` writes (paths inside the bundle, the recorded choices), kept beside it."""
+
+    root: Path
+    manifest: dict[str, Any]
+    nli_dir: Path
+    nli_precision: str  # the precision chosen at export (`--nli-quantize`)
+    parity_reference: dict[str, Any] | None  # probe pairs and PyTorch probabilities, if recorded
+    parity_atol: float | None
+    parity_floor: float | None
+    student_dir: Path
+    student_base: str | None  # None for a merged student; a folder inside, or a pinned hub id
+    student_base_revision: str | None
+    tree: dict[str, Any]  # the TreeConfig fields the teacher decided with
+
+
+def read_bundle(path: str | Path) -> Bundle:
+    """Verify every checksum (`verify_bundle`), then read where each part is."""
+    root = Path(path)
+    manifest = verify_bundle(root)
+    nli, student = manifest["nli"], manifest["student"]
+    parity = nli.get("parity") or {}
+    reference = None
+    if parity.get("reference"):
+        reference = json.loads((root / parity["reference"]).read_text(encoding="utf-8"))
+    base = None
+    if not student["merged"]:  # carried in the bundle, or a hub id pinned to a commit
+        base = student["base"] if student.get("base_revision") else str(root / student["base"])
+    return Bundle(
+        root=root,
+        manifest=manifest,
+        nli_dir=root / nli["path"],
+        nli_precision=nli["default_precision"],
+        parity_reference=reference,
+        parity_atol=parity.get("atol"),
+        parity_floor=parity.get("floor"),
+        student_dir=root / student["path"],
+        student_base=base,
+        student_base_revision=student.get("base_revision"),
+        tree=manifest["tree"],
+    )
 
 
 def verify_bundle(path: str | Path) -> dict[str, Any]:

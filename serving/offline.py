@@ -8,7 +8,6 @@ tree as the teacher with the thresholds recorded at export.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -62,58 +61,50 @@ class OfflineChecker(Checker):
 
         `served_judge(student_meta)`: the bundle's student as served elsewhere (an
         OpenAI-compatible engine), used instead of loading the student here."""
-        from stepgap.export.bundle import BundleError, verify_bundle
+        from stepgap.export.bundle import BundleError, read_bundle
         from stepgap.export.onnx_nli import ParityError, served_parity
         from stepgap.student.judge import StudentJudge, student_meta
         from stepgap.teacher.nli.onnx import ONNXNLI
 
         go_offline()
-        root = Path(path)
-        manifest = verify_bundle(root)
-        nli_info = manifest["nli"]
+        bundle = read_bundle(path)
         nli = ONNXNLI(
-            root / nli_info["path"],
-            precision=nli_precision or nli_info["default_precision"],
+            bundle.nli_dir,
+            precision=nli_precision or bundle.nli_precision,
             providers=nli_providers,
             batch_size=nli_batch_size,
         )
-        parity = nli_info.get("parity") or {}
         served = None
-        if parity.get("reference"):
-            reference = json.loads((root / parity["reference"]).read_text(encoding="utf-8"))
+        if bundle.parity_reference is not None:
             try:
-                served = served_parity(nli, reference, atol=parity["atol"], floor=parity["floor"])
+                served = served_parity(
+                    nli, bundle.parity_reference, atol=bundle.parity_atol, floor=bundle.parity_floor
+                )
             except ParityError as exc:
-                raise BundleError(f"{root}: {exc}") from None
-            log.info("%s: NLI parity holds on %s (%s)", root, nli.provider, nli.precision)
+                raise BundleError(f"{bundle.root}: {exc}") from None
+            log.info("%s: NLI parity holds on %s (%s)", bundle.root, nli.provider, nli.precision)
         else:
             log.warning(
                 "%s: the bundle records no parity reference (exported by an older stepgap), so "
                 "the NLI model is not checked on %s; re-export to check it",
-                root,
+                bundle.root,
                 nli.provider,
             )
-        student = manifest["student"]
         judge: JudgeBackend
         if served_judge is not None:
-            meta = student_meta(root / student["path"])
+            meta = student_meta(bundle.student_dir)
             judge = served_judge(meta)  # how to prompt it: NLI features, evidence budget
         else:
-            base = None
-            if not student["merged"]:  # carried in the bundle, or a hub id pinned to a commit
-                base = (
-                    student["base"] if student.get("base_revision") else str(root / student["base"])
-                )
             judge = StudentJudge(
-                str(root / student["path"]),
-                base=base,
-                base_revision=student.get("base_revision"),
+                str(bundle.student_dir),
+                base=bundle.student_base,
+                base_revision=bundle.student_base_revision,
                 device=device,
                 dtype=dtype,
                 batch_size=batch_size,
                 max_new_tokens=max_new_tokens,
             )
-        checker = cls(judge, nli, TreeConfig(**manifest["tree"]))
-        checker.manifest = manifest
+        checker = cls(judge, nli, TreeConfig(**bundle.tree))
+        checker.manifest = bundle.manifest
         checker.nli_parity = served
         return checker
