@@ -176,6 +176,9 @@ class Verdict(BaseModel):
     # Which judge and NLI model decided it ({"judge": {"spec", "note"}, "nli": {...}}); `note`
     # says when it was a stand-in or replayed answers, so reports and model cards can say so.
     checker: dict[str, Any] | None = None
+    # The decision tree's configuration that decided it (TreeConfig's fields: ablate,
+    # thresholds, hypothesis mode); `relabel` starts from it. None in verdicts written before.
+    tree: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _label_or_error(self) -> Verdict:

@@ -8,7 +8,6 @@ import sys
 
 from stepgap.cli import Command
 from stepgap.cli.options import (
-    HYPOTHESES,
     add_errors_option,
     add_judge_options,
     add_tree_options,
@@ -140,7 +139,6 @@ def baseline_arguments(p: argparse.ArgumentParser) -> None:
         help="minicheck: words per chunk of whole sentences (default 400)",
     )
     p.add_argument("--device", default=None, help="NLI device")
-    p.add_argument("--hypothesis", choices=HYPOTHESES, default="answer_statement")
     add_tree_options(p)
     add_judge_options(p, required=False)
 

@@ -8,7 +8,7 @@ import json
 import sys
 
 from stepgap.cli import Command
-from stepgap.cli.options import add_hypothesis_option, tree_config
+from stepgap.cli.options import add_tree_options, tree_config
 
 
 def export(args: argparse.Namespace) -> int:
@@ -69,9 +69,7 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the report's row that measured this student (needed when it has several)",
     )
-    add_hypothesis_option(p)
-    p.add_argument("--entail-threshold", type=float, default=0.5, metavar="X")
-    p.add_argument("--contradict-threshold", type=float, default=0.5, metavar="X")
+    add_tree_options(p, exclude=("ablate",))
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
 
 

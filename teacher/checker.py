@@ -13,6 +13,7 @@ import queue
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, fields
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,7 @@ def _decide_batch(
             v.step_data = steps[i]
             v.prompt_version = prompt_version
             v.checker = checker
+            v.tree = asdict(config)
         out.append(verdicts)
     return out
 
@@ -441,12 +443,24 @@ class RelabelError(ValueError):
     pass
 
 
-def relabel(verdicts: Sequence[Verdict], config: TreeConfig | None = None) -> Iterator[Verdict]:
-    """Re-decide stored verdicts under another config from their stored judge and NLI outputs."""
-    config = config or TreeConfig()
+def recorded_config(verdicts: Sequence[Verdict], **overrides: Any) -> TreeConfig:
+    """The tree config the verdicts of one trace were decided with (`Verdict.tree`; the
+    defaults for verdicts written before it was recorded), with `overrides` applied."""
+    names = {f.name for f in fields(TreeConfig)}
+    recorded = {k: v for k, v in (verdicts[0].tree or {}).items() if k in names}
+    return TreeConfig(**{**recorded, **overrides})
+
+
+def relabel(
+    verdicts: Sequence[Verdict], config: TreeConfig | None = None, **overrides: Any
+) -> Iterator[Verdict]:
+    """Re-decide stored verdicts from their stored judge and NLI outputs: under `config` when
+    given, else under the config each trace recorded with `overrides` applied (no overrides:
+    the same verdicts again)."""
     nli = ReplayNLI.from_verdicts(verdicts)
     judge = ReplayJudge.from_verdicts(verdicts)
     for trace_id, group in group_by_trace(verdicts).items():
+        cfg = config or recorded_config(group, **overrides)
         question = group[0].question
         steps = [v.step_data for v in group]
         if question is None or any(s is None for s in steps):
@@ -458,7 +472,7 @@ def relabel(verdicts: Sequence[Verdict], config: TreeConfig | None = None) -> It
             judge.table.get((trace_id, v.step)) or JudgeResult.failed(v.error or "no judge output")
             for v in group
         ]
-        (new,) = _decide_batch([(trace_id, question, steps, judged)], nli, config, None)  # type: ignore[list-item]
+        (new,) = _decide_batch([(trace_id, question, steps, judged)], nli, cfg, None)  # type: ignore[list-item]
         for old, v in zip(group, new, strict=True):
             v.prompt_version = old.prompt_version
             v.checker = old.checker  # the stored answers came from the original models
@@ -470,13 +484,14 @@ def relabel_file(
     output: str | Path,
     config: TreeConfig | None = None,
     report: ErrorReport | None = None,
+    **overrides: Any,
 ) -> int:
     """`relabel` over a verdicts file (`stepgap relabel`); returns the verdicts written."""
     check_output(output, input_path)
     verdicts = [v for _, v in read_models(input_path, Verdict, report)]
     n = 0
     with JsonlWriter(output) as out:
-        for v in relabel(verdicts, config):
+        for v in relabel(verdicts, config, **overrides):
             out.write(v)
             n += 1
     return n

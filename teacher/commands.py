@@ -15,7 +15,7 @@ from stepgap.cli.options import (
     add_tree_options,
     checker,
     finish,
-    tree_config,
+    tree_overrides,
 )
 
 
@@ -141,7 +141,7 @@ def relabel(args: argparse.Namespace) -> int:
     from stepgap.teacher.checker import relabel_file
 
     report = ErrorReport()
-    n = relabel_file(args.input, args.output, tree_config(args), report)
+    n = relabel_file(args.input, args.output, report=report, **tree_overrides(args))
     return finish(report, args.errors, n, f"relabelled verdicts to {args.output}")
 
 
@@ -149,7 +149,7 @@ def relabel_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="verdicts written by `stepgap check` or `stepgap label`")
     p.add_argument("-o", "--output", required=True)
     add_errors_option(p)
-    add_tree_options(p)
+    add_tree_options(p, recorded=True)
 
 
 COMMANDS = [

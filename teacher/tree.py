@@ -25,12 +25,27 @@ Ablation = Literal["A", "E"]
 
 @dataclass(frozen=True)
 class TreeConfig:
-    """What can change a label without asking any model again."""
+    """What can change a label without asking any model again. Every verdict records the one
+    that decided it (`Verdict.tree`); the command line's tree flags are made from these fields
+    (their defaults, choices and help), so there is one list of them."""
 
-    ablate: Ablation | None = None
-    entail_threshold: float = 0.5
-    contradict_threshold: float = 0.5
-    hypothesis: HypothesisMode = "answer_statement"
+    ablate: Ablation | None = field(
+        default=None,
+        metadata={"choices": ("A", "E"), "help": "remove a stage (docs/contract.md, section 3)"},
+    )
+    entail_threshold: float = field(
+        default=0.5, metadata={"help": "stages D and E: entailment at or above this"}
+    )
+    contradict_threshold: float = field(
+        default=0.5, metadata={"help": "stage D: contradiction at or above this"}
+    )
+    hypothesis: HypothesisMode = field(
+        default="answer_statement",
+        metadata={
+            "choices": ("answer_statement", "answer", "claim"),
+            "help": "the NLI hypothesis of a conclusion step",
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.ablate not in (None, "A", "E"):

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HYPOTHESES = ["answer_statement", "answer", "claim"]
-
 
 def finish(report: Any, errors_path: str | None, done: int, what: str) -> int:
     """Print the error report; exit 1 when nothing at all could be processed."""
@@ -26,30 +24,43 @@ def add_errors_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
 
 
-def add_tree_options(p: Any) -> None:
-    p.add_argument("--ablate", choices=["A", "E"], help="remove a stage (docs/contract.md)")
-    p.add_argument("--entail-threshold", type=float, default=0.5, metavar="X")
-    p.add_argument("--contradict-threshold", type=float, default=0.5, metavar="X")
+def add_tree_options(p: Any, *, exclude: tuple[str, ...] = (), recorded: bool = False) -> None:
+    """One flag per `TreeConfig` field, with its default, choices and help. `recorded`: no
+    defaults (`relabel` starts from the config each verdict recorded, overriding what is given)."""
+    import dataclasses
+
+    from stepgap.teacher.tree import TreeConfig
+
+    for f in dataclasses.fields(TreeConfig):
+        if f.name in exclude:
+            continue
+        meta = dict(f.metadata)
+        kwargs: dict[str, Any] = {"help": meta["help"]}
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
+        else:
+            kwargs.update(type=type(f.default), metavar="X")
+        if recorded:
+            kwargs["help"] += " (default: as the verdicts recorded)"
+        else:
+            kwargs["default"] = f.default
+        p.add_argument("--" + f.name.replace("_", "-"), **kwargs)
 
 
-def add_hypothesis_option(p: Any) -> None:
-    p.add_argument(
-        "--hypothesis",
-        choices=HYPOTHESES,
-        default="answer_statement",
-        help="NLI hypothesis of a conclusion step",
-    )
+def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TreeConfig` fields given on the command line (those with a value)."""
+    import dataclasses
+
+    from stepgap.teacher.tree import TreeConfig
+
+    names = (f.name for f in dataclasses.fields(TreeConfig))
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def tree_config(args: argparse.Namespace):
     from stepgap.teacher.tree import TreeConfig
 
-    return TreeConfig(
-        ablate=getattr(args, "ablate", None),
-        entail_threshold=args.entail_threshold,
-        contradict_threshold=args.contradict_threshold,
-        hypothesis=getattr(args, "hypothesis", "answer_statement"),
-    )
+    return TreeConfig(**tree_overrides(args))
 
 
 def add_judge_options(
@@ -153,7 +164,6 @@ def add_nli_options(p: argparse.ArgumentParser, required: bool = True) -> None:
         help="replay:FILE, hf:ID_OR_PATH, onnx:EXPORTED_FOLDER or a hub id/path",
     )
     g.add_argument("--device", default=None, help="NLI device (cpu, cuda, cuda:1; default auto)")
-    add_hypothesis_option(g)
     add_tree_options(g)
 
 

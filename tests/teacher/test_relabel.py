@@ -134,3 +134,28 @@ def test_relabel_cli(tmp_path, examples_dir, capsys):
     assert main(["relabel", str(out), "-o", str(tmp_path / "a.jsonl"), "--ablate", "A"]) == 0
     paths = [json.loads(line)["path"] for line in open(tmp_path / "a.jsonl")]
     assert not any(t.startswith("stageA") for p in paths for t in p)
+
+
+@pytest.mark.parametrize("hypothesis", ["answer_statement", "answer", "claim"])
+def test_a_check_under_any_tree_option_is_reproduced_by_relabel_without_options(
+    hypothesis, examples_dir, tiny_nli, tmp_path
+):
+    """`check --hypothesis MODE` (and thresholds, an ablation) then `relabel` with no option:
+    the same verdicts, because each records the config that decided it. (Before it did, a
+    check under `--hypothesis answer` came back relabelled under the default mode, and every
+    conclusion step whose hypothesis changed came back as "NLI stage failed".)"""
+    traces = examples_dir / "traces.jsonl"
+    checked, again = tmp_path / "checked.jsonl", tmp_path / "again.jsonl"
+    options = [f"--hypothesis={hypothesis}", "--entail-threshold=0.4", "--ablate=E"]
+    assert main(["check", str(traces), f"--judge=replay:{examples_dir / 'judge_replay.jsonl'}",
+                 f"--nli={tiny_nli}", "--device=cpu", *options, "-o", str(checked)]) == 0  # fmt: skip
+    assert main(["relabel", str(checked), "-o", str(again)]) == 0
+    before = [json.loads(x) for x in checked.read_text().splitlines()]
+    after = [json.loads(x) for x in again.read_text().splitlines()]
+    assert after == before
+    assert all(v["tree"]["hypothesis"] == hypothesis and v["error"] is None for v in after)
+    assert {v["tree"]["entail_threshold"] for v in after} == {0.4}
+    # an option given to relabel changes that option only
+    assert main(["relabel", str(checked), "--ablate=A", "-o", str(again)]) == 0
+    moved = [json.loads(x)["tree"] for x in again.read_text().splitlines()]
+    assert all(t == {**v["tree"], "ablate": "A"} for t, v in zip(moved, before, strict=True))
