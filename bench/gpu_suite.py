@@ -5,8 +5,10 @@ and ONNX NLI on CUDA in one command that writes one JSON, under 9 minutes on one
     python bench/gpu_suite.py --fetch-wheels .whl   # here: the wheels a bare GPU image lacks
 
 Each section runs in its own process under its own time budget, so GPU memory starts clean and a
-crash or a hang costs that section alone. A section ends "ok" with its figures, or "skipped" with
-the reason (a package missing, no CUDA, over its budget, an error, whose text is kept). On a GPU
+crash or a hang costs that section alone. A section ends "ok" with its figures, "skipped" with
+the reason when it cannot run here (a package missing, no CUDA), or "error" when it failed (an
+exception, whose traceback is kept; a crashed process; over its budget). The suite exits 1 when
+a section ended "error", after writing the JSON. On a GPU
 the causal LM has Qwen2.5-7B's architecture (its config, random weights made on the GPU, the real
 Qwen2.5 vocabulary: no download); speed and memory do not depend on weight values. `--tiny` runs
 the same code with a tiny Qwen2 and a tiny DeBERTa on the CPU (the test suite does this), so that a
@@ -769,8 +771,8 @@ SECTION_RUNS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
 
 
 def run_section(name: str, sizes: Sizes, work: Path) -> dict[str, Any]:
-    """One section in this process: "ok" and its figures, or "skipped" and why (an error's
-    text and traceback are kept)."""
+    """One section in this process: "ok" and its figures, "skipped" and why it cannot run
+    here, or "error" with the exception's text and traceback."""
     start = time.perf_counter()
     try:
         _import_paths()
@@ -781,8 +783,8 @@ def run_section(name: str, sizes: Sizes, work: Path) -> dict[str, Any]:
     except Exception as exc:  # every failure is this section's alone
         traceback.print_exc()
         result = {
-            "status": "skipped",
-            "skipped": f"skipped: error: {type(exc).__name__}: {exc}",
+            "status": "error",
+            "why": f"error: {type(exc).__name__}: {exc}",
             "error": traceback.format_exc()[-4000:],
         }
     result["seconds"] = round(time.perf_counter() - start, 1)
@@ -805,22 +807,22 @@ def run_child(name: str, work: Path, tiny: bool, budget: float) -> dict[str, Any
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return {
-            "status": "skipped",
-            "skipped": f"skipped: over its budget of {budget:.3g} s (killed)",
+            "status": "error",
+            "why": f"error: over its budget of {budget:.3g} s (killed)",
             "seconds": round(time.perf_counter() - start, 1),
         }
     if out.is_file():
         return json.loads(out.read_text())
     return {
-        "status": "skipped",
-        "skipped": f"skipped: its process exited with code {code} before writing figures",
+        "status": "error",
+        "why": f"error: its process exited with code {code} before writing figures",
         "seconds": round(time.perf_counter() - start, 1),
     }
 
 
 def headline(name: str, result: dict[str, Any]) -> str:
     if result.get("status") != "ok":
-        return result.get("skipped", "?")[:90]
+        return (result.get("skipped") or result.get("why") or "?")[:90]
     if name == "setup":
         return f"{result['parameters'] / 1e9:.2f}B parameters, {result['size_gib']} GiB"
     if name == "sft":
@@ -863,7 +865,8 @@ def run_suite(tiny: bool, only: list[str], out: Path) -> dict[str, Any]:
             setup = report["setup"] = run_child("setup", work, tiny, budget("setup"))
         for name in only:
             if name in NEEDS_BASE and setup is not None and setup["status"] != "ok":
-                result = {"status": "skipped", "skipped": f"skipped: no model ({setup['skipped']})"}
+                why = setup.get("skipped") or setup.get("why")
+                result = {"status": "skipped", "skipped": f"skipped: no model ({why})"}
             else:
                 result = run_child(name, work, tiny, budget(name))
             report["sections"][name] = result
@@ -912,7 +915,10 @@ def main() -> None:
         p.error(f"--only: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
     if not args.tiny and not _cuda():
         p.error("no CUDA GPU here: the full sizes build a 7B model; pass --tiny on a CPU")
-    run_suite(args.tiny, only, Path(args.out))
+    report = run_suite(args.tiny, only, Path(args.out))
+    parts = [report.get("setup"), *report["sections"].values()]
+    if any(r and r["status"] == "error" for r in parts):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

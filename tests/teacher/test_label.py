@@ -97,10 +97,28 @@ def test_sigkill_half_way_then_rerun_labels_each_step_once_and_never_asks_twice(
 
 
 def test_shards_partition_the_traces_deterministically(example_traces):
+    """Each trace in exactly one shard, and the same one in every process: machines of one
+    sharded run start Python with different string-hash seeds, so `hash()` would split the
+    traces differently on each (losing some and labelling others twice)."""
     ids = [t.id for t in example_traces]
     parts = [{i for i in ids if shard_of(i, 3) == k} for k in range(3)]
     assert set().union(*parts) == set(ids) and sum(map(len, parts)) == len(ids)
-    assert [shard_of(i, 3) for i in ids] == [shard_of(i, 3) for i in ids]
+    assert all(parts), parts  # the ten example traces fall in all three shards
+    code = (
+        "import json, sys; from stepgap.teacher.label import shard_of; "
+        "print(json.dumps([shard_of(i, 3) for i in json.loads(sys.argv[1])]))"
+    )
+    seen = []
+    for seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(ids)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        seen.append(json.loads(done.stdout))
+    assert seen[0] == seen[1] == [shard_of(i, 3) for i in ids]
     assert parse_shard("2/3") == (2, 3)
     for bad in ("3/3", "a/b", "1"):
         with pytest.raises(ValueError, match="shard"):
