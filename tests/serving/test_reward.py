@@ -184,6 +184,19 @@ def test_a_failed_check_earns_nothing_and_shapes_nothing():
     assert rows == [(0.0, 0.0, 0.0), (0.20, 0.0, 0.20)]
 
 
+def test_a_failed_step_counts_as_no_gap_for_the_next_steps_shaping():
+    """After IE, a failed check, then an answer: the answer's shaping reads the failed step as
+    no_gap (0), not the last label that was checked (IE: -0.15 for answering over a gap), and
+    the failed search itself earns neither its base nor the +0.10 of searching after IE."""
+    t = trace([search(0, "q1"), search(1, "q2"), answer(2, "x")])
+    rows, _ = brackets(t, ["IE", None, "no_gap"])
+    assert rows == [(-0.10, 0.0, -0.10), (0.0, 0.0, 0.0), (0.20, 0.0, 0.20)]
+    rows, _ = brackets(t, ["IE", "no_gap", "no_gap"])  # checked, the same steps shape
+    assert rows == [(-0.10, 0.0, -0.10), (0.20, 0.10, 0.30), (0.20, 0.0, 0.20)]
+    rows, _ = brackets(t, ["CC", None, "no_gap"])
+    assert rows[2] == (0.20, 0.0, 0.20)  # CC before a failed step: no -0.15 either
+
+
 LABELS = st.sampled_from(["no_gap", "CC", "IE", "MB", None])
 WORDS = st.lists(
     st.sampled_from(["actually", "wait", "kuhn", "vienna", "born", "the", "film"]), max_size=6
