@@ -97,9 +97,13 @@ def run_case(name: str, out: Path) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict[str, dict[str, object]]:
-    out = tmp_path_factory.mktemp("commands")
-    return {name: run_case(name, out) for name in CASES}
+def outputs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("commands")
+
+
+@pytest.fixture(scope="module")
+def records(outputs) -> dict[str, dict[str, object]]:
+    return {name: run_case(name, outputs) for name in CASES}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -112,6 +116,92 @@ def test_command_output_matches_the_snapshot(records, name):
         assert got["files"].get(rel) == digest, f"{name}: {rel} changed"
     assert got["stdout"] == expected["stdout"]
     assert got["stderr"] == expected["stderr"]
+
+
+# What each case's output must say, checked against what the examples' hand labels and the
+# contract say rather than against a digest the same code made: a regenerated snapshot cannot
+# hide a wrong output from these.
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _content_checks(out: Path) -> dict[str, object]:
+    hand = {(g["trace_id"], g["step"]): g["label"] for g in _jsonl(EX / "gold_steps.jsonl")}
+    correct = {g["trace_id"]: g["correct"] for g in _jsonl(EX / "gold_traces.jsonl")}
+
+    def segment() -> None:
+        traces = _jsonl(out / "segmented.jsonl")
+        assert len(traces) == 10 and sum(len(t["steps"]) for t in traces) == len(hand)
+
+    def check() -> None:
+        vs = _jsonl(out / "verdicts.jsonl")
+        agree = sum(hand[(v["trace_id"], v["step"])] == v["label"] for v in vs)
+        assert len(vs) == len(hand) and agree == len(hand) - 2  # the two teacher errors
+        assert all(v["tree"]["hypothesis"] == "answer_statement" for v in vs)
+
+    def label() -> None:
+        labelled = {(v["trace_id"], v["step"]): v["label"] for v in _jsonl(out / "labelled.jsonl")}
+        checked = {(v["trace_id"], v["step"]): v["label"] for v in _jsonl(out / "verdicts.jsonl")}
+        assert labelled == checked
+        summary = json.loads((out / "label_summary.json").read_text())
+        assert (summary["verdicts"], summary["traces"], summary["errors"]) == (len(hand), 10, 0)
+
+    def relabel(name: str, stage: str | None) -> None:
+        vs = _jsonl(out / name)
+        assert len(vs) == len(hand)
+        if stage:
+            assert not any(p.startswith(stage) for v in vs for p in v["path"])
+
+    def threshold() -> None:
+        before = {(v["trace_id"], v["step"]): v for v in _jsonl(out / "verdicts.jsonl")}
+        for v in _jsonl(out / "strict.jsonl"):
+            assert (v["tree"]["entail_threshold"], v["tree"]["contradict_threshold"]) == (0.9, 0.3)
+            old = before[(v["trace_id"], v["step"])]
+            if v["label"] != old["label"]:  # only the NLI stages decide differently
+                assert v["path"][-1].startswith(("stageD", "stageE")), v
+
+    def flag() -> None:
+        assert {v["label"] for v in _jsonl(out / "flag.jsonl")} <= {"CC", "IE", "MB"}
+
+    def evaluate(folder: str, unit: str) -> None:
+        report = json.loads((out / folder / "report.json").read_text())
+        assert report["n_steps"] == len(hand) and report["bootstrap"]["unit"] == unit
+        if "flag" in report["checkers"]:
+            assert report["checkers"]["flag"]["sR"] == 1.0  # flagging all finds every gap
+
+    def sft() -> None:
+        meta = json.loads((out / "sft" / "stepgap_sft.json").read_text())
+        assert (meta["stats"]["examples"], meta["stats"]["traces"]) == (len(hand), 10)
+
+    def reward(name: str, variant: str, lam: float) -> None:
+        rows = _jsonl(out / name)
+        assert [r["em"] for r in rows] == [float(correct[r["trace_id"]]) for r in rows]
+        assert {(r["variant"], r["lam"]) for r in rows} == {(variant, lam)}
+        if variant == "untyped_dense":  # +0.20 no_gap, -0.10 any gap, no shaping
+            for r in rows:
+                dense = sum(0.20 if s["label"] == "no_gap" else -0.10 for s in r["steps"])
+                assert r["reward"] == pytest.approx(r["em"] + lam * dense)
+
+    return {
+        "segment": segment,
+        "check": check,
+        "label": label,
+        "relabel-A": lambda: relabel("minus_A.jsonl", "stageA"),
+        "relabel-E": lambda: relabel("minus_E.jsonl", "stageE"),
+        "relabel-threshold": threshold,
+        "baseline-flag": flag,
+        "eval": lambda: evaluate("report", "step"),
+        "eval-trace-unit": lambda: evaluate("report_t", "trace"),
+        "sft-data": sft,
+        "reward": lambda: reward("rewards.jsonl", "typed_shape", 1.0),
+        "reward-variant": lambda: reward("rewards_u.jsonl", "untyped_dense", 0.5),
+    }
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_command_output_says_what_the_hand_labels_and_the_contract_say(records, outputs, name):
+    assert records[name]["rc"] == 0
+    _content_checks(outputs)[name]()
 
 
 if __name__ == "__main__":  # python -m tests.cli.test_command_outputs --regenerate
