@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stepgap.data_builders.rollouts import SEARCH_R1_TEMPLATE, question_text
+from stepgap.data_builders.rollout_formats import SEARCH_R1_TEMPLATE, question_text
 
 
 def build_dataset(traces_path: Path):

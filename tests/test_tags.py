@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stepgap.data_builders import segment_response
-from stepgap.data_builders.rollouts import Generation, HermesFormat, Rollout, SearchR1Format
+from stepgap.data_builders.rollout_formats import Generation, HermesFormat, Rollout, SearchR1Format
 from stepgap.serving.reward import final_answer
 from stepgap.tags import first_block, last_block
 

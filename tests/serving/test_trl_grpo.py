@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.data_builders.rollouts import SEARCH_R1_TEMPLATE, question_text
+from stepgap.data_builders.rollout_formats import SEARCH_R1_TEMPLATE, question_text
 from tests.fixtures.models import build_search_policy
 
 REPO = Path(__file__).resolve().parents[2]

