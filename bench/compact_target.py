@@ -34,8 +34,8 @@ FAIR = {"batch_size": 8, "max_new_tokens": 512, "max_string_chars": 60}
 
 
 def verdicts() -> list[Any]:
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
 
     return [v for _, v in read_models(REPO / "examples" / "teacher_verdicts.jsonl", Verdict)]
 

@@ -42,7 +42,7 @@ def barrier_label(
     """The old `stepgap label` loop (no resume needed on a fresh file): judge a batch of traces,
     wait for all of its answers, decide it, write it, then ask for the next batch."""
     from stepgap.data_builders import iter_traces
-    from stepgap.data_builders.io import JsonlWriter
+    from stepgap.io import JsonlWriter
     from stepgap.teacher import build_checker
 
     checker = build_checker(

@@ -1,7 +1,9 @@
-"""Traces in, steps out: the data contracts, readers with error reports, and the segmenter."""
+"""Traces in, steps out. The data contracts, readers and the segmenter live in the root layer
+(`stepgap.schema`, `stepgap.io`, `stepgap.segment`) and are re-exported here; this folder adds
+QA readers, retrieval, rollouts, SFT data and the student target."""
 
-from .io import ErrorReport, JsonlWriter, RecordError, read_models, read_records
-from .schema import (
+from stepgap.io import ErrorReport, JsonlWriter, RecordError, read_models, read_records
+from stepgap.schema import (
     GAP_TYPES,
     LABELS,
     REPAIRS,
@@ -17,7 +19,7 @@ from .schema import (
     Trace,
     Verdict,
 )
-from .segment import (
+from stepgap.segment import (
     SegmentationError,
     accumulated_evidence,
     iter_traces,

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .io import ErrorReport, _iter_rows, read_records
+from stepgap.io import ErrorReport, _iter_rows, read_records
 
 # Search-R1's templates end the prompt with `Question: {question}\n`.
 _PROMPT_QUESTION = re.compile(r"Question:\s*(.+?)\s*$", re.DOTALL)

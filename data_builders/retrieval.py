@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from .io import ErrorReport, JsonlWriter, read_records
+from stepgap.io import ErrorReport, JsonlWriter, read_records
 
 log = logging.getLogger(__name__)
 

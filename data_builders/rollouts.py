@@ -38,7 +38,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .io import ErrorReport, JsonlWriter
+from stepgap.io import ErrorReport, JsonlWriter
+
 from .policies import Policy, load_policy
 from .qa import QAItem, iter_questions
 from .retrieval import Retriever, format_passages, load_retriever

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schema import Verdict
+from stepgap.schema import Verdict
+
 from .student_target import check_target, student_target
 
 SFT_META = "stepgap_sft.json"  # beside a saved data set: how its prompts were built
@@ -194,7 +195,7 @@ def write_sft_data(
     saved with `save_to_disk` under `output` (and pushed when `push_to_hub` names a repo).
     Returns the `DatasetDict` and its counts; unreadable verdict lines go to `report`.
     """
-    from .io import ErrorReport, read_models
+    from stepgap.io import ErrorReport, read_models
 
     report = report if report is not None else ErrorReport()
     paths = [verdicts] if isinstance(verdicts, str | Path) else list(verdicts)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stepgap.schema import LABELS, Judge, Verdict
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
 from stepgap.teacher.tree import PATH_TOKENS
-
-from .schema import LABELS, Judge, Verdict
 
 STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
 # What the student writes: "full" is the teacher's judge JSON (the paper's), "compact" drops the

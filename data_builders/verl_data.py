@@ -22,9 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepgap.io import ErrorReport, _progress
 from stepgap.serving.inputs import question_line
-
-from .io import ErrorReport, _progress
 
 QUESTION = pa.field("question", pa.string())
 

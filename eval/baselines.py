@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.io import ErrorReport, JsonlWriter
-from stepgap.data_builders.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
-from stepgap.data_builders.segment import accumulated_evidence, iter_traces
+from stepgap.io import ErrorReport, JsonlWriter
+from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
+from stepgap.segment import accumulated_evidence, iter_traces
 from stepgap.teacher.checker import Checker, provenance
 from stepgap.teacher.judges.base import JudgeResult
 from stepgap.teacher.nli.base import NLIBackend, nli_label
@@ -206,7 +206,7 @@ class NERQuoteChecker(Checker):
 
     def quote_search(self, step: Step, evidence: Sequence[Snippet]) -> Any:
         """Entities of the claim (noun phrases when there are none) matched by token overlap."""
-        from stepgap.data_builders.schema import QuoteSearchJudgment
+        from stepgap.schema import QuoteSearchJudgment
 
         doc = self.nlp(" ".join(x for x in (step.claim, step.answer or "") if x))
         phrases = [e.text for e in doc.ents] or [c.text for c in doc.noun_chunks]

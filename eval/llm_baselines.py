@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from stepgap.data_builders.schema import REPAIRS, Step, Trace, Verdict
+from stepgap.schema import REPAIRS, Step, Trace, Verdict
 from stepgap.teacher.checker import provenance
 from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest, JudgeResult
 from stepgap.teacher.prompt import build_messages

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepgap.data_builders.schema import GAP_TYPES, LABELS
+from stepgap.schema import GAP_TYPES, LABELS
 
 
 def _pct(x: float | None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from stepgap.data_builders.schema import GAP_TYPES, LABELS
+from stepgap.schema import GAP_TYPES, LABELS
 
 IE_DEGENERATE = 0.70  # IE above this share of steps marks a collapsed checker
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.schema import LABELS
+from stepgap.schema import LABELS
 
 from .metrics import IE_DEGENERATE
 

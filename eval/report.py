@@ -18,8 +18,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.data_builders.io import ErrorReport, read_records, read_steps_once
-from stepgap.data_builders.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
+from stepgap.io import ErrorReport, read_records, read_steps_once
+from stepgap.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
 
 from .metrics import (
     answer_gap_table,

@@ -29,9 +29,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.data_builders.io import ErrorReport, read_models, read_steps_once
-from stepgap.data_builders.schema import LABELS, Snippet, Trace, Verdict
-from stepgap.serving.reward import exact_match, final_answer
+from stepgap.io import ErrorReport, read_models, read_steps_once
+from stepgap.schema import LABELS, Snippet, Trace, Verdict
+from stepgap.reward import exact_match, final_answer
 from stepgap.teacher.tree import (
     AccumulatedEvidence,
     normalise_quote,
@@ -475,7 +475,7 @@ def write_view(
     `stepgap view`. Bad lines of any file go to `report` (file:line: field: reason) and the
     rest is shown. Open the written file in any browser; it needs no server or network.
     """
-    from stepgap.data_builders.segment import iter_traces
+    from stepgap.segment import iter_traces
 
     report = report if report is not None else ErrorReport()
     loaded = list(iter_traces(traces, report))

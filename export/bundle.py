@@ -279,8 +279,8 @@ def _scrub_local_paths(root: Path) -> None:
 
 def probe_pairs(verdicts: str | Path) -> list[tuple[str, str]]:
     """Every (premise, hypothesis) a verdicts file asked the NLI model: real probe pairs."""
-    from stepgap.data_builders.io import ErrorReport, read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import ErrorReport, read_models
+    from stepgap.schema import Verdict
 
     return [
         (c.premise, c.hypothesis)

@@ -1,20 +1,21 @@
-"""The typed GRPO process reward (docs/contract.md, section 4), its adapters for TRL, veRL and OpenRLHF, and
-the offline checker loaded from an exported bundle."""
+"""The typed GRPO process reward in training (its arithmetic, docs/contract.md section 4, is
+`stepgap.reward`, re-exported here), its adapters for TRL, veRL and OpenRLHF, the reward server,
+and the offline checker loaded from an exported bundle."""
 
-from .offline import OfflineChecker
-from .reward import (
+from stepgap.reward import (
     VARIANTS,
     RewardResult,
-    StepGapReward,
     StepReward,
     compute_reward,
     exact_match,
     is_near_duplicate,
     is_retraction,
     normalize_answer,
-    reward_file,
     token_f1,
 )
+
+from .offline import OfflineChecker
+from .reward import StepGapReward, reward_file
 
 __all__ = [
     "OfflineChecker",

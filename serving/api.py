@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stepgap.data_builders.schema import GapLabel, Trace, Verdict
+from stepgap.schema import GapLabel, Trace, Verdict
 
 _RESPONSE = (
     "<think>I need the director of Whiplash.</think><search>Whiplash director</search>"

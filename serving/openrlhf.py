@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepgap.serving.inputs import golden_list, question_from_prompt
-from stepgap.serving.reward import RewardResult
+from stepgap.reward import RewardResult
 
 
 def openrlhf_batch(

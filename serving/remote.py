@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from stepgap.data_builders.schema import Trace, Verdict
+from stepgap.schema import Trace, Verdict
 
 log = logging.getLogger(__name__)
 

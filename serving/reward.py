@@ -1,259 +1,26 @@
-"""docs/contract.md section 4, exactly: per-step base and shaping rewards, EM, five variants, dense form.
+"""The reward inside training: responses in, rewards out (segment, check every step with the
+checker, then `stepgap.reward`'s arithmetic, docs/contract.md section 4).
 
-A step whose check failed (label null) earns nothing and is treated as no_gap when the next
-step's shaping looks back at it: a checker fault must never be paid or punished as a gap.
-Inside training the reward never raises (`StepGapReward`): a checker that fails on a batch gives
-error verdicts (bracket 0 for each step), a response that cannot be segmented is scored on EM
-alone; both are logged and counted in `StepGapReward.failures` and in each result's scalars.
+It never raises (`StepGapReward`): a checker that fails on a batch gives error verdicts
+(bracket 0 for each step), a response that cannot be segmented is scored on EM alone; both are
+logged and counted in `StepGapReward.failures` and in each result's scalars.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
-import re
-import string
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from stepgap.data_builders.io import ErrorReport, check_output
-from stepgap.data_builders.schema import Step, Trace, Verdict
-from stepgap.data_builders.segment import SegmentationError, segment_trace
-from stepgap.tags import last_block
+from stepgap.io import ErrorReport, check_output
+from stepgap.reward import VARIANTS, RewardResult, compute_reward
+from stepgap.schema import Step, Trace, Verdict
+from stepgap.segment import SegmentationError, segment_trace
 
 log = logging.getLogger(__name__)
-
-Variant = Literal["search_only", "binary_gap", "typed_base", "typed_shape", "untyped_dense"]
-VARIANTS: tuple[str, ...] = (
-    "search_only",
-    "binary_gap",
-    "typed_base",
-    "typed_shape",
-    "untyped_dense",
-)
-BASE = {"no_gap": 0.20, "MB": -0.05, "IE": -0.10, "CC": 0.05}
-SHAPE_RESEARCH, SHAPE_RETRACT, SHAPE_IGNORED, SHAPE_LAZY = 0.10, 0.15, -0.15, -0.05
-# Token F1 strictly above 7/10: a near-duplicate query, or too close to the previous claim to be
-# a retraction. Compared as exact fractions so that F1 = 0.7 is never a duplicate by rounding.
-DUPLICATE_F1 = Fraction(7, 10)
-RETRACTION_CUES = re.compile(r"\b(actually|wait|correction|i was wrong)\b", re.IGNORECASE)
-
-
-# ------------------------------------------------------------------ text helpers (SQuAD)
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def token_f1_exact(a: str, b: str) -> Fraction:
-    """SQuAD token F1 after normalisation, as an exact fraction: 2 * common / (|a| + |b|)."""
-    ta, tb = normalize_answer(a).split(), normalize_answer(b).split()
-    common = sum((Counter(ta) & Counter(tb)).values())
-    return Fraction(2 * common, len(ta) + len(tb)) if common else Fraction(0)
-
-
-def token_f1(a: str, b: str) -> float:
-    """SQuAD token F1 of two strings after normalisation."""
-    return float(token_f1_exact(a, b))
-
-
-def is_near_duplicate(query: str, earlier: Sequence[str]) -> bool:
-    return any(token_f1_exact(query, q) > DUPLICATE_F1 for q in earlier)
-
-
-def is_retraction(claim: str, previous_claim: str) -> bool:
-    return (
-        bool(RETRACTION_CUES.search(claim))
-        and token_f1_exact(claim, previous_claim) <= DUPLICATE_F1
-    )
-
-
-def final_answer(response: str | None, steps: Sequence[Step]) -> str | None:
-    """The last `<answer>` of the response, tags in any case (an unclosed one runs to the end);
-    without a response, the last conclusion step's answer."""
-    if response and (answer := last_block(response, "answer")) is not None:
-        return answer
-    answers = [s.answer for s in steps if s.answer is not None]
-    return answers[-1] if answers else None
-
-
-def exact_match(answer: str | None, golden: Sequence[str]) -> float:
-    if answer is None:
-        return 0.0
-    norm = normalize_answer(answer)
-    return 1.0 if any(norm == normalize_answer(g) for g in golden) else 0.0
-
-
-# ------------------------------------------------------------------ the reward
-@dataclass
-class StepReward:
-    step: int
-    label: str | None
-    base: float
-    shape: float
-    bracket: float
-    span: list[int] | None
-    token_span: list[int] | None = None
-    shape_case: int = 5  # which shaping case of the contract fired (5 = none)
-
-
-@dataclass
-class RewardResult:
-    trace_id: str
-    variant: str
-    lam: float
-    em: float
-    reward: float
-    steps: list[StepReward] = field(default_factory=list)
-    em_token: int | None = None  # dense form: EM sits on the last response token
-    failed_checks: int = 0  # steps whose check failed (an error verdict): each earned bracket 0
-    unsegmented: bool = False  # the response could not be segmented: EM alone, no step brackets
-
-    def scalars(self) -> dict[str, float]:
-        """Score, EM and per-label step rates: what RL frameworks log per sample."""
-        counts = Counter(s.label for s in self.steps)
-        n = len(self.steps)
-        out = {
-            "score": self.reward,
-            "em": self.em,
-            "dense": self.reward - self.em,
-            "n_steps": float(n),
-            "failed_checks": float(self.failed_checks),
-            "unsegmented": float(self.unsegmented),
-        }
-        for lab in ("no_gap", "CC", "IE", "MB"):
-            out[f"rate_{lab}"] = counts.get(lab, 0) / n if n else 0.0
-        return out
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for s in d["steps"]:
-            s.pop("shape_case")
-        return d
-
-
-def _searches(step: Step) -> bool:
-    return step.type == "inference" and bool(step.query)
-
-
-def _answers(step: Step) -> bool:
-    return step.type == "conclusion"
-
-
-def shape_for(
-    prev_label: str, step: Step, prev_claim: str, earlier_queries: Sequence[str]
-) -> tuple[float, int]:
-    """(shaping reward, case number): the first shaping case (docs/contract.md, section 4) that holds."""
-    if (
-        prev_label in ("IE", "MB")
-        and _searches(step)
-        and not is_near_duplicate(step.query or "", earlier_queries)
-    ):
-        return SHAPE_RESEARCH, 1
-    if prev_label == "CC" and is_retraction(step.claim, prev_claim):
-        return SHAPE_RETRACT, 2
-    if prev_label in ("IE", "MB", "CC") and _answers(step):
-        return SHAPE_IGNORED, 3
-    if prev_label in ("IE", "MB") and _searches(step):
-        return SHAPE_LAZY, 4
-    return 0.0, 5
-
-
-def _base(label: str | None, variant: str) -> float:
-    if label is None or variant == "search_only":
-        return 0.0
-    if variant == "binary_gap":
-        return 0.20 if label == "no_gap" else 0.0
-    if variant == "untyped_dense":
-        return 0.20 if label == "no_gap" else -0.10
-    return BASE[label]
-
-
-def compute_reward(
-    trace: Trace,
-    verdicts: Sequence[Verdict],
-    *,
-    variant: str = "typed_shape",
-    lam: float = 1.0,
-    tokenizer: Any = None,
-) -> RewardResult:
-    """The reward of one segmented trace given its verdicts (one per step, any order)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown reward variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-    steps = trace.steps or []
-    by_step = {v.step: v for v in verdicts}
-    missing = [s.index for s in steps if s.index not in by_step]
-    if missing and variant != "search_only":  # search_only needs no checker
-        raise ValueError(f"trace {trace.id!r}: no verdict for step(s) {missing}")
-    em = exact_match(final_answer(trace.response, steps), trace.golden_answers or [])
-    offsets = (
-        _token_offsets(trace.response, tokenizer)
-        if tokenizer is not None and trace.response
-        else None
-    )
-    rows: list[StepReward] = []
-    prev_label, prev_claim, queries = "no_gap", "", []
-    for step in steps:
-        label = by_step[step.index].label if step.index in by_step else None
-        base = _base(label, variant)
-        shape, case = (0.0, 5)
-        if variant == "typed_shape" and label is not None:
-            shape, case = shape_for(prev_label, step, prev_claim, queries)
-        span = list(step.span) if step.span else None
-        rows.append(
-            StepReward(
-                step=step.index,
-                label=label,
-                base=base,
-                shape=shape,
-                bracket=round(base + shape, 10),
-                span=span,
-                token_span=_token_span(offsets, span) if offsets is not None and span else None,
-                shape_case=case,
-            )
-        )
-        prev_label = label or "no_gap"
-        prev_claim = step.claim
-        if _searches(step):
-            queries.append(step.query or "")
-    dense = 0.0 if variant == "search_only" else sum(r.bracket for r in rows)
-    return RewardResult(
-        failed_checks=sum(1 for v in by_step.values() if v.label is None),
-        unsegmented=trace.steps == [],
-        trace_id=trace.id,
-        variant=variant,
-        lam=lam,
-        em=em,
-        reward=em + lam * dense,
-        steps=rows,
-        em_token=len(offsets) - 1 if offsets else None,
-    )
-
-
-def _token_offsets(text: str, tokenizer: Any) -> list[tuple[int, int]]:
-    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    return [tuple(o) for o in enc["offset_mapping"]]
-
-
-def _token_span(offsets: list[tuple[int, int]], span: list[int]) -> list[int] | None:
-    """[first, last + 1) of the tokens overlapping the character range [start, end).
-
-    Token offsets run left to right, so both ends are binary searches: a 10,000-step response
-    costs steps x log(tokens), not steps x tokens.
-    """
-    start, end = span
-    # The first token that ends after `start`, and the first that starts at or after `end`.
-    first = bisect.bisect_right(offsets, start, key=lambda o: o[1])
-    stop = bisect.bisect_left(offsets, end, key=lambda o: o[0])
-    return [first, stop] if first < stop else None
 
 
 def failed_verdicts(trace_id: str, steps: Sequence[Step], reason: str) -> list[Verdict]:
@@ -419,8 +186,8 @@ def reward_file(
 ) -> int:
     """Rewards for stored traces and their verdicts, one line per trace (`stepgap reward`);
     returns the lines written. `tokenizer` (hub id, path or tokenizer) adds token spans."""
-    from stepgap.data_builders.io import JsonlWriter, read_models
-    from stepgap.data_builders.segment import iter_traces
+    from stepgap.io import JsonlWriter, read_models
+    from stepgap.segment import iter_traces
 
     check_output(output, input_path, verdicts_path)
     report = report if report is not None else ErrorReport()

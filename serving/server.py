@@ -40,8 +40,8 @@ try:  # the `serve` extra; at module level so FastAPI can resolve the routes' an
 except ImportError:  # pragma: no cover - without the extra, create_app says what to install
     Request = Any  # type: ignore[misc,assignment]
 
-from stepgap.data_builders.schema import Trace, Verdict
-from stepgap.data_builders.segment import SegmentationError, segment_trace
+from stepgap.schema import Trace, Verdict
+from stepgap.segment import SegmentationError, segment_trace
 
 from .api import (
     CheckRequest,
@@ -54,7 +54,9 @@ from .api import (
 )
 from .inputs import golden_list
 from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward import RewardResult, StepGapReward
+from stepgap.reward import RewardResult
+
+from .reward import StepGapReward
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .inputs import golden_list, question_from_prompt, text_of
-from .reward import RewardResult, StepGapReward
+from stepgap.reward import RewardResult
+
+from .reward import StepGapReward
 
 
 def _rates(results: Sequence[RewardResult]) -> dict[str, float]:

@@ -17,13 +17,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.schema import Judge
 from stepgap.data_builders.student_target import (
     check_target,
     parse_student_answer,
     student_json_schema,
 )
 from stepgap.models import align_chat_eos, explain_load_errors
+from stepgap.schema import Judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
 from stepgap.teacher.judges.openai_api import OpenAIJudge
 

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.schema import Trace, Verdict
 from stepgap.data_builders.sft import build_sft_dataset, in_eval_split, save_sft_dataset
+from stepgap.schema import Trace, Verdict
 from stepgap.teacher.checker import Checker, group_by_trace
 from stepgap.teacher.judges.base import JudgeBackend
 from stepgap.teacher.nli.base import NLIBackend
@@ -381,7 +381,7 @@ def mine(
     spec or a backend; `judge_options` go to the student judge (`base`, `device`, `dtype`,
     `batch_size`, `max_new_tokens`).
     """
-    from stepgap.data_builders.io import ErrorReport, read_models
+    from stepgap.io import ErrorReport, read_models
     from stepgap.teacher.judges import load_judge
 
     report = report if report is not None else ErrorReport()

@@ -37,9 +37,9 @@ def load_sft_data(cfg: StudentTrainConfig) -> Any:
     path = Path(cfg.dataset)
     if path.is_file():
         from stepgap.data_builders import ErrorReport
-        from stepgap.data_builders.io import read_models
-        from stepgap.data_builders.schema import Verdict
         from stepgap.data_builders.sft import build_sft_dataset
+        from stepgap.io import read_models
+        from stepgap.schema import Verdict
 
         report = ErrorReport()
         verdicts = [v for _, v in read_models(path, Verdict, report)]

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stepgap.registry import resolve
+
 from .checker import Checker
 from .judges import JudgeBackend
 from .nli import NLIBackend
@@ -14,6 +16,9 @@ from .tree import TreeConfig
 
 if TYPE_CHECKING:
     from .nli.onnx import Provider
+
+# A bundle's checker (the export and serving layers, above this one), by import path.
+BUNDLE_CHECKER = "stepgap.serving.offline:OfflineChecker.from_bundle"
 
 
 def build_judge(
@@ -77,8 +82,6 @@ def build_checker(
     """
     options = dict(judge_options or {})
     if bundle:
-        from stepgap.serving.offline import OfflineChecker
-
         if nli:
             raise ValueError("--bundle brings its own NLI model; drop --nli")
         served = None
@@ -99,7 +102,7 @@ def build_checker(
                     **options,
                 )
 
-        return OfflineChecker.from_bundle(
+        return resolve(BUNDLE_CHECKER)(
             bundle,
             nli_precision=nli_precision,
             nli_providers=nli_providers,

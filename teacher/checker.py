@@ -18,8 +18,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.io import ErrorReport, JsonlWriter, check_output, read_models
-from stepgap.data_builders.schema import NLICall, NLIProbs, Step, Trace, Verdict
+from stepgap.io import ErrorReport, JsonlWriter, check_output, read_models
+from stepgap.schema import NLICall, NLIProbs, Step, Trace, Verdict
 
 from .judges.base import JudgeBackend, JudgeRequest, JudgeResult
 from .judges.replay import ReplayJudge

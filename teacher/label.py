@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from stepgap.data_builders.io import ErrorReport, JsonlWriter, check_output
-from stepgap.data_builders.schema import LABELS, Trace, Verdict
+from stepgap.io import ErrorReport, JsonlWriter, check_output
+from stepgap.schema import LABELS, Trace, Verdict
 
 from .checker import Checker
 
@@ -218,7 +218,7 @@ def label_file(
     **options,
 ) -> LabelSummary:
     """`label_traces` over a traces file (raw or segmented; bad records go to `report`)."""
-    from stepgap.data_builders.segment import iter_traces
+    from stepgap.segment import iter_traces
 
     return label_traces(iter_traces(input_path, report), checker, output, **options)
 
@@ -234,7 +234,7 @@ def check_file(
 ) -> VerdictCounts:
     """One verdict per step of every trace in `input_path`, written to `output` (overwritten);
     returns what was written. `label_file` is the resumable, sharded version."""
-    from stepgap.data_builders.segment import iter_traces
+    from stepgap.segment import iter_traces
 
     check_output(output, input_path)  # before any model is asked: the input stays as it is
     traces = list(iter_traces(input_path, report))
@@ -276,7 +276,7 @@ def merge_verdicts(
     or, with `traces` (the labelled input), any step of any trace of that file. Verdicts keep
     the order of `traces` when given, else of `inputs`. The output is written atomically.
     """
-    from stepgap.data_builders.io import read_models
+    from stepgap.io import read_models
 
     report = report if report is not None else ErrorReport()
     problems: list[str] = []
@@ -298,7 +298,7 @@ def merge_verdicts(
         steps.setdefault(v.trace_id, set()).add(v.step)
     order: list[str] = list(steps)
     if traces is not None:
-        from stepgap.data_builders.segment import iter_traces
+        from stepgap.segment import iter_traces
 
         expected = {t.id: len(t.steps or []) for t in iter_traces(traces, report)}
         for trace_id in steps.keys() - expected.keys():

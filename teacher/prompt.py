@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from stepgap.data_builders.schema import Step
+from stepgap.schema import Step
 
 from .judges.base import JudgeRequest, Messages
 

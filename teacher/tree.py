@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from stepgap.data_builders.schema import REPAIRS, Judge, NLICall, NLIProbs, Snippet, Step, Verdict
+from stepgap.schema import REPAIRS, Judge, NLICall, NLIProbs, Snippet, Step, Verdict
 
 from .judges.base import JudgeResult
 from .nli.base import NLIError, Pair, nli_label

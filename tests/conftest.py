@@ -11,8 +11,8 @@ import pytest
 from hypothesis import settings
 
 from stepgap.data_builders import iter_traces
-from stepgap.data_builders.io import read_models
-from stepgap.data_builders.schema import Verdict
+from stepgap.io import read_models
+from stepgap.schema import Verdict
 from stepgap.student.config import load_config
 from stepgap.student.sft import train
 from tests.fixtures import models

@@ -38,7 +38,7 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         "bad-record/invalid-json",
-        "data_builders/io.py",
+        "stepgap/io.py",
         'report.add(path, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")\n'
         "                continue",
         "raise",
@@ -46,14 +46,14 @@ MUTATIONS = [
     ),
     Mutation(
         "bad-record/non-utf8",
-        "data_builders/io.py",
+        "stepgap/io.py",
         'text = raw.decode("utf-8")',
         'text = raw.decode("utf-8", errors="replace")',
         ("tests/test_bad_input.py::test_relabel",),
     ),
     Mutation(
         "bad-record/field-named",
-        "data_builders/io.py",
+        "stepgap/io.py",
         "            report.add_validation(path, lineno, exc)",
         "            report.add(path, lineno, str(exc))",
         ("tests/test_bad_input.py::test_relabel",),
@@ -67,20 +67,17 @@ MUTATIONS = [
     ),
     Mutation(
         "segmenter/spans-inside",
-        "data_builders/segment.py",
+        "stepgap/segment.py",
         "span=(step_start, step_end),",
         "span=(step_start, step_end + 1),",
-        ("tests/data_builders/test_segment_property.py",),
+        ("tests/test_segment_property.py",),
     ),
     Mutation(
         "segmenter/fake-closing-tag",
-        "data_builders/segment.py",
+        "stepgap/segment.py",
         "            close = later",
         "            pass",
-        (
-            "tests/data_builders/test_segment.py::"
-            "test_a_fake_closing_tag_inside_retrieved_text_stays_evidence",
-        ),
+        ("tests/test_segment.py::test_a_fake_closing_tag_inside_retrieved_text_stays_evidence",),
     ),
     Mutation(
         "prompt/data-block",
@@ -115,8 +112,8 @@ MUTATIONS = [
     Mutation(
         "nli/special-tokens",
         "teacher/nli/hf.py",
-        "split_special_tokens=True",
-        "split_special_tokens=False",
+        "                split_special_tokens=True,\n                return_tensors=tensors,",
+        "                split_special_tokens=False,\n                return_tensors=tensors,",
         (
             "tests/teacher/test_nli_hf.py::"
             "test_snippets_spelling_special_tokens_cannot_move_the_pair_boundary",
@@ -158,23 +155,25 @@ MUTATIONS = [
     ),
     Mutation(
         "reward/failed-check-0",
-        "serving/reward.py",
+        "stepgap/reward.py",
         'if label is None or variant == "search_only":',
         'if variant == "search_only":',
-        ("tests/serving/test_reward.py::test_a_failed_check_earns_nothing_and_shapes_nothing",),
+        ("tests/test_reward.py::test_a_failed_check_earns_nothing_and_shapes_nothing",),
     ),
     Mutation(
         "reward/bracket-range",
-        "serving/reward.py",
+        "stepgap/reward.py",
         '"CC": 0.05}',
         '"CC": 0.5}',
-        ("tests/serving/test_reward.py::test_every_bracket_lies_in_the_spec_range",),
+        ("tests/test_reward.py::test_every_bracket_lies_in_the_spec_range",),
     ),
     Mutation(
         "reward/checker-fault",
         "serving/reward.py",
-        "except Exception as exc:  # a reward inside training must not raise",
-        "except ZeroDivisionError as exc:",
+        "        except Exception as exc:  # a reward inside training must not raise\n"
+        '            log.exception("checker failed on %d traces; their steps earn bracket 0", len(traces))',
+        "        except ZeroDivisionError as exc:\n"
+        '            log.exception("checker failed on %d traces; their steps earn bracket 0", len(traces))',
         ("tests/serving/test_reward_faults.py",),
     ),
     Mutation(
@@ -299,8 +298,8 @@ MUTATIONS = [
     Mutation(
         "secrets/logs-cache-verdicts",
         "teacher/judges/openai_api.py",
-        'return JudgeResult.failed(f"judge API error: {redact(str(exc))}", usage)',
-        'return JudgeResult.failed(f"judge API error: {exc} (key {client.api_key})", usage)',
+        'failed = JudgeResult.failed(f"judge API error: {redact(str(exc))}", usage)',
+        'failed = JudgeResult.failed(f"judge API error: {exc} (key {client.api_key})", usage)',
         ("tests/teacher/test_label.py::test_canary_api_key_never_reaches_logs_cache_or_verdicts",),
     ),
     Mutation(
@@ -375,10 +374,10 @@ MUTATIONS = [
     ),
     Mutation(
         "tests/em-any-case",
-        "serving/reward.py",
-        '_ANSWER_OPEN = re.compile(r"<\\s*answer\\s*>", re.IGNORECASE)',
-        '_ANSWER_OPEN = re.compile(r"<\\s*answer\\s*>")',
-        ("tests/serving/test_reward.py",),
+        "stepgap/tags.py",
+        '_OPEN_ONE = {name: re.compile(rf"<\\s*{name}\\s*>", re.IGNORECASE) for name in TAG_NAMES}',
+        '_OPEN_ONE = {name: re.compile(rf"<\\s*{name}\\s*>") for name in TAG_NAMES}',
+        ("tests/test_reward.py", "tests/test_tags.py"),
     ),
     Mutation(
         "tests/ba-contract-formula",

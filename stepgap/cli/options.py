@@ -208,7 +208,7 @@ def checker(args: argparse.Namespace):
 
 
 def add_reward_options(p: argparse.ArgumentParser) -> None:
-    from stepgap.serving.reward import VARIANTS
+    from stepgap.reward import VARIANTS
 
     p.add_argument("--variant", choices=VARIANTS, default="typed_shape", help="docs/contract.md")
     p.add_argument("--lam", type=float, default=1.0, help="weight of the step rewards")

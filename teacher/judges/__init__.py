@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from stepgap.registry import resolve
+
 from .base import (
     JudgeBackend,
     JudgeConfigError,
@@ -32,29 +34,21 @@ def _hf(model: str, **options: Any) -> JudgeBackend:
     return load_hf_judge(model, **options)
 
 
-def _served_student(model: str, **options: Any) -> JudgeBackend:
-    from stepgap.student.judge import load_served_student_judge
-
-    return load_served_student_judge(model, **options)
-
-
-def _student(model: str, **options: Any) -> JudgeBackend:
-    from stepgap.student.judge import load_student_judge
-
-    return load_student_judge(model, **options)
-
-
-_REGISTRY: dict[str, Callable[..., JudgeBackend]] = {
+# The student's backends live a layer above (stepgap.student): entered by import path
+# (stepgap.registry), imported when a `student:` spec is first built.
+_REGISTRY: dict[str, str | Callable[..., JudgeBackend]] = {
     "replay": lambda arg, **kw: ReplayJudge.from_file(arg),
     "openai": _openai,
     "hf": _hf,
-    "student": _student,
-    "openai-student": _served_student,  # what `--bundle B --judge openai:NAME` builds
+    "student": "stepgap.student.judge:load_student_judge",
+    # what `--bundle B --judge openai:NAME` builds
+    "openai-student": "stepgap.student.judge:load_served_student_judge",
 }
 
 
-def register_judge(kind: str, factory: Callable[..., JudgeBackend]) -> None:
-    """Make `kind:ARG` specs build a backend with `factory(ARG, **options)`."""
+def register_judge(kind: str, factory: str | Callable[..., JudgeBackend]) -> None:
+    """Make `kind:ARG` specs build a backend with `factory(ARG, **options)` (a callable, or
+    its import path `"module:name"`)."""
     _REGISTRY[kind] = factory
 
 
@@ -68,7 +62,7 @@ def load_judge(spec: str, **kwargs: Any) -> JudgeBackend:
     if not sep or kind not in _REGISTRY:
         known = ", ".join(f"{k}:..." for k in sorted(_REGISTRY))
         raise ValueError(f"unknown judge spec {spec!r}; expected one of {known}")
-    return _REGISTRY[kind](arg, **kwargs)
+    return resolve(_REGISTRY[kind])(arg, **kwargs)
 
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
-from stepgap.data_builders.schema import Judge, StepType
+from stepgap.schema import Judge, StepType
 
 Messages = list[dict[str, str]]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepgap.data_builders.schema import Judge
+from stepgap.schema import Judge
 
 from .base import JudgeRequest, JudgeResult
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from stepgap.data_builders.schema import Judge
 from stepgap.models import (
     align_chat_eos,
     display_ref,
@@ -31,6 +30,7 @@ from stepgap.models import (
     resolve_model_ref,
     stand_in_note,
 )
+from stepgap.schema import Judge
 
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepgap.data_builders.schema import Judge
 from stepgap.redact import redact
+from stepgap.schema import Judge
 
 from ..prompt import PROMPT_VERSION
 from .base import (

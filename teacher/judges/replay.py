@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.data_builders.io import ErrorReport, read_models
-from stepgap.data_builders.schema import Judge, Verdict
+from stepgap.io import ErrorReport, read_models
+from stepgap.schema import Judge, Verdict
 
 from .base import JudgeRequest, JudgeResult, require_judge_schema
 

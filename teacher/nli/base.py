@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from stepgap.data_builders.schema import NLILabel, NLIProbs
+from stepgap.schema import NLILabel, NLIProbs
 
 Pair = tuple[str, str]  # (premise, hypothesis)
 

@@ -6,8 +6,8 @@ import logging
 import re
 from collections.abc import Sequence
 
-from stepgap.data_builders.schema import NLIProbs
 from stepgap.models import check_model_ref, display_ref, explain_load_errors, stand_in_note
+from stepgap.schema import NLIProbs
 
 from .base import NLIError, Pair
 

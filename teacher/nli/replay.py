@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from stepgap.data_builders.io import ErrorReport, read_models
-from stepgap.data_builders.schema import NLICall, NLIProbs, Verdict
+from stepgap.io import ErrorReport, read_models
+from stepgap.schema import NLICall, NLIProbs, Verdict
 
 from .base import NLIError, Pair
 

@@ -18,7 +18,7 @@ from stepgap.data_builders.retrieval import (
     format_passages,
     load_retriever,
 )
-from stepgap.data_builders.segment import parse_snippets
+from stepgap.segment import parse_snippets
 from tests.data_builders.conftest import WIKI, LiveServer, needs_wiki
 
 pytestmark = pytest.mark.timeout(300)

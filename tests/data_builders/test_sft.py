@@ -8,8 +8,6 @@ import pytest
 
 from stepgap.cli import main
 from stepgap.data_builders import iter_traces
-from stepgap.data_builders.io import read_models
-from stepgap.data_builders.schema import Verdict
 from stepgap.data_builders.sft import (
     SFTStats,
     build_sft_dataset,
@@ -17,6 +15,8 @@ from stepgap.data_builders.sft import (
     split_by_trace,
     student_target,
 )
+from stepgap.io import read_models
+from stepgap.schema import Verdict
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges import ReplayJudge
 from stepgap.teacher.nli.replay import ReplayNLI

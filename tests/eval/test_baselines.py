@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stepgap.data_builders import iter_traces
-from stepgap.data_builders.schema import Snippet, Step
 from stepgap.eval.baselines import NERQuoteChecker, flag_everything, nli_only
+from stepgap.schema import Snippet, Step
 from stepgap.teacher import HFNLI, ReplayJudge, ReplayNLI
 from tests.fixtures.models import nli_label_counts
 
@@ -130,9 +130,9 @@ def two_traces(traces, tmp_path):
 
 def test_llm_baselines_through_an_openai_server(two_traces, tmp_path):
     from stepgap.cli import main
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
     from stepgap.eval.llm_baselines import PromptOnlyAnswer, build_llm_requests
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
     from stepgap.teacher.judges.base import answer_json_schema
     from tests.fixtures.openai_server import FakeOpenAI, prompt_key
 
@@ -197,8 +197,8 @@ def test_llm_baselines_refuse_a_replay_judge(two_traces, examples_dir, tmp_path)
 def test_llm_baselines_on_a_tiny_hf_model_are_held_to_their_schema(tiny_qwen2, traces, tmp_path):
     """Random weights, constrained decoding: every answer parses into the requested schema, and
     a teacher request in the same call still gets a judge object (a batch per schema)."""
-    from stepgap.data_builders.schema import Judge
     from stepgap.eval.llm_baselines import PromptOnlyAnswer, build_llm_requests, llm_baseline
+    from stepgap.schema import Judge
     from stepgap.teacher.judges import JudgeCache, load_judge
     from stepgap.teacher.prompt import build_requests
 
@@ -261,7 +261,7 @@ class _TruncatingNLI:
         self.pairs: list[tuple[str, str]] = []
 
     def predict(self, pairs):
-        from stepgap.data_builders.schema import NLIProbs
+        from stepgap.schema import NLIProbs
 
         self.pairs.extend(pairs)
         out = []
@@ -277,7 +277,7 @@ class _TruncatingNLI:
 
 
 def _long_trace(last: str):
-    from stepgap.data_builders.schema import Trace
+    from stepgap.schema import Trace
 
     filler = [Snippet(title=f"Doc {i}", text=f"Filler number {i} says nothing.") for i in range(8)]
     step = Step(
@@ -310,8 +310,8 @@ def test_minicheck_takes_the_best_chunk_where_one_truncated_premise_misses_it():
 
 def test_minicheck_cli_on_the_examples(tiny_nli, examples_dir, tmp_path):
     from stepgap.cli import main
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
 
     out = tmp_path / "minicheck.jsonl"
     assert main([

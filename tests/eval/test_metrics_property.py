@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepgap.data_builders.io import ErrorReport
 from stepgap.eval.markdown import render_markdown
 from stepgap.eval.metrics import (
     answer_gap_table,
@@ -29,6 +28,7 @@ from stepgap.eval.metrics import (
     typed_macro_f1,
 )
 from stepgap.eval.report import Gold, PredStep, build_report, load_predictions
+from stepgap.io import ErrorReport
 
 LABEL = st.sampled_from(["no_gap", "CC", "IE", "MB"])
 MAYBE_LABEL = st.one_of(st.none(), LABEL)

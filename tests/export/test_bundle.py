@@ -129,7 +129,7 @@ def test_fresh_offline_process_gives_the_in_memory_verdicts(
         cwd=tmp_path, env=_fresh_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.schema import Verdict
 
     fresh = [Verdict.model_validate_json(x) for x in out.read_text().splitlines()]
     # merged: int8 NLI, which moves the trained stand-in's probabilities by up to ~5e-3
@@ -145,8 +145,8 @@ def test_the_network_guard_would_catch_a_connection(tmp_path):
 
 
 def test_cli_check_with_a_bundle(bundles, examples_dir, tmp_path, in_memory):
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
 
     out = tmp_path / "v.jsonl"
     assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle", str(bundles["merged"]),
@@ -246,7 +246,7 @@ def test_an_adapter_bundle_loads_after_its_source_folders_are_gone(
          str(out)], cwd=tmp_path, env=_fresh_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.schema import Verdict
 
     _same_verdicts(
         [Verdict.model_validate_json(x) for x in out.read_text().splitlines()], in_memory
@@ -306,8 +306,8 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, tiny_student, in_me
                      server.base_url, "--no-cache", "--no-progress", "-o", str(out)]) == 0  # fmt: skip
     finally:
         server.stop()
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
 
     served = [v for _, v in read_models(out, Verdict)]
     answered = [v for v in in_memory if v.judge is not None]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from stepgap.data_builders.schema import LABELS
 from stepgap.data_builders.student_target import STUDENT_KEYS, student_json_schema, student_target
+from stepgap.schema import LABELS
 from stepgap.student.judge import StudentJudge, is_adapter
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema
 from stepgap.teacher.judges.hf import judge_regex
@@ -27,8 +27,8 @@ def test_every_teacher_target_matches_the_constrained_regex(examples_dir):
     """What the student is trained to write is exactly what constrained decoding allows."""
     import re
 
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
 
     pattern = re.compile(judge_regex(schema=student_json_schema()))
     verdicts = [v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict)]
@@ -38,8 +38,8 @@ def test_every_teacher_target_matches_the_constrained_regex(examples_dir):
 
 
 def test_parse_splits_off_the_students_path_and_label(examples_dir):
-    from stepgap.data_builders.io import read_models
-    from stepgap.data_builders.schema import Verdict
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
 
     v = next(v for _, v in read_models(examples_dir / "teacher_verdicts.jsonl", Verdict))
     judge, extra = StudentJudge.parse(object.__new__(StudentJudge), student_target(v))

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from stepgap.data_builders.io import read_models
-from stepgap.data_builders.schema import NLIProbs, Verdict
+from stepgap.io import read_models
+from stepgap.schema import NLIProbs, Verdict
 from stepgap.student.config import load_config
 from stepgap.student.mining import (
     ShortCircuit,

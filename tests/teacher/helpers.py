@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepgap.data_builders.schema import Judge, NLIProbs, Snippet, Step
+from stepgap.schema import Judge, NLIProbs, Snippet, Step
 from stepgap.teacher.judges.base import JudgeResult
 
 

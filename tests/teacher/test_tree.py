@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stepgap.data_builders.schema import REPAIRS, Snippet
+from stepgap.schema import REPAIRS, Snippet
 from stepgap.teacher.judges.base import JudgeResult
 from stepgap.teacher.tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.data_builders.schema import Judge
+from stepgap.schema import Judge
 from stepgap.teacher.judges import JudgeCache, load_judge
 from stepgap.teacher.judges.hf import (
     MIN_SHARED_PREFIX,

@@ -19,10 +19,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stepgap.io import ErrorReport, JsonlWriter, check_output, read_records
+from stepgap.schema import Snippet, Step, Trace
 from stepgap.tags import ACTIONS, EVIDENCE, OPEN, TAG, closing
-
-from .io import ErrorReport, JsonlWriter, check_output, read_records
-from .schema import Snippet, Step, Trace
 
 _DOC_HEAD = re.compile(r"Doc\s*\d+\s*\(\s*Title\s*:\s*", re.IGNORECASE)
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepgap.data_builders import SegmentationError, Trace, segment_response
-from stepgap.data_builders.segment import segment_trace
+from stepgap.segment import segment_trace
 
 TAGS = [
     "<think>",

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepgap.data_builders.schema import REPAIRS, Step, Trace, Verdict
-from stepgap.serving.reward import (
+from stepgap.schema import REPAIRS, Step, Trace, Verdict
+from stepgap.reward import (
     compute_reward,
     exact_match,
     final_answer,

@@ -64,7 +64,7 @@ def test_an_overwrite_that_fails_leaves_the_old_file_whole_and_no_partial_file(t
 
 
 def test_an_output_that_is_a_folder_or_an_input_is_refused(tmp_path):
-    from stepgap.data_builders.io import check_output
+    from stepgap.io import check_output
 
     with pytest.raises(ValueError, match="is a folder"):
         JsonlWriter(tmp_path)
