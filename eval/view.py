@@ -30,8 +30,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stepgap.io import ErrorReport, read_models, read_steps_once
-from stepgap.schema import LABELS, Snippet, Trace, Verdict
 from stepgap.reward import exact_match, final_answer
+from stepgap.schema import LABELS, Snippet, Trace, Verdict
 from stepgap.teacher.tree import (
     AccumulatedEvidence,
     normalise_quote,

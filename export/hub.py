@@ -16,11 +16,10 @@ from typing import Any
 
 import yaml
 
+from stepgap.hub import CARD, LICENSE, TEMPLATE, require_hub_token
+
 from .bundle import MANIFEST, verify_bundle
 
-TEMPLATE = Path(__file__).with_name("MODEL_CARD.md")
-CARD = "README.md"
-LICENSE = "apache-2.0"  # stepgap's weights and cards; a base model's own license applies too
 # stepgap eval's metric names -> Hub metric types
 METRICS = {
     "sF1": "f1",
@@ -94,16 +93,6 @@ def _eval_table(summary: dict[str, Any] | None, manifest: dict[str, Any]) -> str
     return head + "| metric | value |\n| --- | --- |\n" + "\n".join(rows) + warning
 
 
-def template_section(title: str) -> str:
-    """The body of the template's `## title` section, for another card that says the same (the
-    student adapter's card quotes the method's limitations from here: one text for both)."""
-    text = TEMPLATE.read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
-    if match is None:
-        raise KeyError(f"{TEMPLATE.name} has no section '## {title}'")
-    return match.group(1).strip()
-
-
 def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
     student, nli = manifest["student"], manifest["nli"]
     if student["merged"]:
@@ -138,18 +127,6 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
         eval_table=_eval_table(manifest.get("eval"), manifest),
         usage=usage,
     )
-
-
-def require_hub_token(what: str, hint: str = "") -> None:
-    """Fail before any work when no Hub token is set: huggingface_hub reads HF_TOKEN (or a
-    `huggingface-cli login`) itself, and stepgap never takes one as an option or a file key."""
-    from huggingface_hub import get_token
-
-    if not get_token():
-        raise ValueError(
-            f"{what} needs a Hugging Face token with write access: set HF_TOKEN in the "
-            f"environment (or run `huggingface-cli login`){hint}"
-        )
 
 
 @dataclass

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stepgap.serving.inputs import golden_list, question_from_prompt
 from stepgap.reward import RewardResult
+from stepgap.serving.inputs import golden_list, question_from_prompt
 
 
 def openrlhf_batch(

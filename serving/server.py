@@ -40,6 +40,7 @@ try:  # the `serve` extra; at module level so FastAPI can resolve the routes' an
 except ImportError:  # pragma: no cover - without the extra, create_app says what to install
     Request = Any  # type: ignore[misc,assignment]
 
+from stepgap.reward import RewardResult
 from stepgap.schema import Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 
@@ -54,8 +55,6 @@ from .api import (
 )
 from .inputs import golden_list
 from .openrlhf import openrlhf_batch, openrlhf_response
-from stepgap.reward import RewardResult
-
 from .reward import StepGapReward
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .inputs import golden_list, question_from_prompt, text_of
 from stepgap.reward import RewardResult
 
+from .inputs import golden_list, question_from_prompt, text_of
 from .reward import StepGapReward
 
 

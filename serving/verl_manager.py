@@ -30,9 +30,9 @@ import torch
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
+from stepgap.reward import RewardResult
 from stepgap.serving.configured import get_reward
 from stepgap.serving.inputs import golden_list
-from stepgap.reward import RewardResult
 from stepgap.serving.verl import question_of
 
 log = logging.getLogger(__name__)

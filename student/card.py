@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from stepgap.export.hub import CARD, LICENSE, template_section
+from stepgap.hub import CARD, LICENSE, template_section
 from stepgap.models import display_ref, stand_in_note
 
 from .config import StudentTrainConfig

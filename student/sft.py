@@ -193,7 +193,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     batch; rank 0 alone writes the adapter, tokenizer, metadata and logs."""
     from trl import SFTConfig, SFTTrainer
 
-    from stepgap.export.hub import require_hub_token
+    from stepgap.hub import require_hub_token
 
     from .card import publishing_trainer
 

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepgap.schema import REPAIRS, Step, Trace, Verdict
 from stepgap.reward import (
     compute_reward,
     exact_match,
@@ -16,6 +15,7 @@ from stepgap.reward import (
     normalize_answer,
     token_f1,
 )
+from stepgap.schema import REPAIRS, Step, Trace, Verdict
 
 
 def search(i: int, query: str, claim: str = "I need to look this up.") -> Step:
