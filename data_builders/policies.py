@@ -6,14 +6,11 @@ assistant's own turn where the server can); `load_policy` reads the spec string.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from .rollout_formats import SEARCH_TOOL, Generation, Rollout, hermes_tools_prompt
-
-log = logging.getLogger(__name__)
 
 
 class Policy(Protocol):

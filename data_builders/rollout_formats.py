@@ -9,7 +9,6 @@ the formats read and write them, the policies and the run loop pass them along.
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +17,6 @@ from typing import Any
 from stepgap.tags import first_block
 
 from .qa import QAItem
-
-log = logging.getLogger(__name__)
 
 # Search-R1's prompt, verbatim (make_prefix, template_type="base").
 SEARCH_R1_TEMPLATE = (

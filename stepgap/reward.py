@@ -9,7 +9,6 @@ step's shaping looks back at it: a checker fault must never be paid or punished 
 from __future__ import annotations
 
 import bisect
-import logging
 import re
 import string
 from collections import Counter
@@ -20,8 +19,6 @@ from typing import Any, Literal
 
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.tags import last_block
-
-log = logging.getLogger(__name__)
 
 Variant = Literal["search_only", "binary_gap", "typed_base", "typed_shape", "untyped_dense"]
 VARIANTS: tuple[str, ...] = (
