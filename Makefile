@@ -40,7 +40,7 @@ test-fast: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
 	rm -rf $(VENV) demo_out build dist *.egg-info .pytest_cache .hypothesis

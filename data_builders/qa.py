@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.io import ErrorReport, _iter_rows, read_records
 
-# Search-R1's templates end the prompt with `Question: {question}\n`.
-_PROMPT_QUESTION = re.compile(r"Question:\s*(.+?)\s*$", re.DOTALL)
+from .rollout_formats import question_line
+
 FIELDS = ("id", "question", "answers", "data_source")
 
 # Where each field may sit, first found wins: together these read every layout above.
@@ -119,8 +119,7 @@ def qa_item(row: dict[str, Any], columns: dict[str, str], fallback_id: str) -> Q
     question = _first(row, paths["question"])[1]
     if question is None and prompt is not None and "question" not in columns:
         # A Search-R1 parquet without the FlashRAG columns: the question ends the prompt.
-        m = _PROMPT_QUESTION.search(prompt[-1]["content"])
-        question = m.group(1) if m else None
+        question = question_line(prompt[-1]["content"])
     if not isinstance(question, str) or not question.strip():
         where = columns.get("question", "question")
         raise ValueError(f"{where}: no question (a non-empty string) in this row")

@@ -14,7 +14,7 @@ from typing import Any
 
 from stepgap.schema import LABELS, Judge, Verdict
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
-from stepgap.teacher.tree import PATH_TOKENS
+from stepgap.tree import PATH_TOKENS
 
 STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
 # What the student writes: "full" is the teacher's judge JSON (the paper's), "compact" drops the

@@ -7,7 +7,7 @@ keep the question inside the prompt (the user turn ends `Question: {question}\\n
 reward cannot see it. `add_questions` copies such a file row for row, every column as it is,
 with the question added to `extra_info`: the row's own `extra_info.question` if it has one, else
 its `question` column (the FlashRAG column those scripts keep), else the user turn's `Question:`
-line, read as the reward reads it (`stepgap.serving.inputs.question_line`). A row with none is
+line, read as the reward reads it (`rollout_formats.question_line`). A row with none is
 reported (file, row, field) and left out, so training never meets it. The output is written to
 a temporary file beside it and renamed when complete: a failed run leaves no half file.
 """
@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stepgap.io import ErrorReport, _progress
-from stepgap.serving.inputs import question_line
+
+from .rollout_formats import question_line
 
 QUESTION = pa.field("question", pa.string())
 

@@ -1,4 +1,4 @@
-"""Checker evaluation: the metrics of the method contract, the report, baselines and plots."""
+"""Checker evaluation: the report, baselines, plots and the HTML view (the metrics are `stepgap.metrics`)."""
 
 from .report import Evaluation, build_report, evaluate
 

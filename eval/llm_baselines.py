@@ -28,8 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stepgap.schema import REPAIRS, Step, Trace, Verdict
 from stepgap.teacher.checker import provenance
-from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest, JudgeResult
+from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest
 from stepgap.teacher.prompt import build_messages
+from stepgap.tree import JudgeResult
 
 LLM_ONLY_THRESHOLD = 0.5  # the paper's: flag when the overall gap confidence is >= 0.5
 # The confidence is one of these (tenths): constrained decoding can hold a number to a list of

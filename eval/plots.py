@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stepgap.metrics import IE_DEGENERATE
 from stepgap.schema import LABELS
-
-from .metrics import IE_DEGENERATE
 
 FOREST_METRICS = ("sF1", "BA", "QF1", "kappa")
 LABEL_COLOURS = {"no_gap": "#2e7d32", "CC": "#c62828", "IE": "#ef6c00", "MB": "#1565c0"}

@@ -19,9 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from stepgap.io import ErrorReport, read_records, read_steps_once
-from stepgap.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
-
-from .metrics import (
+from stepgap.metrics import (
     answer_gap_table,
     balanced_accuracy_from_counts,
     binary_counts,
@@ -37,6 +35,7 @@ from .metrics import (
     step_metrics,
     typed_macro_f1,
 )
+from stepgap.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
 
 SWEEP_THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(13))  # 0.30 .. 0.90
 

@@ -185,7 +185,7 @@ def export_bundle(
     failed parity check or a crash never leaves a half bundle that looks whole."""
     from stepgap.models import display_ref, stand_in_note
     from stepgap.teacher.prompt import PROMPT_VERSION
-    from stepgap.teacher.tree import TreeConfig
+    from stepgap.tree import TreeConfig
 
     probe = [*probe, *probe_pairs(probe_verdicts)] if probe_verdicts else list(probe)
     if eval_report:

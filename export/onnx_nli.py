@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepgap.teacher.nli.base import Pair
 from stepgap.teacher.nli.hf import NLI_LABELS
 from stepgap.teacher.nli.onnx import ONNX_FILES, ONNXNLI
+from stepgap.tree import Pair
 
 log = logging.getLogger(__name__)
 

@@ -8,19 +8,30 @@
 - `configure(reward)`: any `StepGapReward`, e.g. over an in-process checker;
 - `STEPGAP_REWARD_URL` (comma-separated replicas) or `STEPGAP_REWARD_CONFIG` (the JSON file).
 
-The JSON file holds `stepgap serve`'s checker and reward flags by name, with their defaults
-(`reward_config` in `stepgap.cli.options`): `{"judge", "nli"}` or `{"bundle"}`, with `base_url`,
-`api_key_env`, `concurrency`, `no_cache`, `entail_threshold`, `variant`, `lam`, ... A key it does
-not know is an error, never ignored: a misspelt `base_url` would send every judge request to the
-default host. The API key is read from the variable `api_key_env` names, never from the file.
+The JSON file holds `stepgap serve`'s checker and reward flags by name, with their defaults:
+the fields of `CheckerConfig` and `TreeConfig` (`{"judge", "nli"}` or `{"bundle"}`, with
+`base_url`, `api_key_env`, `concurrency`, `no_cache`, `entail_threshold`, ...), `variant` and
+`lam`. A key it does not know is an error, never ignored: a misspelt `base_url` would send every
+judge request to the default host. The API key is read from the variable `api_key_env` names,
+never from the file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-from typing import Any
+import typing
+from pathlib import Path
+from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
+from stepgap.io import key_lines
+from stepgap.reward import VARIANTS
 from stepgap.serving.reward import StepGapReward
+from stepgap.teacher.build import REFUSED_KEYS, CheckerConfig
+from stepgap.tree import TreeConfig
 
 _REWARD: StepGapReward | None = None
 _FROM: object = None  # what the reward was built from, to rebuild when veRL passes other kwargs
@@ -46,16 +57,82 @@ def _from_settings(settings: dict[str, Any]) -> StepGapReward:
 
         variant = str(settings.get("variant", "typed_shape"))
         return StepGapReward(RemoteChecker(urls), variant, float(settings.get("lam", 1.0)))
-    from stepgap.cli.options import checker, reward_config
-
     path = settings["config"]
-    flags = reward_config(path)
+    config, variant, lam = reward_config(path)
     try:
-        built = checker(flags)
-    except ValueError as exc:  # what the file's flags ask for cannot be built
+        built = config.build()
+    except ValueError as exc:  # what the file asks for cannot be built
         raise ValueError(f"{path}: {exc}") from exc
-    variant = str(settings.get("variant", flags.variant))
-    return StepGapReward(built, variant, float(settings.get("lam", flags.lam)))
+    return StepGapReward(
+        built, str(settings.get("variant", variant)), float(settings.get("lam", lam))
+    )
+
+
+def reward_config(path: str | Path) -> tuple[CheckerConfig, str, float]:
+    """The checker configuration, variant and lam of a JSON file of `stepgap serve` flag names
+    (`base_url` or `base-url`). An unknown key, a value the flag would refuse or a file that is
+    not a JSON object is a ValueError naming the file, the line and the key."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg}, column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of flag names to values")
+    lines = key_lines(text)
+    tree_names = {f.name for f in dataclasses.fields(TreeConfig)}
+    checker_names = set(CheckerConfig.model_fields) - {"tree"}
+    known = sorted(tree_names | checker_names | {"variant", "lam"})
+    written: dict[str, str] = {}  # field -> the key as the file spells it
+    parts: dict[str, dict[str, Any]] = {"tree": {}, "checker": {}, "reward": {}}
+    for key, value in data.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        written[name] = str(key)
+        where = f"{path}:{lines.get(str(key), 1)}: {key}"
+        if name in REFUSED_KEYS:
+            raise ValueError(f"{where}: {REFUSED_KEYS[name]}")
+        part = (
+            "tree" if name in tree_names
+            else "checker" if name in checker_names
+            else "reward" if name in ("variant", "lam")
+            else None
+        )  # fmt: skip
+        if part is None:
+            raise ValueError(
+                f"{where}: a reward configuration has no such key (keys: {', '.join(known)})"
+            )
+        if name == "nli_provider" and isinstance(value, str):
+            value = [value]  # one provider list, as on the command line
+        parts[part][name] = value
+
+    def where(name: str) -> str:
+        key = written.get(name, name)
+        return f"{path}:{lines.get(key, 1)}: {key}"
+
+    def named(exc: ValidationError, name: str = "") -> ValueError:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else name
+        return ValueError(f"{where(name)}: {error['msg']} (got {error['input']!r})")
+
+    def check(name: str, annotation: Any, value: Any) -> Any:
+        try:
+            return TypeAdapter(annotation).validate_python(value, strict=True)
+        except ValidationError as exc:
+            raise named(exc, name) from None
+
+    hints = typing.get_type_hints(TreeConfig)
+    values = {n: check(n, hints[n], v) for n, v in parts["tree"].items()}
+    try:
+        tree = TreeConfig(**values)
+    except ValueError as exc:  # a threshold out of range
+        raise ValueError(f"{path}: {exc}") from None
+    try:
+        config = CheckerConfig.model_validate({**parts["checker"], "tree": tree})
+    except ValidationError as exc:
+        raise named(exc) from None
+    variant = check("variant", Literal[VARIANTS], parts["reward"].get("variant", "typed_shape"))
+    lam = check("lam", float, parts["reward"].get("lam", 1.0))
+    return config, variant, lam
 
 
 def get_reward(kwargs: dict[str, Any] | None = None) -> StepGapReward:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-_QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|<\|im_end\|>|$)", re.DOTALL)
+from stepgap.data_builders.rollout_formats import question_line
 
 
 def text_of(message_or_text: Any) -> str:
@@ -23,13 +22,6 @@ def text_of(message_or_text: Any) -> str:
     raise ValueError(
         f"expected a string or a list of chat messages, got {type(message_or_text).__name__}"
     )
-
-
-def question_line(text: str) -> str | None:
-    """The question of a `Question: ...` line (Search-R1's templates end the prompt with one),
-    or None: a text without one has no question that can be told from the rest."""
-    m = _QUESTION.search(text)
-    return m.group(1).strip() if m else None
 
 
 def question_from_prompt(prompt: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges import JudgeBackend
 from stepgap.teacher.nli.onnx import Provider
-from stepgap.teacher.tree import TreeConfig
+from stepgap.tree import TreeConfig
 
 log = logging.getLogger(__name__)
 

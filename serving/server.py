@@ -386,7 +386,7 @@ async def _until_disconnected(request: Any) -> None:
 
 class RecentTraces:
     """The last `keep` checked traces with their verdicts (and rewards, from the reward routes):
-    what `GET /view` shows. Each is kept as the page draws it (`stepgap.eval.view.trace_view`:
+    what `GET /view` shows. Each is kept as the page draws it (`stepgap.eval.view_data.trace_view`:
     steps, evidence, verdicts, answer and EM; not the raw response) in a deque of at most `keep`,
     so a long-running server holds a bounded amount; older traces are dropped as new ones come."""
 
@@ -397,7 +397,7 @@ class RecentTraces:
         self._seq = itertools.count(1)
 
     def add(self, trace: Trace, verdicts: Sequence[Verdict], result: RewardResult | None) -> None:
-        from stepgap.eval.view import RewardLine, trace_view
+        from stepgap.eval.view_data import RewardLine, trace_view
 
         if self.items.maxlen == 0:
             return
@@ -419,8 +419,9 @@ class RecentTraces:
         return len(self.items)
 
     def render(self) -> str:
-        """The page (`stepgap.eval.view.render_html`), newest trace first."""
-        from stepgap.eval.view import page_data, render_html
+        """The page (`stepgap.eval.view_page.render_html`), newest trace first."""
+        from stepgap.eval.view_data import page_data
+        from stepgap.eval.view_page import render_html
 
         items = list(reversed(self.items))
         title = f"stepgap serve: the last {len(items)} checked traces (of at most "

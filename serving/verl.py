@@ -37,8 +37,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from stepgap.data_builders.rollout_formats import question_line
 from stepgap.serving.configured import configure, get_reward
-from stepgap.serving.inputs import golden_list, question_line
+from stepgap.serving.inputs import golden_list
 
 __all__ = [
     "PREPARE_COMMAND",

@@ -79,6 +79,20 @@ def _progress(total: int | None, desc: str, unit: str = "B") -> tqdm:
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=None, leave=False)
 
 
+def key_lines(text: str) -> dict[str, int]:
+    """Top-level key -> 1-based line of a YAML or JSON mapping, for error messages that name
+    the line of a configuration file's key."""
+    import yaml
+
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
+
+
 def _iter_jsonl(path: Path, report: ErrorReport) -> Iterator[tuple[int, dict[str, Any]]]:
     with open(path, "rb") as fh, _progress(path.stat().st_size, path.name) as bar:
         for lineno, raw in enumerate(fh, start=1):

@@ -26,7 +26,7 @@ from stepgap.schema import Trace, Verdict
 from stepgap.teacher.checker import Checker, group_by_trace
 from stepgap.teacher.judges.base import JudgeBackend
 from stepgap.teacher.nli.base import NLIBackend
-from stepgap.teacher.tree import TreeConfig
+from stepgap.tree import TreeConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ uninterrupted run); `--print-config` prints the resolved recipe.
 
 import sys
 
-from stepgap.student.commands import train_main
+from stepgap.cli.student import train_main
 
 if __name__ == "__main__":
     sys.exit(train_main())

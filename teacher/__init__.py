@@ -1,16 +1,18 @@
 """The hybrid teacher checker: an LLM judge for stages A-C, an NLI model for D-E, one tree."""
 
-from .build import build_checker, build_judge
+from stepgap.tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
+
+from .build import CheckerConfig, build_checker, build_judge
 from .checker import Checker, RelabelError, group_by_trace, relabel, relabel_file
 from .judges import JudgeBackend, JudgeRequest, JudgeResult, ReplayJudge, load_judge
 from .nli import HFNLI, NLIBackend, ReplayNLI, load_nli, nli_label
 from .prompt import PROMPT_VERSION, build_messages, build_requests
-from .tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
 
 __all__ = [
     "HFNLI",
     "PROMPT_VERSION",
     "Checker",
+    "CheckerConfig",
     "JudgeBackend",
     "JudgeRequest",
     "JudgeResult",

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.registry import resolve
+from stepgap.tree import TreeConfig
 
 from .checker import Checker
 from .judges import JudgeBackend
 from .nli import NLIBackend
-from .tree import TreeConfig
 
 if TYPE_CHECKING:
     from .nli.onnx import Provider
@@ -57,6 +59,147 @@ def build_judge(
         cache=store,
         meter=CostMeter(model=model, prices=table),
     )
+
+
+def _option(default: Any, help: str, group: str, **extra: Any) -> Any:
+    """A field that is also a command-line flag: its help, its flag group, a metavar."""
+    return Field(default, description=help, json_schema_extra={"group": group, **extra})
+
+
+# Keys a configuration file may not hold, with the way to do it instead.
+REFUSED_KEYS = {
+    "api_key": "an API key is never read from a file: name the environment variable that holds "
+    "it with api_key_env (default OPENAI_API_KEY)",
+}
+JUDGE, NLI, BUNDLE = "judge (stages A-C)", "NLI (stages D-E) and the tree", "offline bundle"
+
+
+class CheckerConfig(BaseModel):
+    """What `build_checker` is given, as data. The flags of `stepgap check`, `label`, `serve`
+    and `baseline` are made from these fields (name, default, type, choices, help), and a reward
+    worker reads the same keys from a JSON file (`stepgap.serving.configured`), so both take the
+    same options with the same defaults. No field holds a secret: the API key is read from the
+    variable `api_key_env` names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    judge: str | None = _option(
+        None,
+        "openai:MODEL (any OpenAI-compatible server), hf:PATH_OR_ID (local causal LM, also a "
+        ".gguf file), student:PATH (trained adapter or merged student) or replay:FILE",
+        JUDGE,
+        metavar="SPEC",
+    )
+    base_url: str | None = _option(
+        None, "OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1", JUDGE
+    )
+    api_key_env: str = _option(
+        "OPENAI_API_KEY",
+        "environment variable holding the API key (keys are never read from the command line)",
+        JUDGE,
+        metavar="NAME",
+    )
+    response_format: Literal["auto", "json_schema", "json_object", "none"] = _option(
+        "auto",
+        "openai judge: how to ask for JSON. json_schema (strict; OpenAI, vLLM, SGLang, "
+        "llama.cpp), json_object with the schema (llama-cpp-python, Ollama), none (schema in the "
+        "prompt); auto tries them in that order until the server takes one",
+        JUDGE,
+    )
+    concurrency: int = _option(8, "judge requests in flight", JUDGE)
+    max_retries: int = _option(6, "API retries (backoff, Retry-After)", JUDGE)
+    timeout: float = _option(120.0, "seconds per API request", JUDGE)
+    invalid_retries: int = _option(
+        2, "re-asks after a refusal, a truncated answer or schema-violating JSON", JUDGE
+    )
+    max_tokens: int | None = _option(None, "judge answer token budget", JUDGE)
+    no_logprobs: bool = _option(False, "do not request token log-probabilities", JUDGE)
+    judge_device: str | None = _option(None, "hf judge device (default auto)", JUDGE)
+    judge_dtype: str | None = _option(None, "hf judge dtype (float32, bfloat16, ...)", JUDGE)
+    judge_batch_size: int = _option(8, "hf judge generation batch", JUDGE)
+    max_string_chars: int | None = _option(
+        None, "hf judge: cap every free-text field at this many characters", JUDGE
+    )
+    unconstrained: bool = _option(False, "hf judge: no schema-constrained decoding", JUDGE)
+    student_base: str | None = _option(
+        None,
+        "student judge: base model of the adapter (default: the one in adapter_config.json)",
+        JUDGE,
+        metavar="ID_OR_PATH",
+    )
+    cache: str | None = _option(
+        None,
+        "judge answer cache (SQLite; default $STEPGAP_CACHE or ~/.cache/stepgap/)",
+        JUDGE,
+        metavar="PATH",
+    )
+    no_cache: bool = _option(False, "neither read nor write the cache", JUDGE)
+    prices: str | None = _option(
+        None, "price table JSON {model: {input, cached_input, output}}", JUDGE, metavar="FILE"
+    )
+    nli: str | None = _option(
+        None,
+        "replay:FILE, hf:ID_OR_PATH, onnx:EXPORTED_FOLDER or a hub id/path",
+        NLI,
+        metavar="SPEC",
+    )
+    device: str | None = _option(None, "NLI device (cpu, cuda, cuda:1; default auto)", NLI)
+    bundle: str | None = _option(
+        None,
+        "offline checker exported by `stepgap export` (no --judge/--nli, no API key)",
+        BUNDLE,
+        metavar="DIR",
+    )
+    nli_precision: Literal["fp32", "int8", "fp16"] | None = _option(
+        None, "--bundle: which ONNX graph", BUNDLE
+    )
+    nli_provider: list[str] | None = _option(
+        None,
+        "--bundle: ONNX Runtime execution provider(s) of the NLI model in order of preference, "
+        "repeated or a comma list, with provider options after the name, e.g. "
+        "CUDAExecutionProvider:device_id=1,CPUExecutionProvider (default: CUDA if available, "
+        "then CPU); the bundle's parity probe is re-run on them at load",
+        BUNDLE,
+        metavar="NAME[:KEY=VALUE...]",
+    )
+    tree: TreeConfig = Field(default_factory=TreeConfig, exclude=True)  # its own flags
+
+    def judge_options(self) -> dict[str, Any]:
+        """The judge fields as keyword arguments of `build_judge`."""
+        return {
+            "base_url": self.base_url,
+            "api_key_env": self.api_key_env,
+            "response_format": self.response_format,
+            "concurrency": self.concurrency,
+            "max_retries": self.max_retries,
+            "timeout": self.timeout,
+            "invalid_retries": self.invalid_retries,
+            "max_tokens": self.max_tokens,
+            "logprobs": not self.no_logprobs,
+            "device": self.judge_device,
+            "dtype": self.judge_dtype,
+            "batch_size": self.judge_batch_size,
+            "max_string_chars": self.max_string_chars,
+            "constrained": not self.unconstrained,
+            "base": self.student_base,
+            "cache": False if self.no_cache else self.cache,
+            "prices": self.prices,
+        }
+
+    def build(self) -> Checker:
+        """The checker this configuration describes (`build_checker`)."""
+        from .nli.onnx import parse_providers
+
+        return build_checker(
+            self.judge,
+            self.nli,
+            bundle=self.bundle,
+            nli_precision=self.nli_precision,
+            nli_providers=parse_providers(self.nli_provider),
+            tree=self.tree,
+            device=self.device,
+            judge_options=self.judge_options(),
+        )
 
 
 def build_checker(

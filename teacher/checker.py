@@ -20,13 +20,22 @@ from typing import Any
 
 from stepgap.io import ErrorReport, JsonlWriter, check_output, read_models
 from stepgap.schema import NLICall, NLIProbs, Step, Trace, Verdict
+from stepgap.tree import (
+    JudgeResult,
+    NLIError,
+    Pair,
+    TreeConfig,
+    ablation_configs,
+    decide_trace,
+    hypothesis_for,
+    nli_pairs_needed,
+)
 
-from .judges.base import JudgeBackend, JudgeRequest, JudgeResult
+from .judges.base import JudgeBackend, JudgeRequest
 from .judges.replay import ReplayJudge
-from .nli.base import NLIBackend, NLIError, Pair
+from .nli.base import NLIBackend
 from .nli.replay import ReplayNLI
 from .prompt import PROMPT_VERSION, build_requests
-from .tree import TreeConfig, ablation_configs, decide_trace, hypothesis_for, nli_pairs_needed
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ def test_installed_wheel_imports_outside_the_repo(wheel, tmp_path):
     code = (
         "import stepgap.teacher, stepgap.eval, stepgap.student, stepgap.export.hub as h, "
         "stepgap.data_builders as d; assert 'stepgap' in h.TEMPLATE.read_text(); "
-        "import stepgap.eval.view as v; assert 'textContent' in v._asset('view.js'); "
+        "import stepgap.eval.view_page as v; assert 'textContent' in v._asset('view.js'); "
         "print(d.__file__)"
     )
     out = subprocess.run(

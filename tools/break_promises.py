@@ -88,7 +88,7 @@ MUTATIONS = [
     ),
     Mutation(
         "view/data-block",
-        "eval/view.py",
+        "eval/view_page.py",
         'for raw, escaped in (("&", "\\\\u0026"), ("<", "\\\\u003c"), (">", "\\\\u003e")):',
         "for raw, escaped in ():",
         ("tests/eval/test_view_browser.py::test_a_script_in_the_evidence_stays_text",),
@@ -353,7 +353,7 @@ MUTATIONS = [
     ),
     Mutation(
         "tests/relabel-thresholds",
-        "teacher/tree.py",
+        "stepgap/tree.py",
         "label=nli_label(pr, self.config.entail_threshold, self.config.contradict_threshold),",
         "label=nli_label(pr),",
         ("tests/teacher/test_relabel.py",),
@@ -381,17 +381,17 @@ MUTATIONS = [
     ),
     Mutation(
         "tests/ba-contract-formula",
-        "eval/metrics.py",
+        "stepgap/metrics.py",
         "    return (_div(tp, tp + fn) + _div(tn, tn + fp)) / 2",
         "    return (_div(tp, tp + fn) + _div(tn, tn + fp)) / (2 if tp + fn and tn + fp else 1)",
-        ("tests/eval/test_metrics.py::test_ba_is_the_contract_formula_also_with_one_gold_class",),
+        ("tests/test_metrics.py::test_ba_is_the_contract_formula_also_with_one_gold_class",),
     ),
     Mutation(
         "metrics/never-raise",
-        "eval/metrics.py",
+        "stepgap/metrics.py",
         "    return float(num) / float(den) if den else 0.0",
         "    return float(num) / float(den)",
-        ("tests/eval/test_metrics_property.py",),
+        ("tests/test_metrics_property.py",),
     ),
 ]
 

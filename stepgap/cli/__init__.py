@@ -1,7 +1,8 @@
 """The `stepgap` command line.
 
-Each command lives in a thin module next to the domain it serves (`stepgap.teacher.commands`,
-`stepgap.eval.commands`, ...): it declares its flags, calls one library function and prints.
+The commands of each folder live in one module here, named after it (`stepgap.cli.teacher` has
+`check`, `label`, `relabel`; ...): each declares its flags, calls one library function and
+prints. This is the top layer: nothing below imports it (docs/architecture.md).
 This package collects them, adds the shared `--config FILE.yaml` / `--print-config` layer
 (`stepgap.cli.config`) and turns user errors into one line on stderr and exit code 2.
 Heavy imports happen inside the commands, so `stepgap --help` stays instant.
@@ -36,12 +37,12 @@ class Command:
 
 # The command groups, in pipeline order; each module defines `COMMANDS: list[Command]`.
 GROUPS = (
-    "stepgap.data_builders.commands",
-    "stepgap.teacher.commands",
-    "stepgap.eval.commands",
-    "stepgap.serving.commands",
-    "stepgap.student.commands",
-    "stepgap.export.commands",
+    "stepgap.cli.data_builders",
+    "stepgap.cli.teacher",
+    "stepgap.cli.eval",
+    "stepgap.cli.serving",
+    "stepgap.cli.student",
+    "stepgap.cli.export",
 )
 
 
@@ -56,7 +57,7 @@ ORDER = (
 @functools.cache
 def commands() -> dict[str, Command]:
     """Every command by name, in `ORDER`. Collected on first use, not at import, so a command
-    module (`student/train.py` imports one) can import this package."""
+    module can import this package."""
     found: dict[str, Command] = {}
     for module in GROUPS:
         for command in importlib.import_module(module).COMMANDS:

@@ -18,6 +18,9 @@ from typing import Any
 
 import yaml
 
+from stepgap.io import key_lines
+from stepgap.teacher.build import REFUSED_KEYS
+
 _SKIP_DESTS = {"help", "config", "print_config", "_run"}
 
 
@@ -111,17 +114,6 @@ def _command_and_config(
     return name, None
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """Top-level key -> 1-based line, for error messages."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
-
-
 def _convert(action: argparse.Action, value: Any, where: str) -> Any:
     """A config value checked and converted as the flag would be on the command line."""
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
@@ -174,20 +166,13 @@ def apply_config(p: argparse.ArgumentParser, command: str, path: str) -> None:
     apply_values(p, data, path, text, f"`stepgap {command}` has no such flag")
 
 
-# Keys refused with the way to do it instead of "no such flag".
-REFUSED_KEYS = {
-    "api_key": "an API key is never read from a file: name the environment variable that holds "
-    "it with api_key_env (default OPENAI_API_KEY)",
-}
-
-
 def apply_values(
     p: argparse.ArgumentParser, data: dict[str, Any], path: str | Path, text: str, unknown: str
 ) -> None:
     """Make `data` (flag name -> value, read from file `path` whose text is `text`: YAML or
     JSON) the defaults of parser `p`. An unknown key is an error ending with `unknown`, a value
     the flag would refuse an error; both name the file, the line and the key."""
-    lines = _key_lines(text)
+    lines = key_lines(text)
     by_dest = {a.dest: a for a in p._actions if a.dest not in _SKIP_DESTS}
     for key, value in data.items():
         where = f"{path}:{lines.get(str(key), 1)}: {key}"

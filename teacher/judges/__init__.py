@@ -6,13 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 from stepgap.registry import resolve
+from stepgap.tree import JudgeResult
 
 from .base import (
     JudgeBackend,
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
-    JudgeResult,
     judge_json_schema,
     parse_judge,
     response_format,

@@ -10,12 +10,13 @@ import copy
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
 from stepgap.schema import Judge, StepType
+from stepgap.tree import JudgeResult
 
 Messages = list[dict[str, str]]
 
@@ -31,22 +32,6 @@ class JudgeRequest:
     # The answer schema when it is not the teacher's judge object (a prompt-only baseline's):
     # backends that can hold decoding to a schema answer in it; the others refuse the request.
     answer: type[BaseModel] | None = None
-
-
-@dataclass
-class JudgeResult:
-    """A judge object, or the reason there is none; `confidences` maps stage letter to prob.
-    For a request with an `answer` schema, `judge` holds an instance of that model."""
-
-    judge: Judge | BaseModel | None
-    confidences: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # beyond the judge: a student's path, label
-
-    @classmethod
-    def failed(cls, error: str, usage: dict[str, int] | None = None) -> JudgeResult:
-        return cls(judge=None, error=error, usage=usage or {})
 
 
 @runtime_checkable

@@ -21,8 +21,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from stepgap.schema import Judge
+from stepgap.tree import JudgeResult
 
-from .base import JudgeRequest, JudgeResult
+from .base import JudgeRequest
 
 DEFAULT_CACHE_ENV = "STEPGAP_CACHE"
 

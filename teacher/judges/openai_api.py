@@ -23,13 +23,13 @@ from typing import Any
 
 from stepgap.redact import redact
 from stepgap.schema import Judge
+from stepgap.tree import JudgeResult
 
 from ..prompt import PROMPT_VERSION
 from .base import (
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
-    JudgeResult,
     answer_json_schema,
     answer_params,
     judge_json_schema,

@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict
 
 from stepgap.io import ErrorReport, read_models
 from stepgap.schema import Judge, Verdict
+from stepgap.tree import JudgeResult
 
-from .base import JudgeRequest, JudgeResult, require_judge_schema
+from .base import JudgeRequest, require_judge_schema
 
 
 class _StoredJudge(BaseModel):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import NLIBackend, NLIError, Pair, nli_label
+from stepgap.tree import NLIError, Pair, nli_label
+
+from .base import NLIBackend
 from .hf import DEFAULT_NLI_MODEL, HFNLI
 from .replay import ReplayNLI
 

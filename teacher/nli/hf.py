@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 from stepgap.models import check_model_ref, display_ref, explain_load_errors, stand_in_note
 from stepgap.schema import NLIProbs
-
-from .base import NLIError, Pair
+from stepgap.tree import NLIError, Pair
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from stepgap.models import explain_load_errors
+from stepgap.tree import Pair
 
-from .base import Pair
 from .hf import HFNLI, labels_from_id2label, special_token_pattern
 
 ONNX_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx"}

@@ -9,8 +9,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from stepgap.io import ErrorReport, read_models
 from stepgap.schema import NLICall, NLIProbs, Verdict
-
-from .base import NLIError, Pair
+from stepgap.tree import NLIError, Pair
 
 Pair_Probs = tuple[Pair, NLIProbs]
 

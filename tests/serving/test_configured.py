@@ -96,10 +96,23 @@ def test_the_tree_and_reward_keys_of_the_file_are_used_and_reward_kwargs_win(rep
     [
         ({"base_urll": "http://h/v1"}, r"reward\.json:4: base_urll: a reward configuration has no"),
         ({"api_key": "sk-x"}, r"reward\.json:4: api_key: an API key is never read from a file"),
-        ({"concurrency": 2.5}, r"reward\.json:4: concurrency: 2\.5 is not a valid value"),
-        ({"response_format": "xml"}, r"reward\.json:4: response_format: 'xml' is not one of"),
-        ({"cache": False}, r"reward\.json:4: cache: expected text, got the boolean False"),
-        ({"no_cache": "yes"}, r"reward\.json:4: no_cache: expected true or false"),
+        (
+            {"concurrency": 2.5},
+            r"reward\.json:4: concurrency: Input should be a valid integer \(got 2\.5\)",
+        ),
+        (
+            {"response_format": "xml"},
+            r"reward\.json:4: response_format: Input should be 'auto', 'json_schema'",
+        ),
+        ({"cache": False}, r"reward\.json:4: cache: Input should be a valid string \(got False\)"),
+        ({"no_cache": "yes"}, r"reward\.json:4: no_cache: Input should be a valid boolean"),
+        (
+            {"entail_threshold": "high"},
+            r"reward\.json:4: entail_threshold: Input should be a valid",
+        ),
+        ({"entail_threshold": 1.5}, r"reward\.json: entail_threshold must be in"),
+        ({"variant": "typed"}, r"reward\.json:4: variant: Input should be 'search_only'"),
+        ({"lam": True}, r"reward\.json:4: lam: Input should be a valid number"),
     ],
 )
 def test_a_key_or_value_the_file_cannot_mean_names_the_file_line_and_key(

@@ -10,8 +10,8 @@ from stepgap.data_builders.student_target import STUDENT_KEYS, student_json_sche
 from stepgap.schema import LABELS
 from stepgap.student.judge import StudentJudge, is_adapter
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema
-from stepgap.teacher.judges.hf import judge_regex
-from stepgap.teacher.tree import PATH_TOKENS
+from stepgap.teacher.judges.constrained import judge_regex
+from stepgap.tree import PATH_TOKENS
 
 
 def test_student_schema_extends_the_judge_schema():

@@ -16,8 +16,8 @@ from stepgap.student.mining import (
     select_hard_negatives,
     write_mined,
 )
-from stepgap.teacher.judges.base import JudgeResult
 from stepgap.teacher.nli.replay import ReplayNLI
+from stepgap.tree import JudgeResult
 
 
 @pytest.fixture(scope="module")

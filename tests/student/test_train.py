@@ -276,7 +276,7 @@ def test_each_process_loads_a_4bit_base_on_its_own_gpu(tmp_path):
 
 
 def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
-    from stepgap.student.commands import train_main  # what student/train.py runs
+    from stepgap.cli.student import train_main  # what student/train.py runs
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: x\ndataset: y\noutput_dir: z\nlora_rank: 8\n")

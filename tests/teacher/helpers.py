@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stepgap.schema import Judge, NLIProbs, Snippet, Step
-from stepgap.teacher.judges.base import JudgeResult
+from stepgap.tree import JudgeResult
 
 
 def judge(

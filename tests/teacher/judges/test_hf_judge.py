@@ -11,13 +11,9 @@ import pytest
 
 from stepgap.schema import Judge
 from stepgap.teacher.judges import JudgeCache, load_judge
-from stepgap.teacher.judges.hf import (
-    MIN_SHARED_PREFIX,
-    HFJudge,
-    auto_batch_size,
-    judge_regex,
-    shared_prefix,
-)
+from stepgap.teacher.judges.constrained import judge_regex
+from stepgap.teacher.judges.decoding import MIN_SHARED_PREFIX, auto_batch_size, shared_prefix
+from stepgap.teacher.judges.hf import HFJudge
 from stepgap.teacher.prompt import build_requests
 from tests.fixtures.models import smollm2_gguf
 

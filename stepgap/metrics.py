@@ -1,7 +1,7 @@
 """Checker metrics of docs/contract.md section 5 (positive class = gap).
 
 Step metrics are computed from confusion counts with numpy, so a 2000-resample bootstrap is a
-few array operations; `tests/eval/test_metrics.py` holds them equal to scikit-learn's.
+few array operations; `tests/test_metrics.py` holds them equal to scikit-learn's.
 """
 
 from __future__ import annotations

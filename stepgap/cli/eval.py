@@ -11,8 +11,8 @@ from stepgap.cli.options import (
     add_errors_option,
     add_judge_options,
     add_tree_options,
+    checker_config,
     finish,
-    judge_options,
     tree_config,
 )
 
@@ -106,7 +106,7 @@ def baseline(args: argparse.Namespace) -> int:
         judge=args.judge,
         tree=tree_config(args),
         device=args.device,
-        judge_options=judge_options(args),
+        judge_options=checker_config(args).judge_options(),
         chunk_words=args.chunk_words,
         report=report,
     )

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepgap.eval.markdown import render_markdown
-from stepgap.eval.metrics import (
+from stepgap.eval.report import Gold, PredStep, build_report, load_predictions
+from stepgap.io import ErrorReport
+from stepgap.metrics import (
     answer_gap_table,
     bootstrap_ci,
     distribution,
@@ -27,8 +29,6 @@ from stepgap.eval.metrics import (
     step_metrics,
     typed_macro_f1,
 )
-from stepgap.eval.report import Gold, PredStep, build_report, load_predictions
-from stepgap.io import ErrorReport
 
 LABEL = st.sampled_from(["no_gap", "CC", "IE", "MB"])
 MAYBE_LABEL = st.one_of(st.none(), LABEL)

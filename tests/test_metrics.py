@@ -15,7 +15,7 @@ from sklearn.metrics import (
     recall_score,
 )
 
-from stepgap.eval.metrics import (
+from stepgap.metrics import (
     answer_gap_table,
     binary_counts,
     bootstrap_ci,

@@ -7,10 +7,8 @@ import math
 import pytest
 
 from stepgap.schema import REPAIRS, Snippet
-from stepgap.teacher.judges.base import JudgeResult
-from stepgap.teacher.tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
-
-from .helpers import TableNLI, conclusion, inference, judge, ok, probs
+from stepgap.tree import JudgeResult, TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
+from tests.teacher.helpers import TableNLI, conclusion, inference, judge, ok, probs
 
 Q = "Where was the director of Rashomon born?"
 EVIDENCE = "Rashomon is a 1950 film directed by Akira Kurosawa."
@@ -221,7 +219,7 @@ def test_every_path_token_the_tree_writes_is_in_path_tokens():
     """The student's constrained vocabulary (PATH_TOKENS) covers every branch, and no more."""
     import itertools
 
-    from stepgap.teacher.tree import PATH_TOKENS
+    from stepgap.tree import PATH_TOKENS
 
     seen: set[str] = set()
     for off, drift, abstain, accurate, entity, found, quote, step_type, nli_probs in (

@@ -11,14 +11,52 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
-from stepgap.schema import REPAIRS, Judge, NLICall, NLIProbs, Snippet, Step, Verdict
+from pydantic import BaseModel
 
-from .judges.base import JudgeResult
-from .nli.base import NLIError, Pair, nli_label
+from stepgap.schema import REPAIRS, Judge, NLICall, NLILabel, NLIProbs, Snippet, Step, Verdict
 
+# What the tree reads: a judge's answer (stages A-C) and NLI probabilities (D-E). The judge and
+# NLI backends (`stepgap.teacher`) produce them; the tree itself asks no model.
+
+
+@dataclass
+class JudgeResult:
+    """A judge object, or the reason there is none; `confidences` maps stage letter to prob.
+    For a request with an `answer` schema, `judge` holds an instance of that model."""
+
+    judge: Judge | BaseModel | None
+    confidences: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # beyond the judge: a student's path, label
+
+    @classmethod
+    def failed(cls, error: str, usage: dict[str, int] | None = None) -> JudgeResult:
+        return cls(judge=None, error=error, usage=usage or {})
+
+
+Pair = tuple[str, str]  # (premise, hypothesis)
 NLIFn = Callable[[Sequence[Pair]], list[NLIProbs]]
+
+
+class NLIError(RuntimeError):
+    """The NLI stage could not score a pair (missing replay entry, model failure)."""
+
+
+def nli_label(
+    probs: NLIProbs, entail_threshold: float = 0.5, contradict_threshold: float = 0.5
+) -> NLILabel:
+    """docs/contract.md section 3: entailment if p_ent >= t_e, contradiction if p_con >= t_c, else
+    neutral. Backends return probabilities only, so thresholds can be swept over stored ones."""
+    if probs.entailment >= entail_threshold:
+        return "entailment"
+    if probs.contradiction >= contradict_threshold:
+        return "contradiction"
+    return "neutral"
+
+
 HypothesisMode = Literal["answer_statement", "answer", "claim"]
 Ablation = Literal["A", "E"]
 

@@ -1,0 +1,128 @@
+"""Schema-constrained decoding: a judge schema as a regular expression, its outlines-core index
+over a tokenizer's vocabulary, and the per-row token masks a decoder applies, so every finished
+answer parses. The masks also keep the constrained token probabilities that the stage
+confidences are read from."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .base import judge_json_schema
+
+
+def judge_regex(max_string_chars: int | None = None, schema: dict[str, Any] | None = None) -> str:
+    """A judge schema (default: the teacher's) as a compact-JSON regular expression."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    schema = schema if schema is not None else judge_json_schema()
+    if max_string_chars is not None:
+        for section in schema["properties"].values():
+            for prop in section.get("properties", {}).values():
+                if prop.get("type") == "string" and "enum" not in prop:
+                    prop["maxLength"] = max_string_chars
+    return build_regex_from_schema(json.dumps(schema), whitespace_pattern="")
+
+
+def build_index(tokenizer: Any, regex: str) -> Any:
+    """An outlines-core index of `regex` over the tokenizer's vocabulary (special tokens out)."""
+    from outlines_core import Index, Vocabulary
+
+    special = set(tokenizer.all_special_ids)
+    tokens: dict[str, list[int]] = {}
+    for token, tid in tokenizer.get_vocab().items():
+        if tid in special:
+            continue
+        text = tokenizer.convert_tokens_to_string([token])
+        if text:
+            tokens.setdefault(text, []).append(tid)
+    return Index(regex, Vocabulary(tokenizer.eos_token_id, tokens))
+
+
+class TokenMasks:
+    """The allowed tokens of an index's states, each state's mask built once on the model's
+    device (not a full-vocabulary mask per row per token on the CPU)."""
+
+    def __init__(self, index: Any, vocab: int, eos: int, device: Any) -> None:
+        self.index, self.vocab, self.eos, self.device = index, vocab, eos, device
+        self._tokens: dict[int, list[int]] = {}
+        self._masks: dict[int, Any] = {}
+
+    def initial(self) -> int:
+        return self.index.get_initial_state()
+
+    def tokens(self, state: int) -> list[int]:
+        if state not in self._tokens:
+            self._tokens[state] = sorted(self.index.get_allowed_tokens(state))
+        return self._tokens[state]
+
+    def mask(self, state: int) -> Any:
+        """Boolean (vocab,) tensor: True where a token is allowed in `state`."""
+        if state not in self._masks:
+            import torch
+
+            mask = torch.zeros(self.vocab, dtype=torch.bool)
+            mask[[t for t in self.tokens(state) if t < self.vocab]] = True
+            self._masks[state] = mask.to(self.device)
+        return self._masks[state]
+
+    def advance(self, state: int, token: int) -> int:
+        nxt = self.index.get_next_state(state, token)
+        if nxt is None:
+            raise RuntimeError(f"token {token} is not allowed in state {state} of the schema")
+        return nxt
+
+
+class SchemaConstraint:
+    """A `generate` logits processor that keeps every row on its index's automaton (the plain
+    path, `HFJudge(fast=False)`). It keeps the chosen tokens' log-probabilities under the
+    constraint itself (`logprobs`, completed by `finish`), so `generate` need not return the
+    batch x steps x vocab scores."""
+
+    def __init__(self, masks: Sequence[TokenMasks | None], eos_token_id: int) -> None:
+        self.masks = list(masks)  # one per row; None: that row is unconstrained
+        self.eos = eos_token_id
+        self.states: list[int | None] = []
+        self.done: list[bool] = []
+        self.logprobs: list[list[float]] = [[] for _ in masks]
+        self._last: Any = None  # the previous step's log-softmax of the processed scores
+
+    def _record(self, chosen: Any) -> None:
+        picked = self._last.gather(1, chosen.view(-1, 1).to(self._last.device)).view(-1)
+        for i, lp in enumerate(picked.tolist()):
+            self.logprobs[i].append(lp)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        batch, _ = scores.shape
+        if self._last is None:
+            self.states = [m.initial() if m is not None else None for m in self.masks]
+            self.done = [False] * batch
+        else:
+            self._record(input_ids[:, -1])
+            for i, m in enumerate(self.masks):
+                last = int(input_ids[i, -1])
+                if self.done[i] or last == self.eos:
+                    self.done[i] = True
+                elif m is not None:
+                    self.states[i] = m.advance(self.states[i], last)  # type: ignore[arg-type]
+        if any(m is not None for m in self.masks):
+            import torch
+
+            eos_only = torch.zeros(scores.shape[1], dtype=torch.bool, device=scores.device)
+            eos_only[self.eos] = True
+            rows = [
+                eos_only
+                if self.done[i]
+                else (m.mask(self.states[i]) if m is not None else ~eos_only | eos_only)
+                for i, m in enumerate(self.masks)
+            ]
+            scores = scores.masked_fill(~torch.stack(rows).to(scores.device), float("-inf"))
+        self._last = scores.float().log_softmax(-1)
+        return scores
+
+    def finish(self, new_tokens: Any) -> list[list[float]]:
+        """Log-probabilities of every generated token, row by row (`new_tokens`: batch x steps)."""
+        if self._last is not None and new_tokens.shape[1] > len(self.logprobs[0]):
+            self._record(new_tokens[:, -1])
+        return self.logprobs

@@ -1,0 +1,250 @@
+"""Greedy decoding of a judge's answers in batches: the batch size that fits in memory, the
+prompts' shared prefix computed once, and two decoders that give the same tokens (plain
+`generate`, and a KV-cache loop that drops finished rows and appends schema-forced tokens
+without a forward pass of their own)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .constrained import SchemaConstraint, TokenMasks
+
+
+def auto_batch_size(model: Any, tokens_per_row: int, cap: int = 64) -> int:
+    """Rows per generation batch that fit a memory budget: a quarter of the free memory of the
+    model's device (GPU) or of the machine (CPU) for the KV cache and its per-layer copies."""
+    import torch
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    config = config or model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    width = next(model.parameters()).element_size()
+    # the cache (K and V, all layers) plus one layer's K and V repeated to every query head
+    per_token = 2 * head_dim * width * (config.num_hidden_layers * kv_heads + heads)
+    if model.device.type == "cuda":
+        free = torch.cuda.mem_get_info(model.device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    rows = int(free // 4 // max(1, per_token * tokens_per_row))
+    return max(1, min(cap, rows))
+
+
+MIN_SHARED_PREFIX = 16  # tokens a batch must share before its prefix is computed once
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every prompt of a batch has in common, leaving each at least one
+    token of its own (the forward pass that gives the first answer token needs one)."""
+    if len(prompts) < 2:
+        return 0
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    for i in range(limit):
+        token = first[i]
+        if any(p[i] != token for p in prompts[1:]):
+            return i
+    return max(0, limit)
+
+
+@dataclass
+class Decoded:
+    """One row's generated tokens and their log-probabilities under the constraint."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    forward_passes: int = 0  # the model calls that produced this row's tokens
+
+
+class GreedyDecoder:
+    """Greedy answers of one batch of tokenized prompts, each row held to its own token masks
+    (None: free). `fast=True` is the KV-cache loop (`_decode_fast`), `fast=False` plain
+    `model.generate` with the masks as a logits processor; `share_prefix` runs the prompts'
+    common prefix once (`_prefill`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_new_tokens: int,
+        *,
+        fast: bool = True,
+        share_prefix: bool = True,
+    ) -> None:
+        self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
+        self.fast, self.share_prefix = fast, share_prefix
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+    ) -> list[Decoded]:
+        if self.fast:
+            return self._decode_fast(prompts, masks)
+        return self._decode_plain(prompts, masks)
+
+    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any]:
+        import torch
+
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[row, width - len(p) :] = 1
+        return ids.to(self.model.device), mask.to(self.model.device)
+
+    def _decode_plain(
+        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+    ) -> list[Decoded]:
+        """`model.generate` with the schema as a logits processor (the reference path)."""
+        import torch
+        from transformers import LogitsProcessorList
+
+        ids, mask = self._left_padded(prompts)
+        eos = self.tokenizer.eos_token_id
+        constraint = SchemaConstraint(masks, eos)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                logits_processor=LogitsProcessorList([constraint]),
+                return_dict_in_generate=True,
+                eos_token_id=eos,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        new = out.sequences[:, ids.shape[1] :]
+        logprobs = constraint.finish(new)
+        decoded = []
+        for row in range(new.shape[0]):
+            tokens = new[row].tolist()
+            n = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+            decoded.append(Decoded(tokens[:n], logprobs[row][:n], forward_passes=n))
+        return decoded
+
+    def _decode_fast(
+        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+    ) -> list[Decoded]:
+        """Greedy decoding over a KV cache: rows leave the batch when they finish, and the run
+        of schema-forced tokens after a chosen token joins that token's forward pass (the
+        chunk is right-padded; padding stays in the cache, masked out)."""
+        import torch
+        from transformers import DynamicCache
+
+        device = self.model.device
+        eos, pad, limit = (
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
+            self.max_new_tokens,
+        )
+        cache = DynamicCache()
+        with torch.inference_mode():
+            logits, attention = self._prefill(prompts, cache)
+            next_pos = attention.sum(-1)
+            rows = [Decoded([], [], 1) for _ in prompts]
+            states = [m.initial() if m is not None else None for m in masks]
+            active = list(range(len(prompts)))
+            while active:
+                scores = logits.float()  # as `generate` does before its processors
+                if any(masks[r] is not None for r in active):
+                    allowed = torch.stack(
+                        [
+                            masks[r].mask(states[r])  # type: ignore[union-attr]
+                            if masks[r] is not None
+                            else torch.ones(scores.shape[1], dtype=torch.bool, device=device)
+                            for r in active
+                        ]
+                    )
+                    scores = scores.masked_fill(~allowed, float("-inf"))
+                chosen = scores.argmax(-1)
+                picked = scores.log_softmax(-1).gather(1, chosen.view(-1, 1)).view(-1)
+                keep, chunks = [], []
+                for j, (r, t, lp) in enumerate(
+                    zip(active, chosen.tolist(), picked.tolist(), strict=True)
+                ):
+                    row, m = rows[r], masks[r]
+                    row.tokens.append(t)
+                    row.logprobs.append(lp)
+                    if t == eos or len(row.tokens) >= limit:
+                        continue
+                    chunk = [t]
+                    if m is not None:
+                        states[r] = m.advance(states[r], t)  # type: ignore[arg-type]
+                        while len(row.tokens) < limit and len(m.tokens(states[r])) == 1:
+                            forced = m.tokens(states[r])[0]  # type: ignore[index]
+                            row.tokens.append(forced)
+                            row.logprobs.append(0.0)  # the only allowed token: probability 1
+                            if forced == eos:
+                                break
+                            states[r] = m.advance(states[r], forced)  # type: ignore[arg-type]
+                            chunk.append(forced)
+                    if row.tokens[-1] == eos or len(row.tokens) >= limit:
+                        continue
+                    keep.append(j)
+                    chunks.append(chunk)
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(index)
+                    attention, next_pos = attention[index], next_pos[index]
+                    active = [active[j] for j in keep]
+                width = max(len(c) for c in chunks)
+                step = torch.full((len(chunks), width), pad, dtype=torch.long)
+                step_mask = torch.zeros((len(chunks), width), dtype=torch.long)
+                for j, c in enumerate(chunks):
+                    step[j, : len(c)] = torch.tensor(c)
+                    step_mask[j, : len(c)] = 1
+                lengths = torch.tensor([len(c) for c in chunks], device=device)
+                attention = torch.cat([attention, step_mask.to(device)], dim=1)
+                out = self.model(
+                    input_ids=step.to(device),
+                    attention_mask=attention,
+                    position_ids=next_pos[:, None] + torch.arange(width, device=device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                logits = out.logits[torch.arange(len(chunks), device=device), lengths - 1]
+                next_pos = next_pos + lengths
+                for r in active:
+                    rows[r].forward_passes += 1
+        return rows
+
+    def prefix_length(self, prompts: Sequence[Sequence[int]]) -> int:
+        """Tokens of a batch's prompts that `_prefill` runs once for all rows (0: none)."""
+        from transformers import DynamicCache
+
+        n = shared_prefix(prompts) if self.share_prefix else 0
+        if n < MIN_SHARED_PREFIX or not hasattr(DynamicCache, "batch_repeat_interleave"):
+            return 0  # too little to share, or a transformers whose cache cannot be repeated
+        return n
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], cache: Any) -> tuple[Any, Any]:
+        """Run the prompts into `cache`: (last-position logits, attention mask so far).
+
+        With a shared prefix of at least `MIN_SHARED_PREFIX` tokens, the prefix runs once at
+        batch 1 and its cache is repeated to every row; the rows' own tokens follow it,
+        left-padded, so a row reads [prefix][padding][own tokens] with the padding masked and
+        the positions those of its unpadded prompt."""
+        import torch
+
+        n = self.prefix_length(prompts)
+        if n:
+            prefix = torch.tensor([list(prompts[0][:n])], device=self.model.device)
+            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(prompts))
+        ids, own = self._left_padded([p[n:] for p in prompts])
+        attention = torch.cat([own.new_ones((len(prompts), n)), own], dim=1)
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=((attention.cumsum(-1) - 1).clamp(min=0))[:, n:],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        return logits, attention

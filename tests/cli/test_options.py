@@ -1,0 +1,41 @@
+"""The checker's flags are made from `CheckerConfig` and `TreeConfig`: one list of options, the
+same defaults on the command line and in a reward worker's JSON file."""
+
+from __future__ import annotations
+
+import json
+
+from stepgap.cli import build_parser
+from stepgap.cli.options import checker_config
+from stepgap.serving.configured import reward_config
+from stepgap.teacher import CheckerConfig, TreeConfig
+
+
+def _serve(*argv: str):
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_every_field_has_its_flag_with_the_fields_default():
+    args = _serve()
+    assert checker_config(args) == CheckerConfig()
+    for name in CheckerConfig.model_fields.keys() - {"tree"}:
+        assert hasattr(args, name), name
+
+
+def test_flags_and_the_reward_file_give_the_same_configuration(tmp_path):
+    flags = checker_config(
+        _serve("--judge", "openai:m", "--nli", "replay:n", "--base-url", "http://h/v1",
+               "--concurrency", "3", "--no-cache", "--timeout", "7", "--nli-provider", "CPU",
+               "--hypothesis", "answer", "--entail-threshold", "0.7", "--variant", "binary_gap")
+    )  # fmt: skip
+    path = tmp_path / "reward.json"
+    path.write_text(json.dumps({
+        "judge": "openai:m", "nli": "replay:n", "base-url": "http://h/v1", "concurrency": 3,
+        "no_cache": True, "timeout": 7, "nli_provider": "CPU", "hypothesis": "answer",
+        "entail_threshold": 0.7, "variant": "binary_gap",
+    }))  # fmt: skip
+    config, variant, lam = reward_config(path)
+    assert config == flags
+    assert config.tree == TreeConfig(hypothesis="answer", entail_threshold=0.7)
+    assert (variant, lam) == ("binary_gap", 1.0)
+    assert config.judge_options()["cache"] is False and config.timeout == 7.0
