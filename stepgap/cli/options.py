@@ -1,5 +1,7 @@
-"""Flags that several commands share, declared once: the judge, the NLI model, the tree, the
-reward, the error report; and the few helpers that turn them into library arguments."""
+"""Flags that several commands share: the judge, the NLI model, the bundle and the tree, made
+from the fields of `CheckerConfig` and `TreeConfig` (their defaults, types, choices and help, so
+there is one list of options); the reward and the error report; and the helpers that turn the
+parsed flags back into those configurations."""
 
 from __future__ import annotations
 
@@ -124,7 +126,8 @@ def add_checker_options(p: argparse.ArgumentParser) -> None:
 
 def checker_config(args: argparse.Namespace) -> CheckerConfig:
     """The `CheckerConfig` of the flags a command declares (the others keep their defaults)."""
-    given = {n: getattr(args, n) for n in CheckerConfig.model_fields if hasattr(args, n)}
+    names = CheckerConfig.model_fields.keys() - {"tree"}
+    given = {n: getattr(args, n) for n in names if hasattr(args, n)}
     return CheckerConfig(**given, tree=tree_config(args))
 
 
