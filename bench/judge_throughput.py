@@ -38,12 +38,14 @@ def run(
     judge.fast, judge.batch_size, judge.share_prefix = fast, batch_size, share_prefix
     decoded: list = []
     prefill_s, skipped = [0.0], [0]  # prefill time; prompt tokens not run thanks to sharing
-    prefill = type(judge)._prefill
+    from stepgap.teacher.judges.decoding import GreedyDecoder
 
-    def timed_prefill(prompts, cache):
-        skipped[0] += judge.prefix_length(prompts) * (len(prompts) - 1)
+    prefill = GreedyDecoder._prefill
+
+    def timed_prefill(decoder, prompts, cache):
+        skipped[0] += decoder.prefix_length(prompts) * (len(prompts) - 1)
         start = time.perf_counter()
-        out = prefill(judge, prompts, cache)
+        out = prefill(decoder, prompts, cache)
         prefill_s[0] += time.perf_counter() - start
         return out
 
@@ -56,12 +58,13 @@ def run(
         answers.update((tuple(p), tuple(d.tokens)) for p, d in zip(prompts, out, strict=True))
         return out
 
-    judge.generate_ids, judge._prefill = recording, timed_prefill
+    judge.generate_ids, GreedyDecoder._prefill = recording, timed_prefill
     start = time.perf_counter()
     try:
         results = judge.judge(requests)
     finally:
-        del judge.generate_ids, judge._prefill
+        del judge.generate_ids
+        GreedyDecoder._prefill = prefill
     seconds = time.perf_counter() - start
     tokens = sum(len(d.tokens) for d in decoded)
     passes = sum(d.forward_passes for d in decoded)
