@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 # without their dependencies (they pin transformers 5 and CUDA wheels), beside the light modules
 # their reward paths import (the `interop` extra).
 $(VENV)/.interop: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop]"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop,ray]"
 	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
 	touch $@
 

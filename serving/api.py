@@ -198,3 +198,6 @@ class HealthResponse(BaseModel):
     lam: float
     queued: int = Field(description="traces waiting for a checker batch")
     in_flight: int = Field(0, description="checker calls running")
+    failed_checks: int = Field(
+        0, description="step checks that failed since the start (each earned bracket 0)"
+    )

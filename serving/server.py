@@ -632,6 +632,7 @@ def create_app(
             "lam": reward.lam,
             "queued": batcher.queue.qsize(),
             "in_flight": len(batcher.calls),
+            "failed_checks": reward.failures["failed_checks"],
         }
 
     @app.get(

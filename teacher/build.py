@@ -186,6 +186,11 @@ class CheckerConfig(BaseModel):
             "prices": self.prices,
         }
 
+    def require_specs(self) -> None:
+        """A ValueError unless this names a checker: a judge and an NLI model, or a bundle."""
+        if not self.bundle and not (self.judge and self.nli):
+            raise ValueError("give --judge and --nli, or --bundle")
+
     def build(self) -> Checker:
         """The checker this configuration describes (`build_checker`)."""
         from .nli.onnx import parse_providers

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -129,3 +130,25 @@ def fake_openai(example_answers) -> Iterator[FakeOpenAI]:
     server = FakeOpenAI(answers=dict(example_answers)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray cluster for the whole session: a head and one worker node on this machine
+    (`ray.cluster_utils.Cluster`), two logical CPUs and one `node_slot` each, this process joined
+    to it as a driver. Started by the first test that asks for it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {"node_slot": 1}, "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, resources={"node_slot": 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -97,6 +97,7 @@ QUIET_LOGGERS = ("bitsandbytes",)
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean the input or the set-up is wrong: one line and exit 2, no traceback."""
+    from stepgap.cluster import ClusterError
     from stepgap.export.bundle import BundleError
     from stepgap.export.onnx_nli import ExportError
     from stepgap.teacher.judges.base import JudgeConfigError
@@ -108,6 +109,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         JudgeConfigError,
         BundleError,
         ExportError,
+        ClusterError,
     )
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
 import sys
 import types
 import typing
@@ -131,9 +133,74 @@ def checker_config(args: argparse.Namespace) -> CheckerConfig:
     return CheckerConfig(**given, tree=tree_config(args))
 
 
+def add_ray_options(p: argparse.ArgumentParser, serve: bool = False) -> None:
+    """`--ray [ADDRESS]` and the resources of each checker: Ray Data actors (`label`, `check`)
+    or, with `serve`, Ray Serve replicas."""
+    unit = "replica" if serve else "actor"
+    g = p.add_argument_group("Ray: checkers on a cluster (the `ray` extra)")
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help=(
+            "serve with Ray Serve on the cluster at ADDRESS, replicas behind one proxy at "
+            "--host/--port"
+            if serve
+            else "check with Ray Data on the cluster at ADDRESS, one checker per actor"
+        )
+        + " (HOST:PORT or ray://HOST:PORT; alone: $RAY_ADDRESS, else a new local Ray); the "
+        "models and files named by the flags must be readable from every node",
+    )
+    if serve:
+        g.add_argument("--ray-replicas", type=int, default=1, metavar="N", help="replicas")
+        g.add_argument(
+            "--ray-max-replicas",
+            type=int,
+            default=None,
+            metavar="N",
+            help="autoscale between --ray-replicas and N replicas on the requests in flight",
+        )
+    else:
+        g.add_argument("--ray-actors", type=int, default=2, metavar="N", help="checker actors")
+    g.add_argument("--ray-cpus", type=float, default=1.0, metavar="N", help=f"CPUs per {unit}")
+    g.add_argument(
+        "--ray-gpus", type=float, default=0.0, metavar="N", help=f"GPUs per {unit} (1: one per GPU)"
+    )
+
+
+def join_ray(args: argparse.Namespace, config: CheckerConfig) -> Any:
+    """Join the cluster of `--ray`, handing the judge's API key variable (if set here) to its
+    workers; returns the `ray` module."""
+    from stepgap.cluster import connect
+
+    config.require_specs()  # here, not as a crash in every worker
+    key = os.environ.get(config.api_key_env)
+    return connect(args.ray or None, env_vars={config.api_key_env: key} if key else None)
+
+
 def checker(args: argparse.Namespace) -> Checker:
-    """The checker the flags describe (`CheckerConfig.build`)."""
-    return checker_config(args).build()
+    """The checker the flags describe (`CheckerConfig.build`), or with `--ray` a pool of them
+    on a Ray cluster (`RayChecker`; the judge's API key variable reaches its workers)."""
+    config = checker_config(args)
+    if getattr(args, "ray", None) is None:
+        return config.build()
+    from stepgap.teacher.ray_checker import RayChecker
+
+    join_ray(args, config)
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = not getattr(args, "no_progress", False)
+    if not getattr(args, "verbose", 0):  # Ray Data logs INFO blocks and tuning tips per run
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+    return RayChecker(  # type: ignore[return-value]
+        config,
+        actors=args.ray_actors,
+        batch_size=args.batch_size,
+        num_cpus=args.ray_cpus,
+        num_gpus=args.ray_gpus,
+    )
 
 
 def add_reward_options(p: argparse.ArgumentParser) -> None:

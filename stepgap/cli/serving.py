@@ -4,14 +4,18 @@ checker and the reward over HTTP)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from stepgap.cli import Command
 from stepgap.cli.options import (
     add_checker_options,
     add_errors_option,
+    add_ray_options,
     add_reward_options,
     checker,
+    checker_config,
     finish,
+    join_ray,
 )
 
 
@@ -41,7 +45,36 @@ def reward_arguments(p: argparse.ArgumentParser) -> None:
     add_reward_options(p)
 
 
+def serve_on_ray(args: argparse.Namespace) -> int:
+    """`stepgap serve --ray`: the same routes as a Ray Serve application."""
+    config = checker_config(args)
+    join_ray(args, config)
+    from ray import serve
+
+    from stepgap.serving.ray_serve import deployment
+
+    autoscaling = None
+    if args.ray_max_replicas:
+        autoscaling = {"min_replicas": args.ray_replicas, "max_replicas": args.ray_max_replicas}
+    app = deployment(
+        config,
+        args.variant,
+        args.lam,
+        num_replicas=args.ray_replicas,
+        autoscaling_config=autoscaling,
+        ray_actor_options={"num_cpus": args.ray_cpus, "num_gpus": args.ray_gpus},
+        max_batch=args.max_batch,
+        batch_wait_s=args.max_wait_ms / 1000,
+    )
+    serve.start(http_options={"host": args.host, "port": args.port})
+    print(f"stepgap serve: Ray Serve at http://{args.host}:{args.port}", file=sys.stderr)
+    serve.run(app, name="stepgap", route_prefix="/", blocking=True)
+    return 0
+
+
 def serve(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        return serve_on_ray(args)
     from stepgap.serving.reward import StepGapReward
     from stepgap.serving.server import serve as run_server
 
@@ -99,6 +132,7 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_reward_options(p)
     add_checker_options(p)
+    add_ray_options(p, serve=True)
 
 
 COMMANDS = [

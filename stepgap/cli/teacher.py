@@ -12,6 +12,7 @@ from stepgap.cli.options import (
     add_errors_option,
     add_judge_options,
     add_nli_options,
+    add_ray_options,
     add_tree_options,
     checker,
     finish,
@@ -43,7 +44,8 @@ def check(args: argparse.Namespace) -> int:
         judged_by,
         args.output,
         report,
-        batch_size=args.batch_size,
+        # a Ray pool takes every trace in one stream (--batch-size is then per actor call)
+        batch_size=args.batch_size if args.ray is None else sys.maxsize,
         progress=not args.no_progress,
     )
     print(f"stepgap: {counts.describe()}", file=sys.stderr)
@@ -61,6 +63,7 @@ def check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_errors_option(p)
     add_checker_options(p)
+    add_ray_options(p)
 
 
 def label(args: argparse.Namespace) -> int:
@@ -113,6 +116,7 @@ def label_arguments(p: argparse.ArgumentParser) -> None:
     add_errors_option(p)
     add_judge_options(p)
     add_nli_options(p)
+    add_ray_options(p)
 
 
 def merge(args: argparse.Namespace) -> int:

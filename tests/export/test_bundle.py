@@ -82,9 +82,13 @@ def in_memory(tiny_student, tiny_nli, example_traces):
     return [v for vs in checker.check(example_traces) for v in vs]
 
 
+INT8_ATOL = 5e-2
+
+
 def _same_verdicts(a, b, atol: float = 1e-5) -> None:
     """Same labels, paths, judge objects and NLI calls; NLI probabilities up to `atol`
-    (ONNX fp32 vs PyTorch is float noise; the int8 graph moves them by up to ~5e-3)."""
+    (ONNX fp32 vs PyTorch is float noise; the int8 graph moves most pairs of the trained
+    stand-in by under 2e-3 and the odd pair by a few hundredths, measured up to 0.035)."""
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
         assert (x.trace_id, x.step, x.label, x.path, x.judge, x.error) == (
@@ -132,8 +136,9 @@ def test_fresh_offline_process_gives_the_in_memory_verdicts(
     from stepgap.schema import Verdict
 
     fresh = [Verdict.model_validate_json(x) for x in out.read_text().splitlines()]
-    # merged: int8 NLI, which moves the trained stand-in's probabilities by up to ~5e-3
-    _same_verdicts(fresh, in_memory, atol=1e-2 if kind == "merged" else 1e-5)
+    # merged: int8 NLI, which moves the trained stand-in's probabilities (see _same_verdicts);
+    # the labels and NLI labels must still agree
+    _same_verdicts(fresh, in_memory, atol=INT8_ATOL if kind == "merged" else 1e-5)
     assert sum(v.label is not None for v in fresh) >= 20
 
 
@@ -313,7 +318,7 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, tiny_student, in_me
     answered = [v for v in in_memory if v.judge is not None]
     assert len(answered) == len(answers)
     by_key = {(v.trace_id, v.step): v for v in served}
-    _same_verdicts([by_key[(v.trace_id, v.step)] for v in answered], answered, atol=1e-2)
+    _same_verdicts([by_key[(v.trace_id, v.step)] for v in answered], answered, atol=INT8_ATOL)
     # the bundle says how to serve its student, under the name used here
     manifest = verify_bundle(bundles["merged"])
     recipe = (bundles["merged"] / manifest["serving"]["recipe"]).read_text()

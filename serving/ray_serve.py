@@ -1,0 +1,173 @@
+"""The reward service as a Ray Serve application: the routes of `stepgap serve` (`/check`,
+`/reward`, OpenRLHF's `/get_reward`, `/health`) on replicas that Ray places, restarts and scales.
+
+Each replica builds one checker from a `CheckerConfig` (sent as data, so the judge's API key
+stays in the environment of the replica's process). Concurrent requests to a replica are
+micro-batched by `@serve.batch` into one checker call; a checker fault becomes error verdicts
+(bracket 0, counted in `/health`'s `failed_checks`), never an HTTP error. Ray Serve's proxy
+spreads requests over the replicas and replaces one that dies; a request that was on it gets a
+5xx, which `RemoteChecker` and OpenRLHF's client retry.
+
+Start it with `stepgap serve --ray` (the same checker flags as `stepgap serve`), or with
+`serve run` from the shipped config (`serving/ray_serve.yaml`), whose `args` are the builder's:
+
+    serve run stepgap.serving.ray_serve:build_app config=reward.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import ValidationError
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from stepgap.schema import Trace, Verdict
+from stepgap.segment import SegmentationError, segment_trace
+from stepgap.teacher.build import CheckerConfig
+
+from .api import CheckRequest, HealthResponse, OpenRLHFRequest, RewardRequest
+from .inputs import golden_list
+from .openrlhf import openrlhf_batch, openrlhf_response
+from .reward import StepGapReward
+
+DEFAULT_MAX_BATCH = 32
+DEFAULT_WAIT_S = 0.01
+
+
+class _Unprocessable(ValueError):
+    """A request body the route cannot take: answered 422 with the reason."""
+
+
+@serve.deployment(name="stepgap", max_ongoing_requests=64)
+class RewardService:
+    """One replica: a checker, the reward arithmetic, and a batch queue in front of them.
+
+    The routes are dispatched here rather than by a FastAPI ingress: Serve pickles an ingress
+    app, and FastAPI's telemetry state cannot be pickled. Bodies are read with the same
+    pydantic models as `stepgap serve`'s."""
+
+    def __init__(
+        self,
+        config: CheckerConfig,
+        variant: str = "typed_shape",
+        lam: float = 1.0,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        batch_wait_s: float = DEFAULT_WAIT_S,
+    ) -> None:
+        self.reward = StepGapReward(config.build(), variant, lam)
+        self.check_batch.set_max_batch_size(max_batch)
+        self.check_batch.set_batch_wait_timeout_s(batch_wait_s)
+        self.routes = {
+            ("POST", "/check"): (CheckRequest, self.check),
+            ("POST", "/reward"): (RewardRequest, self.reward_route),
+            ("POST", "/get_reward"): (OpenRLHFRequest, self.get_reward),
+            ("GET", "/health"): (None, self.health),
+        }
+
+    async def __call__(self, request: Request) -> Response:
+        route = self.routes.get((request.method, request.url.path.rstrip("/") or "/"))
+        if route is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        model, handler = route
+        try:
+            body = model.model_validate(await request.json()) if model else None
+            answer = await handler(body) if model else await handler()
+        except (ValidationError, ValueError) as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=422)
+        return JSONResponse(answer)
+
+    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=DEFAULT_WAIT_S)
+    async def check_batch(self, requests: list[list[Trace]]) -> list[list[list[Verdict]]]:
+        """The traces of every request in the batch, in one checker call (in a thread, so the
+        replica keeps taking requests); the answer split back per request."""
+        flat = [t for traces in requests for t in traces]
+        verdicts = await asyncio.to_thread(self.reward.check, flat)  # never raises
+        out, start = [], 0
+        for traces in requests:
+            out.append(verdicts[start : start + len(traces)])
+            start += len(traces)
+        return out
+
+    async def _rewards(
+        self, responses: list[str], questions: list[str], golden: list[Any], route: str
+    ) -> list[Any]:
+        traces = [
+            self.reward.trace(r, q, golden_list(g), f"{route}-{i}")
+            for i, (r, q, g) in enumerate(zip(responses, questions, golden, strict=True))
+        ]
+        if self.reward.variant == "search_only":
+            return self.reward.score_traces(traces)
+        verdicts = await self.check_batch(traces)
+        return [self.reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
+
+    async def check(self, body: CheckRequest) -> dict[str, Any]:
+        segmented = []
+        for i, t in enumerate(body.traces):
+            try:
+                segmented.append(segment_trace(t))
+            except SegmentationError as exc:
+                raise _Unprocessable(f"traces[{i}] ({t.id!r}): {exc}") from None
+        verdicts = await self.check_batch(segmented)
+        return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
+
+    async def reward_route(self, body: RewardRequest) -> dict[str, Any]:
+        if not len(body.responses) == len(body.questions) == len(body.golden_answers):
+            raise _Unprocessable("responses, questions and golden_answers must have equal lengths")
+        results = await self._rewards(body.responses, body.questions, body.golden_answers, "reward")
+        return {"rewards": [r.reward for r in results], "results": [r.as_dict() for r in results]}
+
+    async def get_reward(self, body: OpenRLHFRequest) -> dict[str, Any]:
+        responses, questions, golden = openrlhf_batch(body.query, body.prompts, body.labels)
+        return openrlhf_response(await self._rewards(responses, questions, golden, "get_reward"))
+
+    async def health(self) -> dict[str, Any]:
+        return HealthResponse(
+            status="ok",
+            variant=self.reward.variant,
+            lam=self.reward.lam,
+            queued=0,
+            in_flight=0,
+            failed_checks=self.reward.failures["failed_checks"],
+        ).model_dump()
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """The application from `serve run`/`serve deploy` arguments (or `stepgap serve --ray`):
+
+    - `config`: a reward configuration JSON file (`stepgap.serving.configured.reward_config`:
+      `stepgap serve`'s checker flags by name, `variant`, `lam`), read here, on the driver;
+    - `num_replicas` (default 1) or `autoscaling_config` (Ray Serve's: `min_replicas`,
+      `max_replicas`, `target_ongoing_requests`, ...);
+    - `ray_actor_options` per replica (`num_cpus`, `num_gpus`, `resources`);
+    - `max_batch`, `batch_wait_s`: `@serve.batch`'s size and wait.
+    """
+    from .configured import reward_config
+
+    if "config" not in args:
+        raise ValueError("give config=FILE.json: the reward configuration (see `stepgap serve`)")
+    config, variant, lam = reward_config(args["config"])
+    return deployment(config, variant, lam, **{k: v for k, v in args.items() if k != "config"})
+
+
+def deployment(
+    config: CheckerConfig,
+    variant: str = "typed_shape",
+    lam: float = 1.0,
+    *,
+    num_replicas: int | None = None,
+    autoscaling_config: dict[str, Any] | None = None,
+    ray_actor_options: dict[str, Any] | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    batch_wait_s: float = DEFAULT_WAIT_S,
+) -> Any:
+    """The bound application for a checker configuration (replicas, resources, batching)."""
+    config.require_specs()
+    options: dict[str, Any] = {"ray_actor_options": ray_actor_options or {"num_cpus": 1}}
+    if autoscaling_config:
+        options["autoscaling_config"] = autoscaling_config
+    else:
+        options["num_replicas"] = num_replicas or 1
+    return RewardService.options(**options).bind(config, variant, lam, max_batch, batch_wait_s)
