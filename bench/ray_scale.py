@@ -162,24 +162,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ray_scale.json"))
     args = parser.parse_args()
 
-    import ray
     from ray import serve
-    from ray.cluster_utils import Cluster
     from ray.data import DataContext
 
     from stepgap.segment import iter_traces
     from stepgap.teacher import CheckerConfig
     from tests.fixtures.live_server import _free_port
+    from tests.fixtures.ray_cluster import two_node_cluster
 
     judge, base_url = start_judge(args.latency)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {"node_slot": 1}, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, resources={"node_slot": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    DataContext.get_current().enable_progress_bars = False
     config = CheckerConfig(
         judge="openai:gpt-4.1-mini",
         base_url=base_url,
@@ -193,14 +184,16 @@ def main() -> None:
         for i in range(args.traces)
     ]
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        reward = [reward_run(config, n, port, args.clients, args.seconds) for n in (1, 2)]
-        labeling = [label_run(config, n, traces, batch_size=8) for n in (1, 2)]
+        with two_node_cluster():
+            DataContext.get_current().enable_progress_bars = False
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            try:
+                reward = [reward_run(config, n, port, args.clients, args.seconds) for n in (1, 2)]
+                labeling = [label_run(config, n, traces, batch_size=8) for n in (1, 2)]
+            finally:
+                serve.shutdown()
     finally:
-        serve.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
         judge.terminate()
     result = {
         "latency_s": args.latency,

@@ -134,21 +134,9 @@ def fake_openai(example_answers) -> Iterator[FakeOpenAI]:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
-    """One local Ray cluster for the whole session: a head and one worker node on this machine
-    (`ray.cluster_utils.Cluster`), two logical CPUs and one `node_slot` each, this process joined
-    to it as a driver. Started by the first test that asks for it."""
-    import ray
-    from ray.cluster_utils import Cluster
+    """One local two-node Ray cluster for the whole session (`tests/fixtures/ray_cluster.py`),
+    started by the first test that asks for it."""
+    from tests.fixtures.ray_cluster import two_node_cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {"node_slot": 1}, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, resources={"node_slot": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
+    with two_node_cluster() as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
