@@ -35,7 +35,7 @@ from stepgap.tree import TreeConfig
 
 _REWARD: StepGapReward | None = None
 _FROM: object = None  # what the reward was built from, to rebuild when veRL passes other kwargs
-_SETTINGS = ("url", "urls", "config", "variant", "lam")
+_SETTINGS = ("url", "urls", "config", "variant", "lam", "served_model", "reward_router_address")
 
 
 def reset() -> None:
@@ -59,12 +59,39 @@ def _from_settings(settings: dict[str, Any]) -> StepGapReward:
         return StepGapReward(RemoteChecker(urls), variant, float(settings.get("lam", 1.0)))
     path = settings["config"]
     config, variant, lam = reward_config(path)
+    if settings.get("reward_router_address"):
+        config = served_by_router(
+            config, settings["reward_router_address"], settings.get("served_model"), path
+        )
     try:
         built = config.build()
     except ValueError as exc:  # what the file asks for cannot be built
         raise ValueError(f"{path}: {exc}") from exc
     return StepGapReward(
         built, str(settings.get("variant", variant)), float(settings.get("lam", lam))
+    )
+
+
+def served_by_router(
+    config: CheckerConfig, address: str, model: str | None, path: str | Path = "reward config"
+) -> CheckerConfig:
+    """The bundle's checker with stages A-C asked of the student that veRL serves as its reward
+    model (`reward.reward_model.enable`, the bundle's student as `model_path`, rollout vllm or
+    sglang) behind the router at `address`: the student's schema as guided JSON, the served
+    model's name; the bundle's ONNX NLI, thresholds and prompt decide here, in the worker."""
+    if not config.bundle:
+        raise ValueError(
+            f"{path}: veRL passed a reward_router_address (its reward model is enabled), which "
+            "serves a bundle's student: give the bundle (`bundle`) in the configuration"
+        )
+    if not model:
+        raise ValueError(
+            f"{path}: the reward model's served name is unknown: set reward_kwargs.served_model "
+            "(veRL serves reward.reward_model.model_path under that name)"
+        )
+    base = address if "://" in address else f"http://{address}"
+    return config.model_copy(
+        update={"judge": f"openai:{model}", "base_url": base.rstrip("/") + "/v1"}
     )
 
 
@@ -139,7 +166,18 @@ def get_reward(kwargs: dict[str, Any] | None = None) -> StepGapReward:
     """The reward of this process: built once, from `reward_kwargs`, `configure` or the
     environment (see the module docstring)."""
     global _REWARD, _FROM
-    settings = {k: v for k, v in (kwargs or {}).items() if k in _SETTINGS and v is not None}
+    kwargs = kwargs or {}
+    settings = {k: v for k, v in kwargs.items() if k in _SETTINGS and v is not None}
+    if settings.get("reward_router_address"):  # veRL's reward loop with its reward model on
+        if not (settings.keys() & {"url", "urls", "config"}):
+            if os.environ.get("STEPGAP_REWARD_CONFIG"):
+                settings["config"] = os.environ["STEPGAP_REWARD_CONFIG"]
+        tokenizer = kwargs.get("reward_model_tokenizer")
+        if "served_model" not in settings and getattr(tokenizer, "name_or_path", None):
+            settings["served_model"] = tokenizer.name_or_path  # veRL's model_path
+    if not (settings.keys() & {"url", "urls", "config"}):  # no bundle to serve: the router
+        for key in ("reward_router_address", "served_model"):  # is not ours to use
+            settings.pop(key, None)
     if settings and _FROM != settings:
         _REWARD, _FROM = _from_settings(settings), settings
     if _REWARD is None:

@@ -16,8 +16,11 @@ the per-sample `compute_score` fits all of them). veRL loads this module by file
 absolute imports only. The reward is built once per process, from `reward_kwargs` (`url` or
 `urls`, or `config`: a JSON file `{"judge", "nli"}` or `{"bundle"}`, with `variant`, `lam`),
 else from `configure(reward)`, else from the environment: `STEPGAP_REWARD_URL` (comma-separated
-for replicas) or `STEPGAP_REWARD_CONFIG` (the JSON file). Keyword arguments veRL adds
-(`reward_router_address`, `reward_model_tokenizer`, its `extra_info` fields) are accepted.
+for replicas) or `STEPGAP_REWARD_CONFIG` (the JSON file). When veRL's reward model is enabled,
+it adds `reward_router_address` and `reward_model_tokenizer`: with a bundle in the JSON file,
+stages A-C are then asked of the bundle's student that veRL serves behind that router
+(`configured.served_by_router`; the served name is the tokenizer's path, veRL's `model_path`,
+or `reward_kwargs.served_model`). Its `extra_info` fields are accepted.
 
 The question is read from `extra_info["question"]`: veRL gives a reward function the response
 but never the prompt. Search-R1's parquet keeps the question only in the prompt, so

@@ -285,14 +285,12 @@ def test_a_hub_base_is_pinned_to_a_revision_or_refused(
     assert shipped["base_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-def test_a_bundle_with_its_student_served_elsewhere(bundles, tiny_student, in_memory, tmp_path,
-                                                     examples_dir, example_traces):  # fmt: skip
-    """`check --bundle B --judge openai:NAME --base-url URL`: the student answers from an
-    OpenAI-compatible server (here the test server, replaying what the student itself answers
-    to each prompt), asked with the student's schema; the bundle's ONNX NLI and thresholds
-    decide, so the verdicts are the in-process ones."""
+@pytest.fixture(scope="module")
+def student_answers(tiny_student, example_traces) -> dict[str, dict]:
+    """Prompt key -> what the tiny student itself answers to that step's prompt: a server
+    replaying them stands for the student served by an inference engine."""
     from stepgap.teacher.prompt import build_requests
-    from tests.fixtures.openai_server import FakeOpenAI, prompt_key
+    from tests.fixtures.openai_server import prompt_key
 
     adapter, _ = tiny_student
     requests = [r for t in example_traces for r in build_requests(t.id, t.question, t.steps)]
@@ -303,6 +301,18 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, tiny_student, in_me
         if r.judge is not None
     }
     assert len(answers) >= 20
+    return answers
+
+
+def test_a_bundle_with_its_student_served_elsewhere(bundles, student_answers, in_memory, tmp_path,
+                                                     examples_dir, example_traces):  # fmt: skip
+    """`check --bundle B --judge openai:NAME --base-url URL`: the student answers from an
+    OpenAI-compatible server (here the test server, replaying what the student itself answers
+    to each prompt), asked with the student's schema; the bundle's ONNX NLI and thresholds
+    decide, so the verdicts are the in-process ones."""
+    from tests.fixtures.openai_server import FakeOpenAI
+
+    answers = student_answers
     server = FakeOpenAI(answers=answers).start()
     try:
         out = tmp_path / "served.jsonl"
@@ -403,3 +413,65 @@ def test_an_unavailable_provider_is_named_with_those_available(bundles, examples
     assert (
         "--nli-provider picks the ONNX Runtime providers of a --bundle" in capsys.readouterr().err
     )
+
+
+def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
+    bundles, student_answers, tiny_qwen2, example_traces, tmp_path
+):
+    """veRL's reward loop with the bundle's student as its reward model: veRL's own
+    `RewardLoopWorker` (custom reward function `serving/verl.py`) gets the address of veRL's own
+    `NaiveRouter`, in front of a server that answers as the student does. Stages A-C go through
+    the router with the student's schema; the rewards are the in-process bundle's."""
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.experimental.reward_loop.router.naive_router import NaiveRouter
+
+    from stepgap.serving import OfflineChecker, StepGapReward, configured
+    from tests.fixtures.live_server import LiveServer
+    from tests.fixtures.openai_server import FakeOpenAI
+    from tests.serving.test_interop import batch
+
+    student = bundles["merged"] / "student"
+    reward_json = tmp_path / "reward.json"
+    reward_json.write_text(json.dumps({"bundle": str(bundles["merged"]), "no_cache": True}))
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"model": {"path": str(tiny_qwen2), "tokenizer_path": None}},
+        "reward": {
+            "custom_reward_function": {
+                "path": str(REPO / "serving" / "verl.py"), "name": "compute_score",
+                "reward_kwargs": {"config": str(reward_json)},
+            },
+            "reward_manager": {"source": "register", "name": "naive", "module": None},
+            "reward_model": {"enable": True, "model_path": str(student),
+                             "rollout": {"name": "vllm"}},
+            "reward_kwargs": {},
+            "sandbox_fusion": None,
+        },
+    })  # fmt: skip
+    server = FakeOpenAI(answers=student_answers).start()
+    configured.reset()
+    try:
+        with LiveServer(NaiveRouter([server.base_url.removesuffix("/v1")]).app) as router:
+            worker = RewardLoopWorker(config, router.removeprefix("http://"))
+            data = batch(example_traces, AutoTokenizer.from_pretrained(tiny_qwen2))
+
+            async def score_all():
+                return await asyncio.gather(
+                    *(worker.compute_score(data[i : i + 1]) for i in range(len(data)))
+                )
+
+            outs = worker.loop.run_until_complete(score_all())
+    finally:
+        server.stop()
+        configured.reset()
+    expected = StepGapReward(OfflineChecker.from_bundle(bundles["merged"])).score_traces(
+        example_traces
+    )
+    got = [out["reward_score"] for out in outs]
+    assert got == pytest.approx([r.reward for r in expected])
+    schema = server.response_formats[0]["json_schema"]["schema"]
+    assert {"pipeline_path", "gap_type"} <= set(schema["properties"])  # the student's schema
+    assert len(server.answered()) >= 20  # stages A-C went to the served student

@@ -138,3 +138,15 @@ def test_a_file_that_is_no_configuration_names_the_file(tmp_path, text, message)
     with pytest.raises(ValueError, match=message) as err:
         configured.get_reward({"config": str(config)})
     assert str(config) in str(err.value)
+
+
+def test_the_reward_router_serves_a_bundles_student_only():
+    from stepgap.serving.configured import served_by_router
+    from stepgap.teacher import CheckerConfig
+
+    served = served_by_router(CheckerConfig(bundle="/b"), "10.0.0.2:30000", "/b/student")
+    assert (served.judge, served.base_url) == ("openai:/b/student", "http://10.0.0.2:30000/v1")
+    with pytest.raises(ValueError, match="serves a bundle's student: give the bundle"):
+        served_by_router(CheckerConfig(judge="openai:m", nli="replay:x"), "h:1", "m")
+    with pytest.raises(ValueError, match="set reward_kwargs.served_model"):
+        served_by_router(CheckerConfig(bundle="/b"), "h:1", None)
