@@ -116,3 +116,7 @@ echo "   $(( $(date +%s) - start )) s, $(wc -l < "$S/verdicts-in-process.jsonl")
 echo
 $PY tools/llama_student_table.py "$BUNDLE" examples/traces.jsonl \
   "$S/verdicts-in-process.jsonl" "$S/verdicts-served.jsonl" "$URL"
+echo
+echo "== veRL's reward loop (RewardLoopWorker + its NaiveRouter) with llama-server as its reward model"
+$PY tools/llama_verl_reward.py "$BUNDLE" "$S/base" "$URL" "$S/verdicts-in-process.jsonl" \
+  "$MAX_TOKENS" 2> "$S/verl-reward.log" || { tail -20 "$S/verl-reward.log" >&2; exit 1; }
