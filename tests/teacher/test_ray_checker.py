@@ -122,3 +122,30 @@ def test_a_rerun_after_a_killed_run_asks_nothing_that_was_written(
     asked_again = [e for e in server.events[first:] if e.answered]
     assert len(asked_again) == 28 - len(written)
     assert len({e.key for e in asked_again}) == len(asked_again)
+
+
+def test_check_dataset_takes_the_users_own_dataset_of_raw_traces(ray_cluster, examples_dir):
+    """`check_dataset` on `ray.data.read_json` of a traces file (raw responses, the trace
+    fields as columns): one verdict row per step, the verdicts of one process."""
+    import ray.data
+
+    from stepgap.teacher import CheckerConfig
+    from stepgap.teacher.ray_checker import check_dataset
+
+    config = CheckerConfig(judge=f"replay:{examples_dir / 'judge_replay.jsonl'}",
+                           nli=f"replay:{examples_dir / 'nli_replay.jsonl'}")  # fmt: skip
+    ds = ray.data.read_json(str(examples_dir / "traces.jsonl"))
+    rows = check_dataset(ds, config, actors=2, batch_size=3).take_all()
+    got = {(r["trace_id"], int(r["step"])): json.loads(r["verdict"]) for r in rows}
+    local = {
+        (v.trace_id, v.step): v.model_dump(mode="json")
+        for vs in config.build().check(_segmented(examples_dir)) for v in vs
+    }  # fmt: skip
+    assert len(rows) == len(got) == 28
+    assert got == local
+
+
+def _segmented(examples_dir: Path) -> list:
+    from stepgap.segment import iter_traces
+
+    return list(iter_traces(examples_dir / "traces.jsonl"))
