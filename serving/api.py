@@ -7,11 +7,15 @@ that is wrong (422).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.schema import GapLabel, Trace, Verdict
+from stepgap.segment import SegmentationError, segment_trace
+
+from .inputs import golden_list
 
 _RESPONSE = (
     "<think>I need the director of Whiplash.</think><search>Whiplash director</search>"
@@ -201,3 +205,31 @@ class HealthResponse(BaseModel):
     failed_checks: int = Field(
         0, description="step checks that failed since the start (each earned bracket 0)"
     )
+
+
+# What a request's body means, for both servers (`server.py`, `ray_serve.py`): a ValueError is
+# the request's fault and is answered 422 with its message.
+
+
+def segmented_traces(traces: Sequence[Trace]) -> list[Trace]:
+    """`/check`'s traces, segmented; one that cannot be is named by its position and id."""
+    segmented = []
+    for i, t in enumerate(traces):
+        try:
+            segmented.append(segment_trace(t))
+        except SegmentationError as exc:
+            raise ValueError(f"traces[{i}] ({t.id!r}): {exc}") from None
+    return segmented
+
+
+def rollout_traces(
+    reward: Any, responses: list[str], questions: list[str], golden: list[Any], route: str
+) -> list[Trace]:
+    """The rollouts of a `/reward` or `/get_reward` body as segmented traces (`reward.trace`:
+    one that cannot be segmented is scored on EM alone), ids `ROUTE-i`."""
+    if not len(responses) == len(questions) == len(golden):
+        raise ValueError("responses, questions and golden_answers must have equal lengths")
+    return [
+        reward.trace(r, q, golden_list(g), f"{route}-{i}")
+        for i, (r, q, g) in enumerate(zip(responses, questions, golden, strict=True))
+    ]

@@ -25,20 +25,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from stepgap.schema import Trace, Verdict
-from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.build import CheckerConfig
 
-from .api import CheckRequest, HealthResponse, OpenRLHFRequest, RewardRequest
-from .inputs import golden_list
+from .api import (
+    CheckRequest,
+    HealthResponse,
+    OpenRLHFRequest,
+    RewardRequest,
+    rollout_traces,
+    segmented_traces,
+)
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .reward import StepGapReward
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_WAIT_S = 0.01
-
-
-class _Unprocessable(ValueError):
-    """A request body the route cannot take: answered 422 with the reason."""
 
 
 @serve.deployment(name="stepgap", max_ongoing_requests=64)
@@ -94,28 +95,17 @@ class RewardService:
     async def _rewards(
         self, responses: list[str], questions: list[str], golden: list[Any], route: str
     ) -> list[Any]:
-        traces = [
-            self.reward.trace(r, q, golden_list(g), f"{route}-{i}")
-            for i, (r, q, g) in enumerate(zip(responses, questions, golden, strict=True))
-        ]
+        traces = rollout_traces(self.reward, responses, questions, golden, route)
         if self.reward.variant == "search_only":
             return self.reward.score_traces(traces)
         verdicts = await self.check_batch(traces)
         return [self.reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
 
     async def check(self, body: CheckRequest) -> dict[str, Any]:
-        segmented = []
-        for i, t in enumerate(body.traces):
-            try:
-                segmented.append(segment_trace(t))
-            except SegmentationError as exc:
-                raise _Unprocessable(f"traces[{i}] ({t.id!r}): {exc}") from None
-        verdicts = await self.check_batch(segmented)
+        verdicts = await self.check_batch(segmented_traces(body.traces))
         return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
 
     async def reward_route(self, body: RewardRequest) -> dict[str, Any]:
-        if not len(body.responses) == len(body.questions) == len(body.golden_answers):
-            raise _Unprocessable("responses, questions and golden_answers must have equal lengths")
         results = await self._rewards(body.responses, body.questions, body.golden_answers, "reward")
         return {"rewards": [r.reward for r in results], "results": [r.as_dict() for r in results]}
 

@@ -42,7 +42,6 @@ except ImportError:  # pragma: no cover - without the extra, create_app says wha
 
 from stepgap.reward import RewardResult
 from stepgap.schema import Trace, Verdict
-from stepgap.segment import SegmentationError, segment_trace
 
 from .api import (
     CheckRequest,
@@ -52,8 +51,9 @@ from .api import (
     OpenRLHFResponse,
     RewardRequest,
     RewardResponse,
+    rollout_traces,
+    segmented_traces,
 )
-from .inputs import golden_list
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .reward import StepGapReward
 
@@ -578,10 +578,10 @@ def create_app(
     async def rewards(
         responses: list[str], questions: list[str], golden: list[Any], route: str, request: Request
     ) -> list[Any]:
-        traces = [
-            reward.trace(r, q, golden_list(g), f"{route}-{i}")
-            for i, (r, q, g) in enumerate(zip(responses, questions, golden, strict=True))
-        ]
+        try:
+            traces = rollout_traces(reward, responses, questions, golden, route)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
         if reward.variant == "search_only":
             return reward.score_traces(traces)
         verdicts = await checked(traces, route, request)
@@ -592,12 +592,10 @@ def create_app(
 
     @app.post("/check", response_model=CheckResponse, summary="verdicts for every step")
     async def check(body: CheckRequest, request: Request) -> dict[str, Any]:
-        segmented = []
-        for i, t in enumerate(body.traces):
-            try:
-                segmented.append(segment_trace(t))
-            except SegmentationError as exc:
-                raise HTTPException(422, f"traces[{i}] ({t.id!r}): {exc}") from None
+        try:
+            segmented = segmented_traces(body.traces)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
         verdicts = await checked(segmented, "check", request)
         for t, vs in zip(segmented, verdicts, strict=True):
             recent.add(t, vs, None)
@@ -605,10 +603,6 @@ def create_app(
 
     @app.post("/reward", response_model=RewardResponse, summary="rewards for rollouts")
     async def reward_route(body: RewardRequest, request: Request) -> dict[str, Any]:
-        if not len(body.responses) == len(body.questions) == len(body.golden_answers):
-            raise HTTPException(
-                422, "responses, questions and golden_answers must have equal lengths"
-            )
         results = await rewards(
             body.responses, body.questions, body.golden_answers, "reward", request
         )
