@@ -61,6 +61,12 @@ def build_judge(
     )
 
 
+def require_specs(judge: object, nli: object, bundle: object) -> None:
+    """What names a checker: a judge and an NLI model, or a bundle."""
+    if not bundle and not (judge and nli):
+        raise ValueError("give --judge and --nli, or --bundle")
+
+
 def _option(default: Any, help: str, group: str, **extra: Any) -> Any:
     """A field that is also a command-line flag: its help, its flag group, a metavar."""
     return Field(default, description=help, json_schema_extra={"group": group, **extra})
@@ -188,8 +194,7 @@ class CheckerConfig(BaseModel):
 
     def require_specs(self) -> None:
         """A ValueError unless this names a checker: a judge and an NLI model, or a bundle."""
-        if not self.bundle and not (self.judge and self.nli):
-            raise ValueError("give --judge and --nli, or --bundle")
+        require_specs(self.judge, self.nli, self.bundle)
 
     def build(self) -> Checker:
         """The checker this configuration describes (`build_checker`)."""
@@ -260,8 +265,7 @@ def build_checker(
             max_new_tokens=options.get("max_tokens") or 768,
             served_judge=served,
         )
-    if not judge or not nli:
-        raise ValueError("give --judge and --nli, or --bundle")
+    require_specs(judge, nli, bundle)
     if nli_providers:
         raise ValueError("--nli-provider picks the ONNX Runtime providers of a --bundle")
     from .nli import load_nli
