@@ -26,16 +26,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _serve(answers: dict, latency: float, urls) -> None:
-    """The fake OpenAI-compatible server, run in a child process until it is terminated."""
-    import threading
-
-    from tests.fixtures.openai_server import FakeOpenAI
-
-    urls.put(FakeOpenAI(answers=answers, latency=latency).start().base_url)
-    threading.Event().wait()
-
-
 def barrier_label(
     traces: Path, out: Path, base_url: str, nli: Path, concurrency: int, batch_size: int
 ) -> None:
@@ -59,11 +49,10 @@ def barrier_label(
 
 
 def main() -> None:
-    import multiprocessing
 
     from stepgap.cli import main as stepgap
     from stepgap.data_builders import iter_traces
-    from tests.fixtures.openai_server import example_prompt_keys, stored_answers
+    from tests.fixtures.openai_server import example_prompt_keys, start_in_child, stored_answers
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--copies", type=int, default=10)
@@ -81,10 +70,7 @@ def main() -> None:
     ex = REPO / "examples"
     traces = list(iter_traces(ex / "traces.jsonl"))
     answers = stored_answers(example_prompt_keys(traces), ex / "judge_replay.jsonl")
-    urls = multiprocessing.Queue()
-    server = multiprocessing.Process(target=_serve, args=(answers, args.latency, urls), daemon=True)
-    server.start()
-    base_url = urls.get(timeout=60)
+    server, base_url = start_in_child(answers, args.latency)
     os.environ.setdefault("OPENAI_API_KEY", "bench-not-a-real-key")
     runs: dict[str, dict[str, float]] = {}
     try:

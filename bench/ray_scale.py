@@ -23,35 +23,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _serve_judge(answers: dict, latency: float, urls) -> None:
-    """The fake OpenAI-compatible server, run in a child process until it is terminated."""
-    from tests.fixtures.openai_server import FakeOpenAI
-
-    urls.put(FakeOpenAI(answers=answers, latency=latency).start().base_url)
-    threading.Event().wait()
-
-
-def start_judge(latency: float) -> tuple[multiprocessing.Process, str]:
+def start_judge(latency: float) -> tuple[Any, str]:
     from stepgap.segment import iter_traces
-    from tests.fixtures.openai_server import example_prompt_keys, stored_answers
+    from tests.fixtures.openai_server import example_prompt_keys, start_in_child, stored_answers
 
     traces = list(iter_traces(REPO / "examples" / "traces.jsonl"))
     answers = stored_answers(example_prompt_keys(traces), REPO / "examples" / "judge_replay.jsonl")
-    urls: multiprocessing.Queue = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=_serve_judge, args=(answers, latency, urls), daemon=True)
-    proc.start()
-    return proc, urls.get(timeout=60)
+    return start_in_child(answers, latency)
 
 
 def expected_rewards() -> dict[str, float]:

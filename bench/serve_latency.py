@@ -38,16 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 BEFORE = "1309df6"  # the last commit whose server checked one batch at a time
 
 
-def _serve_judge(answers: dict, latency: float, urls) -> None:
-    """The fake OpenAI-compatible server, run in a child process until it is terminated."""
-    import threading
-
-    from tests.fixtures.openai_server import FakeOpenAI
-
-    urls.put(FakeOpenAI(answers=answers, latency=latency).start().base_url)
-    threading.Event().wait()
-
-
 def load_server_before(commit: str = BEFORE):
     """`stepgap.serving.server` as it was at `commit` (its relative imports resolve to today's
     sibling modules, whose interfaces it uses are unchanged)."""
@@ -176,12 +166,11 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    import multiprocessing
 
     from stepgap.data_builders import iter_traces
     from stepgap.serving import compute_reward
     from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
-    from tests.fixtures.openai_server import example_prompt_keys, stored_answers
+    from tests.fixtures.openai_server import example_prompt_keys, start_in_child, stored_answers
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=64)
@@ -203,12 +192,7 @@ def main() -> None:
         for t, vs in zip(traces, replay.check(traces), strict=True)
     }
     answers = stored_answers(example_prompt_keys(traces), ex / "judge_replay.jsonl")
-    urls = multiprocessing.Queue()
-    judge = multiprocessing.Process(
-        target=_serve_judge, args=(answers, args.latency, urls), daemon=True
-    )
-    judge.start()
-    base_url = urls.get(timeout=60)
+    judge, base_url = start_in_child(answers, args.latency)
     os.environ.setdefault("OPENAI_API_KEY", "bench-not-a-real-key")
     # the same flags for all; `before_c64` gives the old server as many judge requests in
     # flight as today's default keeps (8 calls x --concurrency 8)
