@@ -140,3 +140,10 @@ def ray_cluster() -> Iterator[Any]:
 
     with two_node_cluster() as cluster:
         yield cluster
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the session's Ray cluster run last (otherwise in their order): once started,
+    its processes (raylets, GCS, agents, Serve's controller) share the two cores with every
+    later test, and the load and deadline tests measure a server beside them."""
+    items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
