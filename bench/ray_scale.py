@@ -151,13 +151,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ray_scale.json"))
     args = parser.parse_args()
 
+    # first: it keeps the cluster, the driver and the judge on 127.0.0.1 (read at Ray's import)
+    from tests.fixtures.ray_cluster import two_node_cluster  # isort: skip
+
     from ray import serve
     from ray.data import DataContext
 
     from stepgap.segment import iter_traces
     from stepgap.teacher import CheckerConfig
     from tests.fixtures.live_server import _free_port
-    from tests.fixtures.ray_cluster import two_node_cluster
 
     judge, base_url = start_judge(args.latency)
     config = CheckerConfig(

@@ -4,6 +4,7 @@ live fake OpenAI server that answers the example judge prompts."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from stepgap.schema import Verdict
 from stepgap.student.config import load_config
 from stepgap.student.sft import train
 from tests.fixtures import models
+from tests.fixtures import ray_cluster as _ray_on_loopback  # noqa: F401  before Ray is imported
 from tests.fixtures.openai_server import FakeOpenAI, example_prompt_keys, stored_answers
 
 # Property tests: a fixed search in CI (`CI` set, as `.ci/run` does), so a clone can never go red
@@ -29,6 +31,15 @@ settings.load_profile(
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite sends Ctrl-C (SIGINT) to commands it starts and expects them to stop. A shell
+    without job control starts a background job (`make test &`) with SIGINT ignored, and every
+    process it starts inherits that, so the commands would never see it: give this process the
+    default handler back, so that they start as they would from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
