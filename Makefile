@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= teacher,train,export,serve,retrieval,demo,dev
+EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,dev
 
 .PHONY: install demo demo-full test test-fast lint clean
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stepgap.io import ErrorReport, _iter_rows, read_records
+from stepgap.io import ErrorReport, _iter_rows, read_records, refuse_other_format
 
 from .rollout_formats import question_line
 
@@ -185,7 +185,9 @@ def iter_questions(
     else:
         raise FileNotFoundError(f"QA set not found: {source} (and it is not a hub data set id)")
     seen: set[str] = set()
-    for line, row in rows:
+    for n, (line, row) in enumerate(rows):
+        if n == 0:  # a traces file is a QA set too (FlashRAG's columns); our other files not
+            refuse_other_format(source, row, "a QA set", lambda found: found.name == "traces")
         try:
             item = qa_item(row, mapping, fallback_id=f"{path.name}:{line}")
         except ValueError as exc:

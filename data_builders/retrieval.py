@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from stepgap.io import ErrorReport, JsonlWriter, read_records
+from stepgap.io import ErrorReport, JsonlWriter, read_records, refuse_other_format, replacing
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ def iter_corpus(source: str | Path, report: ErrorReport | None = None) -> Iterat
                 "url": "https://en.wikipedia.org/wiki/" + title.replace(" ", "_"),
             }
         return
-    for line, row in read_records(source, report):
+    for n, (line, row) in enumerate(read_records(source, report)):
+        if n == 0:  # none of our record files is a corpus
+            refuse_other_format(source, row, "a corpus (id, contents)", lambda found: False)
         contents = row.get("contents")
         if not isinstance(contents, str):
             text = row.get("text")
@@ -200,52 +202,53 @@ def build_index(
         docs.append(doc)
     if not docs:
         raise ValueError(f"{corpus}: no documents to index")
-    out.mkdir(parents=True, exist_ok=True)
-    with JsonlWriter(out / "corpus.jsonl") as fh:
-        for doc in docs:
-            fh.write(doc)
-    texts = [d["contents"] for d in docs]
-    bar = tqdm(total=len(texts), desc=f"index ({kind})", unit="doc", disable=hide,
-               dynamic_ncols=True)  # fmt: skip
-    if kind == "bm25":
-        import bm25s
+    # built in a folder of its own beside `out`, which becomes `out` once the index is whole
+    with replacing(out, folder=True, owned_by=INDEX_META) as work:
+        with JsonlWriter(work / "corpus.jsonl") as fh:
+            for doc in docs:
+                fh.write(doc)
+        texts = [d["contents"] for d in docs]
+        bar = tqdm(total=len(texts), desc=f"index ({kind})", unit="doc", disable=hide,
+                   dynamic_ncols=True)  # fmt: skip
+        if kind == "bm25":
+            import bm25s
 
-        index = bm25s.BM25()
-        index.index(_bm25_tokens(texts), show_progress=False)
-        index.save(str(out / "bm25"), show_progress=False)
-        bar.update(len(texts))
-    else:
-        from sentence_transformers import SentenceTransformer
+            index = bm25s.BM25()
+            index.index(_bm25_tokens(texts), show_progress=False)
+            index.save(str(work / "bm25"), show_progress=False)
+            bar.update(len(texts))
+        else:
+            from sentence_transformers import SentenceTransformer
 
-        encoder = SentenceTransformer(_resolve_encoder(model), device=device or "cpu")
-        parts = []
-        step = batch_size * 8  # a few batches between updates of the bar
-        for start in range(0, len(texts), step):
-            part = texts[start : start + step]
-            parts.append(
-                encoder.encode(
-                    part,
-                    batch_size=batch_size,
-                    normalize_embeddings=True,
-                    show_progress_bar=False,
-                    convert_to_numpy=True,
+            encoder = SentenceTransformer(_resolve_encoder(model), device=device or "cpu")
+            parts = []
+            step = batch_size * 8  # a few batches between updates of the bar
+            for start in range(0, len(texts), step):
+                part = texts[start : start + step]
+                parts.append(
+                    encoder.encode(
+                        part,
+                        batch_size=batch_size,
+                        normalize_embeddings=True,
+                        show_progress_bar=False,
+                        convert_to_numpy=True,
+                    )
                 )
-            )
-            bar.update(len(part))
-        np.save(out / "embeddings.npy", np.concatenate(parts).astype(np.float32))
-    bar.close()
-    from stepgap import __version__
+                bar.update(len(part))
+            np.save(work / "embeddings.npy", np.concatenate(parts).astype(np.float32))
+        bar.close()
+        from stepgap import __version__
 
-    meta = {
-        "format": 1,
-        "kind": kind,
-        "model": model if kind == "dense" else None,
-        "documents": len(docs),
-        "source": str(corpus),
-        "attribution": corpus_attribution(corpus),
-        "stepgap_version": __version__,
-    }
-    (out / INDEX_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        meta = {
+            "format": 1,
+            "kind": kind,
+            "model": model if kind == "dense" else None,
+            "documents": len(docs),
+            "source": str(corpus),
+            "attribution": corpus_attribution(corpus),
+            "stepgap_version": __version__,
+        }
+        (work / INDEX_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepgap.io import replacing
 from stepgap.schema import Verdict
 
 from .student_target import check_target, student_target
@@ -143,9 +144,11 @@ def save_sft_dataset(data: Any, path: str | Path, *, nli_features: bool, **info:
     student judge knows whether its prompts need NLI features and which target it writes."""
     from stepgap.teacher.prompt import PROMPT_VERSION
 
-    data.save_to_disk(str(path))
     meta = {"nli_features": nli_features, "prompt_version": PROMPT_VERSION, **info}
-    (Path(path) / SFT_META).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+    # an earlier data set in `path` is replaced whole, and only once this one is complete
+    with replacing(path, folder=True, owned_by=SFT_META) as work:
+        data.save_to_disk(str(work))
+        (work / SFT_META).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
 
 
 def read_sft_metadata(path: str | Path) -> dict[str, Any]:
@@ -195,10 +198,14 @@ def write_sft_data(
     saved with `save_to_disk` under `output` (and pushed when `push_to_hub` names a repo).
     Returns the `DatasetDict` and its counts; unreadable verdict lines go to `report`.
     """
-    from stepgap.io import ErrorReport, read_models
+    from stepgap.hub import require_hub, upload_errors
+    from stepgap.io import ErrorReport, check_output, read_models
 
     report = report if report is not None else ErrorReport()
     paths = [verdicts] if isinstance(verdicts, str | Path) else list(verdicts)
+    check_output(output, *paths, folder=True)
+    if push_to_hub:  # before any work, not after it
+        require_hub(f"--push-to-hub {push_to_hub}")
     rows = [v for path in paths for _, v in read_models(path, Verdict, report)]
     exclude = set().union(*(read_ids(p) for p in exclude_ids))
     stats = SFTStats()
@@ -229,5 +236,6 @@ def write_sft_data(
         stats=stats.__dict__,
     )
     if push_to_hub:
-        data.push_to_hub(push_to_hub, private=private)
+        with upload_errors(f"--push-to-hub {push_to_hub}"):
+            data.push_to_hub(push_to_hub, private=private)
     return data, stats

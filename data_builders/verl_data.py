@@ -15,14 +15,13 @@ a temporary file beside it and renamed when complete: a failed run leaves no hal
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stepgap.io import ErrorReport, _progress
+from stepgap.io import ErrorReport, UnreadableFileError, _progress, check_output, replacing
 
 from .rollout_formats import question_line
 
@@ -102,17 +101,15 @@ def add_questions(
     report = report if report is not None else ErrorReport()
     if not source.is_file():
         raise FileNotFoundError(f"input file not found: {source}")
-    if output.resolve() == source.resolve() or (output.exists() and output.samefile(source)):
-        raise ValueError(f"{output}: the output must be another file than the input")
+    check_output(output, source)
     try:
         data = pq.ParquetFile(source)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{source}: not a readable Parquet file ({exc})") from exc
     schema = _with_question(data.schema_arrow, source)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     written = row = 0
-    try:
+    before = len(report)
+    with replacing(output, source) as tmp:
         with (
             pq.ParquetWriter(tmp, schema) as writer,
             _progress(data.metadata.num_rows, source.name, unit="row") as bar,
@@ -134,8 +131,8 @@ def add_questions(
                     writer.write_batch(pa.RecordBatch.from_pylist(kept, schema=schema))
                 written += len(kept)
                 bar.update(batch.num_rows)
-        if written or not report:
-            os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+        if len(report) > before and not written:
+            raise UnreadableFileError(
+                f"{source}: no row has a question; the first: {report.errors[before]}"
+            )
     return written

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from stepgap.io import ErrorReport, JsonlWriter
+from stepgap.io import ErrorReport, JsonlWriter, check_output
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
 from stepgap.teacher.checker import Checker, provenance
@@ -183,7 +183,12 @@ class NERQuoteChecker(Checker):
         if nlp is None:
             import spacy
 
-            nlp = spacy.load(SPACY_MODEL)
+            try:
+                nlp = spacy.load(SPACY_MODEL)
+            except OSError as exc:  # spaCy's E050: the pipeline's package is not installed
+                raise ModuleNotFoundError(
+                    f"No module named {SPACY_MODEL!r}", name=SPACY_MODEL
+                ) from exc
         self.nlp = nlp
         self.overlap = overlap
 
@@ -259,6 +264,7 @@ def run_baseline(
     if kind not in BASELINES:
         raise ValueError(f"unknown baseline {kind!r}; choose one of {', '.join(BASELINES)}")
     tree = tree or TreeConfig()
+    check_output(output, input_path)
     traces = list(iter_traces(input_path, report))
     if kind == "flag-everything":
         verdicts: Iterable[Verdict] = flag_everything(traces)
@@ -302,7 +308,7 @@ def run_baseline(
                 judge = build_judge(judge, **(judge_options or {}))
             verdicts = ner_quote(traces, judge, nli_backend, tree)
     n = 0
-    with JsonlWriter(output) as out:
+    with JsonlWriter(output, input_path) as out:
         for v in verdicts:
             out.write(v)
             n += 1

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from stepgap.io import ErrorReport, read_records, read_steps_once
+from stepgap.io import ErrorReport, read_models, read_steps_once, replacing
 from stepgap.metrics import (
     answer_gap_table,
     balanced_accuracy_from_counts,
@@ -35,8 +35,9 @@ from stepgap.metrics import (
     step_metrics,
     typed_macro_f1,
 )
-from stepgap.schema import GAP_TYPES, GapLabel, GoldStep, GoldTrace
+from stepgap.schema import GAP_TYPES, GapLabel
 
+REPORT_JSON = "report.json"  # marks an evaluation folder, which a rerun replaces
 SWEEP_THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(13))  # 0.30 .. 0.90
 
 
@@ -59,23 +60,35 @@ class Gold:
     correct: dict[str, bool]  # trace id -> final answer correct
 
 
+class _GoldLine(BaseModel):
+    """A line of a gold file: a step's label (`GoldStep`) or a trace's correctness
+    (`GoldTrace`); the two may share a file."""
+
+    model_config = ConfigDict(extra="allow")
+
+    trace_id: str
+    step: int | None = None
+    label: GapLabel | None = None
+    correct: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> _GoldLine:
+        if self.correct is None and (self.step is None or self.label is None):
+            raise ValueError("needs step and label (a step's label) or correct (a trace's)")
+        return self
+
+
 def load_gold(paths: Sequence[str | Path], report: ErrorReport | None = None) -> Gold:
     """Gold step labels and trace correctness, in one file or several (docs/contract.md, section 1)."""
     report = report if report is not None else ErrorReport()
     steps: dict[tuple[str, int], str] = {}
     correct: dict[str, bool] = {}
     for path in paths:
-        for line, obj in read_records(path, report):
-            model: type[BaseModel] = GoldStep if "label" in obj else GoldTrace
-            try:
-                rec = model.model_validate(obj)
-            except Exception as exc:  # pydantic.ValidationError
-                report.add_validation(path, line, exc)  # type: ignore[arg-type]
-                continue
-            if isinstance(rec, GoldStep):
+        for _, rec in read_models(path, _GoldLine, report, what="gold labels"):
+            if rec.step is not None and rec.label is not None:
                 steps[(rec.trace_id, rec.step)] = rec.label
             else:
-                correct[rec.trace_id] = rec.correct
+                correct[rec.trace_id] = bool(rec.correct)
     if not steps:
         raise ValueError(f"no gold step labels found in {', '.join(map(str, paths))}")
     return Gold(steps, correct)
@@ -84,7 +97,9 @@ def load_gold(paths: Sequence[str | Path], report: ErrorReport | None = None) ->
 def load_predictions(path: str | Path, report: ErrorReport | None = None) -> list[PredStep]:
     """A checker's verdicts; a step predicted twice is an input error (reported, first kept)."""
     report = report if report is not None else ErrorReport()
-    return read_steps_once(path, PredStep, report, "is predicted twice (first at line {line})")
+    return read_steps_once(
+        path, PredStep, report, "is predicted twice (first at line {line})", what="verdicts"
+    )
 
 
 def _unique_by_step(preds: Iterable[PredStep]) -> dict[tuple[str, int], PredStep]:
@@ -384,13 +399,16 @@ def evaluate(
     result = build_report(
         gold_labels, checkers, resamples=resamples, seed=seed, unit=unit, silver=silver
     )
-    out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(render_markdown(result), encoding="utf-8")
-    files = [out / "report.json", out / "report.md"]
-    if plots:
-        from .plots import write_plots
+    # the folder is replaced whole once every file is written, so an earlier report survives a
+    # failure and never mixes with this one
+    sources = [*gold_files, *predictions.values()]
+    with replacing(output, *sources, folder=True, owned_by=REPORT_JSON) as work:
+        (work / REPORT_JSON).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        (work / "report.md").write_text(render_markdown(result), encoding="utf-8")
+        names = [REPORT_JSON, "report.md"]
+        if plots:
+            from .plots import write_plots
 
-        files += write_plots(result, out)
-    return Evaluation(result, files)
+            names += [p.name for p in write_plots(result, work)]
+    out = Path(output)
+    return Evaluation(result, [out / name for name in names])

@@ -76,6 +76,18 @@
     LABELS.forEach(function (lab) { add(legend, badge(lab)); });
     add(legend, el("span", "muted", "card colour = label; a red bar on the left marks a disagreement"));
     add(box, legend);
+    var named = Object.keys(s.sources || {});
+    if (named.length) {  // replayed answers and stand-in models measure no real checker
+      var where = el("div", "sources");
+      add(where, el("h3", null, "Where the verdicts come from: not a real checker"));
+      var list = el("ul");
+      named.forEach(function (name) {
+        s.sources[name].forEach(function (note) {
+          add(list, add(el("li"), el("span", "checker-name", name), el("span", null, ": " + note)));
+        });
+      });
+      add(box, add(where, list));
+    }
     if (s.report) box.appendChild(figures(s.report));
     return box;
   }

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepgap.io import ErrorReport, read_models, read_steps_once
+from stepgap.io import ErrorReport, read_models, read_steps_once, write_text
 from stepgap.schema import Trace, Verdict
 
 from .report import Gold, load_gold
@@ -134,9 +134,8 @@ def write_view(
         page_size=page_size,
         resamples=resamples,
     )
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    sources = [traces, *verdicts.values(), *([rewards] if rewards is not None else [])]
+    out = write_text(output, page, *sources)
     keys = {(t.id, s.index) for t in loaded for s in t.steps or []}
     return ViewResult(
         path=out,

@@ -19,7 +19,7 @@ from stepgap.tree import (
     normalise_quote_with_origin,
 )
 
-from .report import Gold, PredStep, build_report
+from .report import Gold, PredStep, build_report, provenance_notes
 
 DEFAULT_PAGE_SIZE = 25
 # The report's figures the summary shows (the rest stays in `stepgap eval`'s report.json).
@@ -205,6 +205,14 @@ def _trace_view(
         for s in view_steps
         for v in s["verdicts"]
     }
+    sources = {}  # checker -> why its verdicts measure no real model (replayed, stand-in)
+    for name, by_step in checkers.items():
+        records = {
+            repr(sorted(v.checker.items())): v.checker
+            for step in steps
+            if (v := by_step.get((trace.id, step.index))) is not None and v.checker
+        }
+        sources[name] = provenance_notes(list(records.values()))
     return {
         "id": trace.id,
         "question": trace.question,
@@ -219,6 +227,7 @@ def _trace_view(
         ),
         "labels": sorted(labels),
         "disagree": sum(s["disagree"] for s in view_steps),
+        "sources": sources,
         "steps": view_steps,
     }
 
@@ -252,7 +261,10 @@ def page_data(
     if page_size < 1:
         raise ValueError(f"page_size must be at least 1, got {page_size}")
     counts: dict[str, Counter[str]] = {name: Counter() for name in checkers}
+    sources: dict[str, dict[str, None]] = {name: {} for name in checkers}
     for t in traces:
+        for name, notes in t.get("sources", {}).items():
+            sources.setdefault(name, {}).update(dict.fromkeys(notes))
         for s in t["steps"]:
             for name, v in zip(checkers, s["verdicts"], strict=True):
                 counts[name]["missing" if v is None else (v["label"] or "error")] += 1
@@ -268,6 +280,7 @@ def page_data(
             "wrong_answers": sum(1 for t in traces if not t["em"]),
             "disagreeing_steps": sum(t["disagree"] for t in traces),
             "distribution": {name: dict(counts[name]) for name in checkers},
+            "sources": {name: list(notes) for name, notes in sources.items() if notes},
             "labels": list(LABELS),
             "report": report,
         },

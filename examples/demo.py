@@ -114,7 +114,7 @@ def main_job() -> None:
 
     if not (NLI / "config.json").is_file():
         print(f"  training {NLI} (tests.fixtures.models.build_deberta_nli) ...", flush=True)
-        build_deberta_nli(NLI)
+        build_deberta_nli(NLI, progress=True)
     run("check", str(SEG), REPLAY_JUDGE, f"--nli={NLI}", "--device=cpu",
         "-o", str(OUT / "verdicts_standin_nli.jsonl"))  # fmt: skip
     show("  labels with the stand-in NLI (meaningless)", OUT / "verdicts_standin_nli.jsonl")
@@ -169,7 +169,7 @@ def distil_and_ship() -> None:
     """Train the tiny student on the teacher's verdicts, check and mine with it, bundle it."""
     stage("8. distil: SFT data from the teacher verdicts, then the tiny recipe", "20 s")
     run("sft-data", str(OUT / "verdicts.jsonl"), "-o", str(OUT / "sft_data"), "--eval-fraction=0.3")
-    run("train", "--config", "tiny", f"--set=dataset={OUT / 'verdicts.jsonl'}",
+    run("train", "--config", "tiny", f"--set=dataset={OUT / 'sft_data'}",
         f"--set=output_dir={STUDENT}")  # fmt: skip
 
     stage("9. the tiny student checks the steps, and mines hard negatives", "10 s")

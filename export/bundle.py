@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stepgap import __version__
+from stepgap.io import replacing
 
 from .onnx_nli import ExportError, check_parity, export_onnx
 from .serving_recipe import RECIPE, SERVED_NAME, serving_recipe
@@ -195,11 +196,7 @@ def export_bundle(
         raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     if nli_quantize not in (None, "int8"):
         raise ValueError(f"--nli-quantize supports int8, not {nli_quantize!r}")
-    work = out.with_name(out.name + ".partial")
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    try:
+    with replacing(out, folder=True, owned_by=MANIFEST) as work:
         student_info = _export_student(student, base, work / "student", merge, dtype, base_revision)
         onnx_dir = export_onnx(nli, work / "nli", int8=nli_quantize == "int8", fp16=nli_fp16)
         precisions = [p for p, on in (("int8", nli_quantize == "int8"), ("fp16", nli_fp16)) if on]
@@ -243,12 +240,6 @@ def export_bundle(
             },
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return out
 
 

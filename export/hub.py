@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from stepgap.hub import CARD, LICENSE, TEMPLATE, require_hub_token
+from stepgap.hub import CARD, LICENSE, TEMPLATE, require_hub, upload_errors
 
 from .bundle import MANIFEST, verify_bundle
 
@@ -157,12 +157,10 @@ def push_bundle(
         return plan
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    what = f"stepgap push to {repo_id}"
     if api is None:
-        require_hub_token("stepgap push", "; --dry-run needs none")
+        require_hub(what, "; --dry-run needs neither")
     api = api or HfApi()
-    api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
-    if revision:
-        api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
     root = Path(bundle)
     operations = [
         CommitOperationAdd(path_in_repo=f, path_or_fileobj=str(root / f))
@@ -170,11 +168,15 @@ def push_bundle(
         if f != CARD
     ]
     operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=plan.card.encode()))
-    api.create_commit(
-        repo_id,
-        operations=operations,
-        commit_message=f"stepgap bundle ({len(operations)} files)",
-        repo_type="model",
-        revision=revision,
-    )
+    with upload_errors(what):
+        api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+        if revision:
+            api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+        api.create_commit(
+            repo_id,
+            operations=operations,
+            commit_message=f"stepgap bundle ({len(operations)} files)",
+            repo_type="model",
+            revision=revision,
+        )
     return plan

@@ -142,7 +142,11 @@ class StepGapReward:
                 failed[0].error,
             )
         else:
-            log.warning("%d step check(s) failed in this batch: bracket 0 each", len(failed))
+            log.warning(
+                "%d step check(s) failed in this batch: bracket 0 each. First error: %s",
+                len(failed),
+                failed[0].error,
+            )
 
     def score_traces(self, traces: Sequence[Trace]) -> list[RewardResult]:
         """Rewards for many rollouts with one checker call (the checker batches judge and NLI)."""
@@ -202,7 +206,7 @@ def reward_file(
         with explain_load_errors(tokenizer, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(check_model_ref(tokenizer))
     n = 0
-    with JsonlWriter(output) as out:
+    with JsonlWriter(output, input_path, verdicts_path) as out:
         for trace in iter_traces(input_path, report):
             try:
                 result = compute_reward(

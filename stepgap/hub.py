@@ -1,12 +1,15 @@
 """What every card and upload to the Hugging Face Hub shares: the model card template (the
-top-level MODEL_CARD.md, shipped as stepgap/MODEL_CARD.md), the card's file name and license, and
-the token check. The bundle's card and push (`stepgap.export.hub`) and the trained adapter's
-card and push (`stepgap.student`) both use it.
+top-level MODEL_CARD.md, shipped as stepgap/MODEL_CARD.md), the card's file name and license,
+the checks before an upload (a token, a reachable Hub) and one line for an upload that fails.
+The bundle's card and push (`stepgap.export.hub`), the trained adapter's card and push
+(`stepgap.student`) and the SFT data's push (`stepgap sft-data --push-to-hub`) all use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 TEMPLATE = Path(__file__).with_name("MODEL_CARD.md")
@@ -22,6 +25,72 @@ def template_section(title: str) -> str:
     if match is None:
         raise KeyError(f"{TEMPLATE.name} has no section '## {title}'")
     return match.group(1).strip()
+
+
+class HubUploadError(RuntimeError):
+    """An upload to the Hub that cannot start or that failed; the message says what to do."""
+
+
+_HUB_PROBE: dict[str, str | None] = {}
+
+
+def hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hub's endpoint (`HF_ENDPOINT`) cannot be reached (a TCP connection within
+    `timeout`), or None; asked once per process and endpoint."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    endpoint = constants.ENDPOINT
+    if endpoint not in _HUB_PROBE:
+        url = urlsplit(endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+            _HUB_PROBE[endpoint] = None
+        except OSError as exc:
+            _HUB_PROBE[endpoint] = f"{endpoint}: {exc.strerror or exc}"
+    return _HUB_PROBE[endpoint]
+
+
+def require_hub(what: str, hint: str = "") -> None:
+    """Before any work of a run that uploads: a token (`require_hub_token`) and a Hub that
+    answers, else one `HubUploadError` (the command line prints it and exits 2)."""
+    require_hub_token(what, hint)
+    if down := hub_unreachable():
+        raise HubUploadError(
+            f"{what}: the Hugging Face Hub cannot be reached ({down}); run it where there is "
+            f"network{hint}"
+        )
+
+
+def _upload_failures() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub and the HTTP clients under it raise when an upload fails."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    kinds: list[type[BaseException]] = [HfHubHTTPError, ConnectionError, TimeoutError]
+    for module, name in (("requests", "RequestException"), ("httpx", "HTTPError")):
+        with contextlib.suppress(ImportError):
+            kinds.append(getattr(__import__(module), name))
+    return tuple(kinds)
+
+
+@contextlib.contextmanager
+def upload_errors(what: str) -> Iterator[None]:
+    """An upload's failure as one `HubUploadError` line (what failed, the server's first line,
+    what to do) instead of the HTTP client's traceback."""
+    try:
+        yield
+    except HubUploadError:
+        raise
+    except _upload_failures() as exc:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise HubUploadError(
+            f"{what} failed: {first[:300]}. Check that HF_TOKEN has write access to the "
+            "repository and that the Hub can be reached, then run it again"
+        ) from exc
 
 
 def require_hub_token(what: str, hint: str = "") -> None:

@@ -9,6 +9,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from stepgap.hub import hub_unreachable
+
 log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -37,7 +39,7 @@ def _fail_fast_if_unreachable(ref: str) -> None:
     (huggingface_hub would retry for minutes, printing each warning twice)."""
     if os.path.exists(ref) or not _HUB_ID.match(ref) or _hub_offline() or _cached_on_disk(ref):
         return
-    if down := _hub_unreachable():
+    if down := hub_unreachable():
         raise ModelLoadError(
             f"{ref}: not a local folder and not in the Hugging Face cache, and the Hugging Face "
             f"Hub cannot be reached ({down}). Download it where there is network "
@@ -55,29 +57,6 @@ def _listing(folder: str, limit: int = 5) -> str:
 
 def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
-_HUB_PROBE: dict[str, str | None] = {}
-
-
-def _hub_unreachable(timeout: float = 5.0) -> str | None:
-    """Why the Hub's endpoint cannot be reached (a TCP connection within `timeout`), or None;
-    asked once per process and endpoint."""
-    import socket
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    endpoint = constants.ENDPOINT
-    if endpoint not in _HUB_PROBE:
-        url = urlsplit(endpoint)
-        port = url.port or (443 if url.scheme == "https" else 80)
-        try:
-            socket.create_connection((url.hostname or "", port), timeout=timeout).close()
-            _HUB_PROBE[endpoint] = None
-        except OSError as exc:
-            _HUB_PROBE[endpoint] = f"{endpoint}: {exc.strerror or exc}"
-    return _HUB_PROBE[endpoint]
 
 
 # Small real models that PyPI packages ship, addressable without a hub: `pypi:NAME`.

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from stepgap.io import ErrorReport, JsonlWriter, check_output, read_records
+from stepgap.io import ErrorReport, JsonlWriter, UnreadableFileError, read_models
 from stepgap.schema import Snippet, Step, Trace
 from stepgap.tags import ACTIONS, EVIDENCE, OPEN, TAG, closing
 
@@ -242,21 +240,26 @@ def normalize_rollout(record: dict[str, Any]) -> dict[str, Any]:
 def iter_traces(
     path: str | Path, report: ErrorReport | None = None, *, segment: bool = True
 ) -> Iterator[Trace]:
-    """Read traces from a file, segmenting raw ones; bad records are reported and skipped."""
+    """Read traces from a file, segmenting raw ones; bad records are reported and skipped (a
+    file of another format, or of which no trace can be read or segmented, is an error)."""
     report = report if report is not None else ErrorReport()
-    for lineno, obj in read_records(path, report):
-        try:
-            trace = Trace.model_validate(normalize_rollout(obj))
-        except ValidationError as exc:
-            report.add_validation(path, lineno, exc)
-            continue
+    before, read, kept = len(report), 0, 0
+    for lineno, trace in read_models(path, Trace, report, prepare=normalize_rollout):
+        read += 1
         if not segment:
             yield trace
             continue
         try:
-            yield segment_trace(trace)
+            segmented = segment_trace(trace)
         except SegmentationError as exc:
             report.add(path, lineno, f"trace {trace.id!r}: {exc}", field="response")
+            continue
+        kept += 1
+        yield segmented
+    if segment and read and not kept:
+        raise UnreadableFileError(
+            f"{path}: none of its {read} trace(s) has steps; the first: {report.errors[before]}"
+        )
 
 
 def segment_file(
@@ -266,9 +269,8 @@ def segment_file(
 
     Bad records go to `report` (file, line, field, reason) and never stop the rest of the file.
     """
-    check_output(output, input_path)
     n = 0
-    with JsonlWriter(output) as out:
+    with JsonlWriter(output, input_path) as out:
         for trace in iter_traces(input_path, report):
             out.write(trace)
             n += 1

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stepgap.data_builders.sft import build_sft_dataset, in_eval_split, save_sft_dataset
+from stepgap.io import JsonlWriter, replacing, write_text
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.checker import Checker, group_by_trace
 from stepgap.teacher.judges.base import JudgeBackend
@@ -31,6 +32,7 @@ from stepgap.tree import TreeConfig
 log = logging.getLogger(__name__)
 
 NO_GAP = "no_gap"
+SUMMARY = "summary.json"  # marks a `stepgap mine` folder, which a rerun replaces
 TRAIN_TRACES = "train_trace_ids"  # key of stepgap_student.json: the traces the student saw
 
 
@@ -243,15 +245,25 @@ def write_mined(
 ) -> Path:
     """hard_negatives.jsonl (with reasons), sft/ (train = mined half, test = held-out half),
     and summary.json; the SFT examples are the student's own prompts (its NLI features and
-    evidence budget) over the pool's whole traces."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    evidence budget) over the pool's whole traces. An earlier output in `out_dir` is replaced
+    whole once all three are written."""
+    with replacing(out_dir, folder=True, owned_by=SUMMARY) as work:
+        _write_mined(result, pool, work, nli, earlier_evidence_chars)
+    return Path(out_dir)
+
+
+def _write_mined(
+    result: MineResult,
+    pool: Sequence[Verdict],
+    out: Path,
+    nli: NLIBackend | None,
+    earlier_evidence_chars: int | None,
+) -> None:
     held = {(v.trace_id, v.step) for v in result.held_out}
-    with (out / "hard_negatives.jsonl").open("w", encoding="utf-8") as f:
+    with JsonlWriter(out / "hard_negatives.jsonl") as f:
         for v, reason in result.mined:
             split = "held_out" if (v.trace_id, v.step) in held else "train"
-            row = {**json.loads(v.model_dump_json()), "mined_reason": reason, "split": split}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write({**json.loads(v.model_dump_json()), "mined_reason": reason, "split": split})
     keep = {(v.trace_id, v.step) for v, _ in result.mined}
     context = [
         v if (v.trace_id, v.step) in keep else v.model_copy(update={"label": None, "judge": None})
@@ -272,8 +284,7 @@ def write_mined(
             nli_features=nli is not None,
             earlier_evidence_chars=earlier_evidence_chars,
         )
-    (out / "summary.json").write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
-    return out
+    (out / SUMMARY).write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
 
 
 AUGMENT_LR_DIVISOR = 10
@@ -435,5 +446,5 @@ def mine(
         summary["agreement_after_held_out"] = asdict(
             Agreement.of([c for c in after if c.teacher.trace_id in held])
         )
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    write_text(Path(out) / SUMMARY, json.dumps(summary, indent=2))
     return summary

@@ -190,15 +190,24 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     """Train and save the adapter (and tokenizer) to `cfg.output_dir`; returns the metrics.
 
     Under `accelerate launch` with several processes every rank trains on its share of each
-    batch; rank 0 alone writes the adapter, tokenizer, metadata and logs."""
-    from trl import SFTConfig, SFTTrainer
+    batch; rank 0 alone writes the adapter, tokenizer, metadata and logs. With `push_to_hub`,
+    a missing token or an unreachable Hub stops it before any work, and a failed upload is one
+    `HubUploadError` line."""
+    if not cfg.push_to_hub:
+        return _train(cfg, resume=resume)
+    from stepgap.hub import require_hub, upload_errors
 
-    from stepgap.hub import require_hub_token
+    what = f"push_to_hub (to {cfg.hub_model_id})"
+    require_hub(what)  # before any work, not at the first upload
+    with upload_errors(what):
+        return _train(cfg, resume=resume)
+
+
+def _train(cfg: StudentTrainConfig, *, resume: bool) -> dict[str, Any]:
+    from trl import SFTConfig, SFTTrainer
 
     from .card import publishing_trainer
 
-    if cfg.push_to_hub:  # fail before any work, not at the first upload
-        require_hub_token(f"push_to_hub (to {cfg.hub_model_id})")
     data = load_sft_data(cfg)
     data_meta = read_sft_metadata(cfg.dataset) if Path(cfg.dataset).is_dir() else {}
     columns = ["prompt", "completion"]

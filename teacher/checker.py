@@ -499,7 +499,7 @@ def relabel_file(
     check_output(output, input_path)
     verdicts = [v for _, v in read_models(input_path, Verdict, report)]
     n = 0
-    with JsonlWriter(output) as out:
+    with JsonlWriter(output, input_path) as out:
         for v in relabel(verdicts, config, **overrides):
             out.write(v)
             n += 1

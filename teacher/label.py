@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from stepgap.io import ErrorReport, JsonlWriter, check_output
+from stepgap.io import ErrorReport, JsonlWriter, check_output, replacing, write_text
 from stepgap.schema import LABELS, Trace, Verdict
 
 from .checker import Checker
@@ -76,22 +76,20 @@ def finished_steps(path: str | Path) -> set[tuple[str, int]]:
 def drop_verdicts(path: str | Path, keys: set[tuple[str, int]]) -> int:
     """Rewrite `path` without the verdicts of `keys` (atomically: a crash leaves the old file or
     the new one); returns how many lines went. A half-written last line goes too."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".rewrite")
     dropped = 0
-    with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
-        for line in src:
-            if not line.endswith("\n"):
-                continue
-            if line.strip():
-                rec = json.loads(line)
-                if (str(rec["trace_id"]), int(rec["step"])) in keys:
-                    dropped += 1
+    with replacing(path) as tmp:
+        with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
+            for line in src:
+                if not line.endswith("\n"):
                     continue
-            dst.write(line)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, path)
+                if line.strip():
+                    rec = json.loads(line)
+                    if (str(rec["trace_id"]), int(rec["step"])) in keys:
+                        dropped += 1
+                        continue
+                dst.write(line)
+            dst.flush()
+            os.fsync(dst.fileno())
     return dropped
 
 
@@ -138,8 +136,7 @@ class LabelSummary(VerdictCounts):
     def write(self, path: str | Path, meter: object = None) -> None:
         """The counts and, with a cost meter, the judge's tokens and cost, as JSON."""
         cost = meter.as_dict() if meter is not None else None  # type: ignore[attr-defined]
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump({**asdict(self), "cost": cost}, fh, indent=2)
+        write_text(path, json.dumps({**asdict(self), "cost": cost}, indent=2))
 
 
 def label_traces(
@@ -169,14 +166,10 @@ def label_traces(
     index, shards = shard
     summary = LabelSummary()
     status = verdict_status(output)
-    failed_before = {k for k, labelled in status.items() if not labelled}
-    if retry_errors and failed_before:
-        summary.retried = drop_verdicts(output, failed_before)
-        log.warning("%s: asking again for %d failed step(s)", output, summary.retried)
-        status = {k: v for k, v in status.items() if v}
-    done = set(status)
+    retry = {k for k, labelled in status.items() if not labelled} if retry_errors else set()
+    done = set(status) - retry
 
-    pending: list[Trace] = []
+    pending: list[Trace] = []  # read whole before the output changes: a wrong input leaves it
     for t in traces:
         if shards > 1 and shard_of(t.id, shards) != index:
             continue
@@ -188,6 +181,9 @@ def label_traces(
             summary.skipped_traces += 1
         else:
             pending.append(t)
+    if retry:
+        summary.retried = drop_verdicts(output, retry)
+        log.warning("%s: asking again for %d failed step(s)", output, summary.retried)
 
     meter = getattr(checker.judge, "meter", None)
     total = sum(1 for t in pending for s in t.steps or [] if (t.id, s.index) not in done)
@@ -220,6 +216,7 @@ def label_file(
     """`label_traces` over a traces file (raw or segmented; bad records go to `report`)."""
     from stepgap.segment import iter_traces
 
+    check_output(output, input_path)
     return label_traces(iter_traces(input_path, report), checker, output, **options)
 
 
@@ -232,8 +229,9 @@ def check_file(
     batch_size: int = 64,
     progress: bool = True,
 ) -> VerdictCounts:
-    """One verdict per step of every trace in `input_path`, written to `output` (overwritten);
-    returns what was written. `label_file` is the resumable, sharded version."""
+    """One verdict per step of every trace in `input_path`, written to `output` (replaced);
+    returns what was written. When every step failed (a dead judge), `output` is left as it was
+    (`counts.all_failed` says so). `label_file` is the resumable, sharded version."""
     from stepgap.segment import iter_traces
 
     check_output(output, input_path)  # before any model is asked: the input stays as it is
@@ -247,13 +245,15 @@ def check_file(
         disable=None if progress else True,
         dynamic_ncols=True,
     )
-    with JsonlWriter(output) as out:
+    with JsonlWriter(output, input_path) as out:
         for start in range(0, len(traces), batch_size):
             for verdicts in checker.check(traces[start : start + batch_size]):
                 for v in verdicts:
                     out.write(v)
                     counts.add(v)
                     bar.update(1)
+        if counts.all_failed:  # an earlier output is worth more than a file of failures
+            out.close(failed=True)
     bar.close()
     return counts
 
@@ -279,6 +279,7 @@ def merge_verdicts(
     from stepgap.io import read_models
 
     report = report if report is not None else ErrorReport()
+    inputs = list(inputs)
     problems: list[str] = []
     seen: dict[tuple[str, int], str] = {}
     verdicts: list[Verdict] = []
@@ -325,13 +326,11 @@ def merge_verdicts(
     rank = {t: i for i, t in enumerate(order)}
     verdicts.sort(key=lambda v: (rank[v.trace_id], v.step))
     counts = VerdictCounts()
-    output = Path(output)
-    tmp = output.with_name(output.name + ".merging")
-    with JsonlWriter(tmp) as out:
+    sources = [*inputs, *([traces] if traces is not None else [])]
+    with JsonlWriter(output, *sources) as out:
         for v in verdicts:
             out.write(v)
             counts.add(v)
-    os.replace(tmp, output)
     return counts
 
 

@@ -2,8 +2,8 @@
 
 Each input file is a good file with poison lines inserted: invalid JSON, a JSON value that is
 not an object, non-UTF-8 bytes, a wrong type, a missing field. Every poison line is reported on
-stderr and in `--errors` as `file:line: field: reason`, and every good record is still
-processed. Extreme but valid records (a 1 MB response, a 10,000-step trace, empty evidence,
+stderr and in `--errors` as `file:line: field: reason`, every good record is still processed,
+and the command exits `SKIPPED` (3), so a pipeline sees that the output lacks them. Extreme but valid records (a 1 MB response, a 10,000-step trace, empty evidence,
 unicode, nested tags) are processed, not reported.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stepgap.cli import main
+from stepgap.cli.options import EXIT_SKIPPED as SKIPPED
 
 LOREM = "lorem ipsum dolor sit amet " * 20  # a Search-R1 snippet is about 100 words
 BIG_STEP = (
@@ -89,7 +90,7 @@ def test_segment(poisoned_traces, tmp_path, capsys):
     path, where, ids = poisoned_traces
     out, errors = tmp_path / "seg.jsonl", tmp_path / "errors.jsonl"
     rc, err = _run(["segment", str(path), "-o", str(out), "--errors", str(errors)], capsys)
-    assert rc == 0
+    assert rc == SKIPPED
     _assert_reported(err, errors, path, where, TRACE_FIELDS)
     traces = {json.loads(x)["id"]: json.loads(x) for x in out.read_text().splitlines()}
     assert list(traces) == ids
@@ -112,7 +113,7 @@ def test_check_gives_every_step_of_every_good_trace_a_verdict(
          "--nli", f"replay:{examples_dir / 'nli_replay.jsonl'}"],
         capsys,
     )  # fmt: skip
-    assert rc == 0
+    assert rc == SKIPPED
     _assert_reported(err, errors, path, where, TRACE_FIELDS)
     verdicts = [json.loads(x) for x in out.read_text().splitlines()]
     by_trace: dict[str, list] = {}
@@ -154,7 +155,7 @@ def test_reward_over_poisoned_traces_and_verdicts(
         ["reward", str(path), "--verdicts", str(vpath), "-o", str(out), "--errors", str(errors)],
         capsys,
     )
-    assert rc == 0
+    assert rc == SKIPPED
     _assert_reported(err, errors, path, where, TRACE_FIELDS)
     _assert_reported(err, errors, vpath, vwhere, VERDICT_FIELDS)
     rewarded = {json.loads(x)["trace_id"] for x in out.read_text().splitlines()}
@@ -166,7 +167,7 @@ def test_relabel(poisoned_verdicts, tmp_path, capsys):
     path, where, n = poisoned_verdicts
     out, errors = tmp_path / "r.jsonl", tmp_path / "errors.jsonl"
     rc, err = _run(["relabel", str(path), "-o", str(out), "--errors", str(errors)], capsys)
-    assert rc == 0
+    assert rc == SKIPPED
     _assert_reported(err, errors, path, where, VERDICT_FIELDS)
     assert len(out.read_text().splitlines()) == n
 
@@ -175,7 +176,7 @@ def test_sft_data(poisoned_verdicts, tmp_path, capsys):
     path, where, n = poisoned_verdicts
     out, errors = tmp_path / "sft", tmp_path / "errors.jsonl"
     rc, err = _run(["sft-data", str(path), "-o", str(out), "--errors", str(errors)], capsys)
-    assert rc == 0
+    assert rc == SKIPPED
     _assert_reported(err, errors, path, where, VERDICT_FIELDS)
     meta = json.loads((out / "stepgap_sft.json").read_text())
     assert meta["stats"]["examples"] == n
@@ -197,7 +198,7 @@ def test_eval_with_poisoned_gold_and_predictions(poisoned_verdicts, examples_dir
          "--errors", str(errors)],
         capsys,
     )  # fmt: skip
-    assert rc == 0
+    assert rc == SKIPPED
     _assert_reported(err, errors, path, where, VERDICT_FIELDS)
     _assert_reported(err, errors, gold, gwhere, {"bad-label": "label"})
     report = json.loads((out / "report.json").read_text())

@@ -73,3 +73,76 @@ def test_an_output_that_is_a_folder_or_an_input_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is also an input"):
         check_output(tmp_path / "." / "traces.jsonl", source)
     assert check_output(tmp_path / "v.jsonl", source) == tmp_path / "v.jsonl"
+
+
+def test_a_folder_output_is_replaced_whole_only_when_the_run_ends_well(tmp_path):
+    from stepgap.io import replacing
+
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.json").write_text("old")
+    (out / "old.png").write_text("old plot")
+    with pytest.raises(KeyboardInterrupt), replacing(out, folder=True, owned_by="report.json") as w:
+        (w / "report.json").write_text("new")
+        raise KeyboardInterrupt  # Ctrl-C mid-run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"report.json": "old", "old.png": "old plot"}  # fmt: skip
+    with replacing(out, folder=True, owned_by="report.json") as w:
+        (w / "report.json").write_text("new")
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"report.json": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    with pytest.raises(ValueError, match="is a folder with other files in it"):
+        with replacing(tmp_path, folder=True, owned_by="manifest.json"):
+            pass
+    assert (out / "report.json").read_text() == "new"
+
+
+@pytest.mark.parametrize(
+    ("record", "model", "phrase"),
+    [
+        ({"id": "t", "question": "q", "response": "r"}, "Verdict", "is a traces file"),
+        ({"trace_id": "t", "step": 0, "type": "conclusion", "label": "CC", "repair": "retract"},
+         "Trace", "is a verdicts file"),
+        ({"trace_id": "t", "step": 0, "label": "CC"}, "Verdict", "is a gold step labels file"),
+        ({"premise": "p", "hypothesis": "h", "probs": {}}, "Trace", "is a NLI replay answers file"),
+        ({"trace_id": "t", "variant": "v", "lam": 1, "em": 1, "reward": 1, "steps": []}, "Trace",
+         "is a rewards file"),
+    ],
+)  # fmt: skip
+def test_a_file_of_another_format_is_one_error_not_a_skipped_line_each(
+    tmp_path, record, model, phrase
+):
+    from stepgap import schema
+    from stepgap.io import WrongFormatError
+
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join(json.dumps(record) for _ in range(50)) + "\n")
+    report = ErrorReport()
+    with pytest.raises(WrongFormatError, match=phrase):
+        list(read_models(path, getattr(schema, model), report))
+    assert len(report) == 0  # said once, as the error
+
+
+def test_a_file_none_of_whose_records_can_be_read_is_an_error(tmp_path):
+    from stepgap.io import UnreadableFileError
+
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b", "question": 3}\n')
+    with pytest.raises(UnreadableFileError, match=r"x.jsonl: none of its 2 record\(s\) is traces"):
+        list(read_models(path, Trace))
+    path.write_text("not json\nnor this\n")
+    with pytest.raises(UnreadableFileError, match="none of its lines is a JSON record"):
+        list(read_records(path))
+    path.write_text('{"id": "a", "question": "q", "response": "r"}\n{"id": "b"}\n')
+    report = ErrorReport()
+    assert [t.id for _, t in read_models(path, Trace, report)] == ["a"]  # some good: skipped
+    assert [str(e) for e in report.errors] == [f"{path}:2: question: Field required"]
+
+
+def test_a_validators_message_comes_without_pydantics_prefix(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"id": "a", "question": "q", "response": "r"}\n{"id": "b", "question": "q"}\n')
+    report = ErrorReport()
+    list(read_models(path, Trace, report))
+    (error,) = report.errors
+    assert error.reason.startswith("a trace needs") and "Value error" not in str(error)

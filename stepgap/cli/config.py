@@ -210,7 +210,9 @@ def parse_with_config(
     own = getattr(sub, "own_config", False)
     if sub is not None and config is not None and not own:
         apply_config(sub, name, config)  # type: ignore[arg-type]
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        (sub or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "print_config", False) and sub is not None and not own:
         print(yaml.safe_dump(resolved(args, sub), sort_keys=False, allow_unicode=True), end="")
         return None

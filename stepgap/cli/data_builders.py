@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from stepgap.cli import Command
-from stepgap.cli.options import add_errors_option, finish
+from stepgap.cli.options import EXIT_NOTHING, add_errors_option, finish
 from stepgap.data_builders.student_target import TARGETS
 
 
@@ -19,7 +19,7 @@ def segment(args: argparse.Namespace) -> int:
 
     report = ErrorReport()
     n = segment_file(args.input, args.output, report)
-    return finish(report, args.errors, n, f"segmented traces to {args.output}")
+    return finish(args, report, n, f"segmented traces to {args.output}")
 
 
 def segment_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def sft_data(args: argparse.Namespace) -> int:
     )
     sizes = ", ".join(f"{k}: {len(v)}" for k, v in data.items())
     print(f"stepgap sft-data: {sizes}; {stats}", file=sys.stderr)
-    return finish(report, args.errors, stats.examples, f"SFT examples to {args.output}")
+    return finish(args, report, stats.examples, f"SFT examples to {args.output}")
 
 
 def sft_data_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,7 +110,7 @@ def index(args: argparse.Namespace) -> int:
     if meta.get("attribution"):
         print(f"stepgap index: {meta['attribution']}", file=sys.stderr)
     what = f"documents to the {meta['kind']} index {args.output}"
-    return finish(report, args.errors, meta["documents"], what)
+    return finish(args, report, meta["documents"], what)
 
 
 def index_arguments(p: argparse.ArgumentParser) -> None:
@@ -188,8 +188,8 @@ def rollouts(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(f"stepgap rollouts: {summary.questions} question(s); {summary}", file=sys.stderr)
-    code = finish(report, args.errors, summary.traces, f"new traces to {args.output}")
-    return 1 if summary.failed and not summary.traces else code
+    code = finish(args, report, summary.traces, f"new traces to {args.output}")
+    return EXIT_NOTHING if summary.failed and not summary.traces else code
 
 
 def rollouts_arguments(p: argparse.ArgumentParser) -> None:
@@ -257,7 +257,7 @@ def prepare_verl_data(args: argparse.Namespace) -> int:
 
     report = ErrorReport()
     n = add_questions(args.input, args.output, report)
-    return finish(report, args.errors, n, f"rows with extra_info.question to {args.output}")
+    return finish(args, report, n, f"rows with extra_info.question to {args.output}")
 
 
 def prepare_verl_data_arguments(p: argparse.ArgumentParser) -> None:

@@ -66,7 +66,7 @@ def evaluate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     names = ", ".join(p.name for p in result.files)
-    return finish(report, args.errors, len(result.files), f"files to {args.output}: {names}")
+    return finish(args, report, len(result.files), f"files to {args.output}: {names}")
 
 
 def evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,7 +110,7 @@ def baseline(args: argparse.Namespace) -> int:
         chunk_words=args.chunk_words,
         report=report,
     )
-    return finish(report, args.errors, n, f"{args.kind} verdicts to {args.output}")
+    return finish(args, report, n, f"{args.kind} verdicts to {args.output}")
 
 
 def baseline_arguments(p: argparse.ArgumentParser) -> None:
@@ -164,8 +164,8 @@ def view(args: argparse.Namespace) -> int:
         if n:
             print(f"stepgap: {name}: {n} verdict(s) for no step of {args.input}", file=sys.stderr)
     return finish(
+        args,
         report,
-        args.errors,
         result.traces,
         f"trace(s), {result.steps} step(s) to {result.path} ({result.bytes / 1e6:.1f} MB); "
         "open it in a browser",

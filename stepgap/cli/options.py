@@ -22,18 +22,39 @@ if TYPE_CHECKING:
     from stepgap.teacher import Checker
 
 
-def finish(report: Any, errors_path: str | None, done: int, what: str) -> int:
-    """Print the error report; exit 1 when nothing at all could be processed."""
-    if report:
-        print(f"stepgap: skipped {len(report)} bad record(s):\n{report.summary()}", file=sys.stderr)
-        if errors_path:
-            report.write(errors_path)
+# Exit statuses (`stepgap --help` lists them): 0 done; 1 nothing done (every step failed: a dead
+# judge); 2 a usage or input error, nothing written; 3 done, but bad records were skipped.
+EXIT_NOTHING = 1
+EXIT_SKIPPED = 3
+
+
+def finish(args: argparse.Namespace, report: Any, done: int, what: str) -> int:
+    """Print what was written and the skipped records (once, file:line: field: reason); exit
+    `EXIT_SKIPPED` when any were skipped (the output lacks them), unless `--allow-skipped`."""
     print(f"stepgap: wrote {done} {what}", file=sys.stderr)
-    return 0 if done or not report else 1
+    if not report:
+        return 0
+    print(f"stepgap: skipped {len(report)} bad record(s):\n{report.summary()}", file=sys.stderr)
+    if args.errors:
+        report.write(args.errors)
+    if args.allow_skipped:
+        return 0
+    print(
+        f"stepgap: exit status {EXIT_SKIPPED}: records were skipped (--allow-skipped for 0)",
+        file=sys.stderr,
+    )
+    return EXIT_SKIPPED
 
 
 def add_errors_option(p: argparse.ArgumentParser) -> None:
+    """`--errors FILE` and `--allow-skipped`, for every command that reads records."""
     p.add_argument("--errors", metavar="FILE", help="also write skipped records here (JSONL)")
+    p.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help=f"exit 0 when bad records were skipped (default: exit {EXIT_SKIPPED}, so a "
+        "pipeline sees that the output lacks them)",
+    )
 
 
 def add_tree_options(p: Any, *, exclude: tuple[str, ...] = (), recorded: bool = False) -> None:

@@ -33,7 +33,7 @@ def reward(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         report=report,
     )
-    return finish(report, args.errors, n, f"rewards to {args.output}")
+    return finish(args, report, n, f"rewards to {args.output}")
 
 
 def reward_arguments(p: argparse.ArgumentParser) -> None:

@@ -72,7 +72,7 @@ def mine(args: argparse.Namespace) -> int:
         report=report,
     )
     print(json.dumps(summary, indent=2))
-    return finish(report, args.errors, summary["mined"], f"hard negatives to {args.output}")
+    return finish(args, report, summary["mined"], f"hard negatives to {args.output}")
 
 
 def mine_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import sys
 
 from stepgap.cli import Command
 from stepgap.cli.options import (
+    EXIT_NOTHING,
     add_checker_options,
     add_errors_option,
     add_judge_options,
@@ -20,10 +21,15 @@ from stepgap.cli.options import (
 )
 
 
-def _all_failed(counts) -> int:
-    """Exit 1, saying why, when not one step got a label (a dead judge server, a wrong model)."""
-    print(f"stepgap: every step failed; nothing was labelled: {counts.describe()}", file=sys.stderr)
-    return 1
+def _all_failed(counts, kept: str | None = None) -> int:
+    """Exit 1, saying why, when not one step got a label (a dead judge server, a wrong model);
+    `kept`: the output that was left as it was."""
+    left = f"; {kept} was left as it was" if kept else ""
+    print(
+        f"stepgap: every step failed; nothing was labelled: {counts.describe()}{left}",
+        file=sys.stderr,
+    )
+    return EXIT_NOTHING
 
 
 def _print_meter(judged_by: object) -> None:
@@ -52,8 +58,9 @@ def check(args: argparse.Namespace) -> int:
     _print_meter(judged_by)
     if not counts.verdicts and not report.errors:
         print(f"stepgap check: no traces in {args.input}: nothing to check", file=sys.stderr)
-    status = finish(report, args.errors, counts.verdicts, f"verdicts to {args.output}")
-    return _all_failed(counts) if counts.all_failed else status
+    if counts.all_failed:  # check_file kept the earlier output
+        return _all_failed(counts, kept=args.output)
+    return finish(args, report, counts.verdicts, f"verdicts to {args.output}")
 
 
 def check_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,7 +100,7 @@ def label(args: argparse.Namespace) -> int:
         f"already done{retried}; {summary.describe()}",
         file=sys.stderr,
     )
-    status = finish(report, args.errors, summary.verdicts, f"new verdicts to {args.output}")
+    status = finish(args, report, summary.verdicts, f"new verdicts to {args.output}")
     return _all_failed(summary) if summary.all_failed else status
 
 
@@ -126,7 +133,7 @@ def merge(args: argparse.Namespace) -> int:
     report = ErrorReport()
     counts = merge_verdicts(args.inputs, args.output, traces=args.traces, report=report)
     print(f"stepgap: {counts.describe()}", file=sys.stderr)
-    return finish(report, args.errors, counts.verdicts, f"merged verdicts to {args.output}")
+    return finish(args, report, counts.verdicts, f"merged verdicts to {args.output}")
 
 
 def merge_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,7 +153,7 @@ def relabel(args: argparse.Namespace) -> int:
 
     report = ErrorReport()
     n = relabel_file(args.input, args.output, report=report, **tree_overrides(args))
-    return finish(report, args.errors, n, f"relabelled verdicts to {args.output}")
+    return finish(args, report, n, f"relabelled verdicts to {args.output}")
 
 
 def relabel_arguments(p: argparse.ArgumentParser) -> None:

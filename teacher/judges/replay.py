@@ -43,7 +43,10 @@ class ReplayJudge:
     def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayJudge:
         """Read `{"trace_id", "step", "judge"}` lines; verdict files work too."""
         table = {}
-        for _, rec in read_models(path, _StoredJudge, report):
+        stored = read_models(
+            path, _StoredJudge, report, role="--judge replay file", what="judge answers or verdicts"
+        )
+        for _, rec in stored:
             if rec.judge is not None:
                 table[(rec.trace_id, rec.step)] = JudgeResult(
                     judge=rec.judge, confidences=dict(rec.judge_confidences or {})

@@ -44,7 +44,10 @@ class ReplayNLI:
         """Read NLI replay lines (`{"premise", "hypothesis", "probs"}`) or verdict lines."""
         table: dict[Pair, NLIProbs] = {}
         report = report if report is not None else ErrorReport()
-        for _, rec in read_models(path, _NLIOrVerdict, report):
+        stored = read_models(
+            path, _NLIOrVerdict, report, role="--nli replay file", what="NLI answers or verdicts"
+        )
+        for _, rec in stored:
             table.update(rec.calls())
         return cls(table, source=str(path))
 

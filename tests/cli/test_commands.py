@@ -28,7 +28,7 @@ def test_segment_reports_bad_lines_and_keeps_the_rest(tmp_path, examples_dir, ca
     lines = (examples_dir / "traces.jsonl").read_text().splitlines()
     src.write_text("\n".join([lines[0], "{oops", lines[1]]) + "\n")
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    assert main(["segment", str(src), "-o", str(out), "--errors", str(errors)]) == 0
+    assert main(["segment", str(src), "-o", str(out), "--errors", str(errors)]) == 3  # skipped
     traces = [json.loads(line) for line in out.read_text().splitlines()]
     assert [t["id"] for t in traces] == ["case1-whitehorse", "case2-kuhn-pertramer"]
     assert traces[1]["steps"][3]["answer"] == "no"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 EX = REPO / "examples"
 STEPGAP = str(Path(sys.executable).parent / "stepgap")
@@ -66,7 +68,8 @@ def test_a_replay_file_without_the_pair(tmp_path):
     one_line_error(done, "nli_replay.jsonl has no stored answer for premise", "--nli hf:ID_OR_PATH")
 
 
-def test_push_without_a_token(tmp_path):
+def minimal_bundle(tmp_path: Path) -> Path:
+    """A bundle of a manifest only: enough for `push` to plan its upload."""
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "manifest.json").write_text(
@@ -74,9 +77,14 @@ def test_push_without_a_token(tmp_path):
         '"base": null}, "nli": {"source": "n", "precisions": ["fp32"], "parity": '
         '{"label_agreement_with_fp32": {}}}, "prompt_version": "x", "stepgap_version": "0"}'
     )
+    return bundle
+
+
+def test_push_without_a_token(tmp_path):
+    bundle = minimal_bundle(tmp_path)
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}  # no token anywhere
     done = run("push", str(bundle), "--repo-id", "you/x", env=env)
-    one_line_error(done, "stepgap push needs a Hugging Face token", "HF_TOKEN")
+    one_line_error(done, "stepgap push to you/x needs a Hugging Face token", "HF_TOKEN")
     assert run("push", str(bundle), "--repo-id", "you/x", "--dry-run", env=env).returncode == 0
 
 
@@ -139,3 +147,129 @@ def test_rollouts_against_a_dead_server_is_one_line(tmp_path):
                "-o", str(tmp_path / "r.jsonl"), "--no-progress", env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
     one_line_error(done, "all failed", "APIConnectionError", "is the policy server")
     assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.fixture(scope="module")
+def refusing_hub():
+    """An HTTP server on 127.0.0.1 that answers every request 401, as the Hub does a token
+    without write access."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from tests.fixtures.live_server import LiveServer
+
+    app = FastAPI()
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "HEAD"])
+    def refuse(path: str) -> JSONResponse:
+        return JSONResponse({"error": "Invalid credentials in Authorization header"}, 401)
+
+    with LiveServer(app) as url:
+        yield url
+
+
+def upload_envs(tmp_path: Path, refusing_hub: str) -> dict[str, dict[str, str]]:
+    """A token with nowhere to go, and a token the Hub refuses."""
+    base = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_test", "HF_HUB_DISABLE_XET": "1"}
+    return {
+        "unreachable": {**base, "HF_ENDPOINT": "http://127.0.0.1:9"},
+        "refused": {**base, "HF_ENDPOINT": refusing_hub},
+    }
+
+
+UPLOAD_PHRASES = {"unreachable": "cannot be reached", "refused": "401"}
+
+
+def test_uploads_fail_in_one_line(tmp_path, refusing_hub):
+    """`push`, `sft-data --push-to-hub` and `train --set push_to_hub=true`, with a token the
+    Hub refuses or with no Hub to reach: one line, exit 2, what failed and what to do."""
+    bundle = minimal_bundle(tmp_path)
+    for case, env in upload_envs(tmp_path, refusing_hub).items():
+        phrase = UPLOAD_PHRASES[case]
+        done = run("push", str(bundle), "--repo-id", "you/x", env=env)
+        one_line_error(done, "stepgap push to you/x", phrase)
+        done = run("sft-data", str(EX / "teacher_verdicts.jsonl"), "-o", str(tmp_path / case),
+                   "--push-to-hub", "you/x", env=env)  # fmt: skip
+        one_line_error(done, "--push-to-hub you/x", phrase)
+
+
+@pytest.mark.slow
+def test_training_that_pushes_fails_in_one_line(tmp_path, refusing_hub):
+    for case, env in upload_envs(tmp_path, refusing_hub).items():
+        done = run("train", "--config", "tiny", "--set", f"output_dir={tmp_path / case}",
+                   "--set", f"dataset={EX / 'teacher_verdicts.jsonl'}",
+                   "--set", "push_to_hub=true", "--set", "hub_model_id=you/x", env=env)  # fmt: skip
+        one_line_error(done, "push_to_hub (to you/x)", UPLOAD_PHRASES[case])
+
+
+def test_a_replay_file_that_is_not_there_is_named_as_the_replay_file(tmp_path):
+    for flag in ("judge", "nli"):
+        other = "nli" if flag == "judge" else "judge"
+        done = run("check", str(EX / "traces.jsonl"), "-o", str(tmp_path / "v.jsonl"),
+                   f"--{flag}=replay:nope.jsonl",
+                   f"--{other}=replay:{EX / f'{other}_replay.jsonl'}")  # fmt: skip
+        one_line_error(done, f"--{flag} replay file not found: nope.jsonl")
+
+
+def test_a_traces_file_where_verdicts_go_is_said_once(tmp_path):
+    done = run("relabel", str(EX / "traces.jsonl"), "-o", str(tmp_path / "x.jsonl"))
+    one_line_error(done, "traces.jsonl is a traces file", "not verdicts")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    done = run("segment", str(EX / "teacher_verdicts.jsonl"), "-o", str(tmp_path / "x.jsonl"))
+    one_line_error(done, "teacher_verdicts.jsonl is a verdicts file", "not traces")
+
+
+def test_skipped_records_are_listed_once_and_exit_3_unless_allowed(tmp_path):
+    verdicts = tmp_path / "v.jsonl"
+    lines = (EX / "teacher_verdicts.jsonl").read_text().splitlines()
+    verdicts.write_text(
+        "\n".join([lines[0], '{"trace_id": "x", "step": "two"}', *lines[1:]]) + "\n"
+    )
+    done = run("relabel", str(verdicts), "-o", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 3, done.stderr
+    assert "WARNING" not in done.stderr and "Value error" not in done.stderr, done.stderr
+    listed = [line for line in done.stderr.splitlines() if line.startswith(f"{verdicts}:2:")]
+    assert listed == [f"{verdicts}:2: step: Input should be a valid integer, unable to parse "
+                      "string as an integer", f"{verdicts}:2: type: Field required",
+                      f"{verdicts}:2: label: Field required",
+                      f"{verdicts}:2: repair: Field required"], done.stderr  # fmt: skip
+    assert "exit status 3" in done.stderr
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == len(lines)
+    allowed = run("relabel", str(verdicts), "-o", str(tmp_path / "out.jsonl"), "--allow-skipped")
+    assert allowed.returncode == 0, allowed.stderr
+
+
+def test_a_wrong_flag_shows_the_commands_usage(tmp_path):
+    done = run("check", str(EX / "traces.jsonl"), "-o", str(tmp_path / "v.jsonl"), "--bogus")
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: stepgap check "), done.stderr
+    assert done.stderr.splitlines()[-1] == "stepgap check: error: unrecognized arguments: --bogus"
+
+
+def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):
+    """The modules the command line maps to extras are in those extras, and a command whose
+    extra is missing says which one to install (here spaCy, for `baseline ner-quote`)."""
+    import re
+
+    from stepgap.cli import EXTRA_OF_MODULE
+
+    tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11+")
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for module, extra in EXTRA_OF_MODULE.items():
+        names = [re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("-", "_")
+                 for req in extras[extra]]  # fmt: skip
+        assert any(n == module or n.startswith(module + "_") for n in names), (module, extra)
+    code = (
+        "import sys; sys.modules['spacy'] = None; from stepgap.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "baseline", "ner-quote", str(EX / "traces.jsonl"),
+         f"--judge=replay:{EX / 'judge_replay.jsonl'}", f"--nli=replay:{EX / 'nli_replay.jsonl'}",
+         "-o", str(tmp_path / "v.jsonl")],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    one_line_error(done, "stepgap baseline: error: this needs spacy", "stepgap[baselines]")

@@ -40,7 +40,7 @@ def test_the_question_is_added_and_every_other_row_and_column_kept(tmp_path, cap
     src = write(rows, tmp_path / "train.parquet")
     out, errors = tmp_path / "train_q.parquet", tmp_path / "errors.jsonl"
     argv = ["prepare-verl-data", str(src), "-o", str(out), "--errors", str(errors)]
-    assert main(argv) == 0
+    assert main(argv) == 3  # done, with rows skipped
 
     before, after = pq.read_table(src), pq.read_table(out)
     assert after.column_names == before.column_names
@@ -83,7 +83,7 @@ def test_refuses_the_input_as_output_and_writes_nothing_when_no_row_has_a_questi
     src = write(search_r1_rows(QUESTIONS[:1]), tmp_path / "in.parquet")
     data = src.read_bytes()
     assert main(["prepare-verl-data", str(src), "-o", str(tmp_path / "." / "in.parquet")]) == 2
-    assert "must be another file than the input" in capsys.readouterr().err
+    assert "is also an input" in capsys.readouterr().err
     assert src.read_bytes() == data
 
     rows = search_r1_rows(QUESTIONS[:2])
@@ -92,8 +92,8 @@ def test_refuses_the_input_as_output_and_writes_nothing_when_no_row_has_a_questi
     bad = write(rows, tmp_path / "bad.parquet")
     out = tmp_path / "out.parquet"
     out.write_text("an earlier output")
-    assert main(["prepare-verl-data", str(bad), "-o", str(out)]) == 1
-    assert "bad.parquet:2: prompt: no user turn" in capsys.readouterr().err
+    assert main(["prepare-verl-data", str(bad), "-o", str(out)]) == 2
+    assert "bad.parquet: no row has a question; the first: " in capsys.readouterr().err
     assert out.read_text() == "an earlier output"
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["bad.parquet", "in.parquet", "out.parquet"]

@@ -144,6 +144,25 @@ def test_answers_gold_rewards_and_figures_come_from_the_package(view_inputs, tmp
     assert data["summary"]["distribution"]["StepGap"] == dict(Counter(verdicts.values()))
 
 
+def test_the_page_says_where_its_verdicts_come_from(view_inputs, tmp_path):
+    """Replayed answers and stand-in models are named on the page, per checker, from what each
+    verdict recorded (its `checker`); verdicts that record nothing add nothing."""
+    recorded = verdicts_of(view_inputs.verdicts)
+    assert all(v.checker for v in recorded)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(v.model_copy(update={"checker": None}).model_dump_json() + "\n"
+                            for v in recorded))  # fmt: skip
+    page = write_view(
+        view_inputs.traces, {"StepGap": view_inputs.verdicts, "bare": bare}, tmp_path / "v.html"
+    )
+    sources = page_data(page.path.read_text(encoding="utf-8"))["summary"]["sources"]
+    notes = {f"{part} {v.checker[part]['spec']}: {v.checker[part]['note']}"
+             for v in recorded for part in ("judge", "nli") if v.checker[part].get("note")}  # fmt: skip
+    assert notes and set(sources["StepGap"]) == notes
+    assert any("replayed" in note for note in notes)
+    assert "bare" not in sources
+
+
 def test_two_checkers_disagree_where_their_labels_differ(view_inputs):
     traces = list(iter_traces(view_inputs.traces))
     a, b = verdicts_of(view_inputs.verdicts), verdicts_of(view_inputs.minus_e)

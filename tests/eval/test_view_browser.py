@@ -101,6 +101,9 @@ def test_the_examples_show_the_four_case_studies(open_page, examples_page, view_
     assert cards.count() == 28
     shown = Counter(cards.evaluate_all("cs => cs.map(c => c.dataset.label)"))
     assert shown == labels_of(view_inputs.verdicts) == {"no_gap": 21, "CC": 3, "IE": 2, "MB": 2}
+    sources = page.locator(".summary .sources")
+    assert sources.is_visible() and "not a real checker" in sources.inner_text()
+    assert "replayed: stored answers, no model ran" in sources.inner_text()
     for label, colour in COLOURS.items():
         backgrounds = page.evaluate(
             "l => [...document.querySelectorAll(`.card[data-label=${l}]`)]"

@@ -201,7 +201,7 @@ def test_export_refuses_to_overwrite_and_leaves_no_partial_bundle(bundles, tiny_
         export_bundle(str(adapter), "unused", bundles["merged"])
     with pytest.raises(Exception):  # noqa: B017 - the NLI model does not exist
         export_bundle(str(adapter), str(tmp_path / "no-such-nli"), tmp_path / "b")
-    assert not (tmp_path / "b").exists() and not (tmp_path / "b.partial").exists()
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.*"))
     assert json.loads((bundles["merged"] / "manifest.json").read_text())["format_version"] == 1
 
 
@@ -271,7 +271,7 @@ def test_a_hub_base_is_pinned_to_a_revision_or_refused(
 
     with pytest.raises(ExportError, match="--base-revision COMMIT"):
         export_bundle(str(copy), str(tiny_nli), tmp_path / "b1")
-    assert not (tmp_path / "b1").exists() and not (tmp_path / "b1.partial").exists()
+    assert not (tmp_path / "b1").exists() and not list(tmp_path.glob(".b1.*"))
     export_bundle(
         str(copy),
         str(tiny_nli),

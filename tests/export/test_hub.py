@@ -86,8 +86,11 @@ class FakeHfApi:
 def test_push_creates_the_repo_and_uploads_one_commit(bundle, monkeypatch):
     import huggingface_hub
 
+    import stepgap.hub
+
     api = FakeHfApi()
     monkeypatch.setattr(huggingface_hub, "HfApi", lambda *a, **k: api)
+    monkeypatch.setattr(stepgap.hub, "hub_unreachable", lambda: None)  # the fake Hub answers
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
     assert main(["push", str(bundle), "--repo-id", "me/stepgap-tiny", "--private",
                  "--revision", "v1"]) == 0  # fmt: skip

@@ -157,6 +157,10 @@ def test_view_shows_the_last_checked_traces_and_forgets_older_ones(examples_dir,
         got = {(t["id"].split(" ", 1)[1], s["index"]): s["verdicts"][0]["label"]
                for t in data["traces"] for s in t["steps"]}  # fmt: skip
         assert got == expected
+        assert data["summary"]["sources"] == {"served": [
+            "judge replay:judge_replay.jsonl: replayed: stored answers, no model ran",
+            "nli replay:nli_replay.jsonl: replayed: stored answers, no model ran",
+        ]}  # fmt: skip
         case4 = example_traces[3]
         body = {"responses": [case4.response] * 10, "questions": [case4.question] * 10,
                 "golden_answers": [case4.golden_answers] * 10}  # fmt: skip
