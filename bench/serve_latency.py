@@ -1,31 +1,32 @@
-"""`stepgap serve` under a slow judge: rewards per second and latency of 64 concurrent OpenRLHF
-clients, the server as it was before per-trace answers and deadlines against today's.
+"""`stepgap serve` as OpenRLHF's rollouts drive it, in two scenes, each server configuration
+side by side in one run (every reward compared with the one of the stored verdicts):
 
-    python bench/serve_latency.py [--clients 64] [--latency 0.3] [--seconds 40]
+    python bench/serve_latency.py [--scenes rate,slots] [--out bench/results]
 
-The judge is the tests' OpenAI-compatible server answering every request after `--latency`
-seconds (in its own process, as a remote API would), NLI is replayed, and each server runs in a
-process of its own with the same flags (`--max-batch 32`, the judge's `--concurrency 8`). Each
-client posts one rollout to `/get_reward` (OpenRLHF's protocol, one query per request as its
-rollouts send them), waits for the answer (at most the client budget, OpenRLHF's 180 s), and
-posts the next, for `--seconds`. Runs:
+- `rate`: `--clients` closed-loop clients (64), each posting one rollout to `/get_reward` and
+  the next as soon as it is answered, for `--seconds`, against a judge that answers every
+  request after `--latency` s and serves any number at once (a hosted API). Rewards per second
+  and latency; runs `one_call` (`--max-inflight 1`: one checker call at a time) and `defaults`.
+- `slots`: `--rollouts` distinct rollouts (the example traces under new ids, `--no-cache`: no
+  answer is reused) sent at once through OpenRLHF 0.11's own client (`SingleTurnAgentExecutor`:
+  one request per rollout, 5 tries 1 s apart, Retry-After ignored; its fixed 180 s scaled down
+  to `--budget`, the server's `--client-timeout` too), against a judge server of `--slots`
+  slots that says so at `/props` (as llama.cpp's does) and takes `--slot-latency` s a request.
+  Rewards delivered and `None`s, as the client sees them, 503s, and the judge requests the
+  server cancelled part-way (the judge server saw their connection closed). Runs `before` (the
+  configuration before engine slots, held requests and no-reward: `--engine-slots none
+  --when-overloaded refuse --on-failed-check zero`) and `defaults`.
 
-- `before`: `serving/server.py` as of commit BEFORE (read with `git show`, so the bench needs a
-  clone): one checker call at a time, each batch answered when its slowest trace is in;
-- `before_c64`: the same with the judge's `--concurrency 64`, as many judge requests in flight
-  as `today` keeps: what the old loop does with the same budget of requests;
-- `inflight_1`: today's server with `--max-inflight 1`: traces answered as they finish;
-- `today`: today's server with its defaults (8 calls in flight for a judge behind a URL).
-
-Prints rewards/s, p50/p95/max latency, 503s and client timeouts, and each run's ratio to
-`before`; every reward is compared with the one of the stored verdicts. Writes JSON.
+The judge is the tests' OpenAI-compatible server in a process of its own; NLI is replayed; each
+`stepgap serve` runs in its own process with `--max-batch 32` and `--concurrency 8`. The
+baselines are configurations of today's server, so the bench runs as shipped whatever moves.
+Writes `serve_latency.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -35,90 +36,53 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BEFORE = "1309df6"  # the last commit whose server checked one batch at a time
+
+RATE_RUNS = {"one_call": ["--max-inflight", "1"], "defaults": []}
+SLOT_RUNS = {
+    "before": ["--engine-slots", "none", "--when-overloaded", "refuse", "--on-failed-check", "zero"],
+    "defaults": [],
+}  # fmt: skip
 
 
-def load_server_before(commit: str = BEFORE):
-    """`stepgap.serving.server` as it was at `commit` (its relative imports resolve to today's
-    sibling modules, whose interfaces it uses are unchanged)."""
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{commit}:serving/server.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "server_before.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("stepgap.serving.server_before", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def serve_before(argv: list[str]) -> None:
-    """Run the old server on `stepgap serve`'s own arguments (the reward is built as today)."""
-    import uvicorn
-
-    from stepgap.cli import build_parser
-    from stepgap.cli.options import checker
-    from stepgap.serving import StepGapReward
-
-    args = build_parser().parse_args(["serve", *argv])
-    old = load_server_before()
-    app = old.create_app(
-        StepGapReward(checker(args), args.variant, args.lam),
-        max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-    )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-
-
-def start_server(
-    kind: str, base_url: str, nli: Path, extra: list[str]
-) -> tuple[subprocess.Popen, str]:
+def start_server(base_url: str, nli: Path, extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
     import httpx
 
     from tests.fixtures.live_server import _free_port
 
     port = _free_port()
-    flags = [
-        "--port", str(port), "--judge", "openai:gpt-4.1-mini", "--base-url", base_url,
-        "--no-cache", "--nli", f"replay:{nli}", "--max-batch", "32", "--concurrency", "8", *extra,
+    log = Path(tempfile.mkdtemp()) / "serve.log"
+    cmd = [
+        sys.executable, "-m", "stepgap.cli", "serve", "--port", str(port),
+        "--judge", "openai:gpt-4.1-mini", "--base-url", base_url, "--no-cache",
+        "--nli", f"replay:{nli}", "--max-batch", "32", "--concurrency", "8", *extra,
     ]  # fmt: skip
-    if kind == "before":
-        cmd = [sys.executable, __file__, "--serve-before", *flags]
-    else:
-        cmd = [sys.executable, "-m", "stepgap.cli", "serve", *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the {kind} server exited at start: {' '.join(cmd)}")
+            raise RuntimeError(f"stepgap serve exited at start: {log.read_text()[-2000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return proc, url, log
         except httpx.HTTPError:
             time.sleep(0.2)
-    raise TimeoutError(f"the {kind} server did not start")
+    raise TimeoutError("stepgap serve did not start")
 
 
 def _prompt(question: str) -> str:
     return f"<|im_start|>user\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"
 
 
-async def drive(url: str, traces, expected: dict, clients: int, seconds: float, budget: float):
-    """`clients` closed-loop clients for `seconds`; returns latencies of answered requests and
-    counts of the other outcomes."""
+async def drive_rate(url: str, traces, expected: dict, clients: int, seconds: float):
+    """`clients` closed-loop clients for `seconds`: latencies of answered requests, outcomes."""
     import httpx
 
     latencies: list[float] = []
     outcomes = {"answered": 0, "503": 0, "timeout": 0, "error": 0, "wrong": 0}
     stop = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=budget, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=180.0, limits=limits) as http:
 
         async def client(k: int) -> None:
             n = 0
@@ -158,6 +122,55 @@ async def drive(url: str, traces, expected: dict, clients: int, seconds: float, 
     return latencies, outcomes, wall
 
 
+def drive_slots(url: str, rollouts, expected: dict, budget: float) -> dict:
+    """Every rollout at once through OpenRLHF's own client, its timeout cut to `budget`."""
+    import aiohttp
+    from openrlhf.utils import agent
+
+    real = aiohttp.ClientTimeout
+    agent.aiohttp.ClientTimeout = lambda total=None, **_: real(total=budget)  # type: ignore[assignment]
+    client = agent.SingleTurnAgentExecutor(f"{url}/get_reward")
+
+    async def one(t) -> float | None:
+        prompt = _prompt(t.question)
+        try:
+            (answer,) = await client._fetch_rewards_via_http(
+                [prompt + t.response], [prompt], [t.golden_answers]
+            )
+        except RuntimeError:  # 5 tries failed: OpenRLHF gives this rollout no reward
+            return None
+        return answer["rewards"][0]
+
+    async def run() -> list[float | None]:
+        return await asyncio.gather(*(one(t) for t in rollouts))
+
+    started = time.monotonic()
+    try:
+        got = asyncio.run(run())
+    finally:
+        agent.aiohttp.ClientTimeout = real  # type: ignore[assignment]
+    wall = time.monotonic() - started
+    delivered = [(t, r) for t, r in zip(rollouts, got, strict=True) if r is not None]
+    return {
+        "rollouts": len(rollouts),
+        "rewards": len(delivered),
+        "none": len(rollouts) - len(delivered),
+        "wrong": sum(abs(r - expected[t.id.split("#")[0]]) > 1e-9 for t, r in delivered),
+        "wall_s": round(wall, 1),
+    }
+
+
+def _metric(url: str, name: str) -> float:
+    import re
+
+    import httpx
+
+    text = httpx.get(f"{url}/metrics").text
+    return sum(
+        float(m) for m in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)", text, re.M)
+    )
+
+
 def _quantile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -165,19 +178,98 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> None:
+def rate_scene(args, traces, expected, answers, nli) -> dict:
+    from tests.fixtures.openai_server import start_in_child
 
+    judge, base_url = start_in_child(answers, args.latency)
+    runs = {}
+    try:
+        for name, extra in RATE_RUNS.items():
+            server, url, _ = start_server(base_url, nli, extra)
+            try:
+                latencies, outcomes, wall = asyncio.run(
+                    drive_rate(url, traces, expected, args.clients, args.seconds)
+                )
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+            runs[name] = {
+                **outcomes,
+                "wall_s": round(wall, 1),
+                "rewards_per_s": round(outcomes["answered"] / wall, 2),
+                "p50_s": round(_quantile(latencies, 0.5), 2),
+                "p95_s": round(_quantile(latencies, 0.95), 2),
+                "max_s": round(max(latencies, default=float("nan")), 2),
+            }
+            print(f"rate {name}: {runs[name]}", flush=True)
+    finally:
+        judge.terminate()
+    base = runs["one_call"]["rewards_per_s"]
+    for r in runs.values():
+        r["x_one_call"] = round(r["rewards_per_s"] / base, 2) if base else None
+    return runs
+
+
+def slots_scene(args, traces, expected, answers, nli) -> dict:
+    from tests.fixtures.openai_server import start_in_child
+
+    rollouts = [
+        traces[i % len(traces)].model_copy(update={"id": f"{traces[i % len(traces)].id}#{i}"})
+        for i in range(args.rollouts)
+    ]
+    runs = {}
+    for name, extra in SLOT_RUNS.items():
+        report = Path(tempfile.mkdtemp()) / "judge.json"
+        judge, base_url = start_in_child(
+            answers,
+            args.slot_latency,
+            slots=args.slots,
+            props=True,
+            answer_any=True,
+            report=str(report),
+        )
+        try:
+            server, url, log = start_server(
+                base_url, nli, [*extra, "--client-timeout", str(args.budget)]
+            )
+            try:
+                run = drive_slots(url, rollouts, expected, args.budget)
+                run["503s"] = int(_metric(url, "stepgap_rejected_total"))
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+            time.sleep(1.0)  # the judge server's last report
+            seen = json.loads(report.read_text())
+            run.update(
+                judge_requests=seen["requests"],
+                judge_cancelled=seen["cancelled"],
+                judge_max_open=seen["max_open"],
+            )
+            run["started"] = next(
+                (line for line in log.read_text().splitlines() if "probe" in line), ""
+            )
+        finally:
+            judge.terminate()
+        runs[name] = run
+        print(f"slots {name}: {run}", flush=True)
+    return runs
+
+
+def main() -> None:
     from stepgap.data_builders import iter_traces
     from stepgap.serving import compute_reward
     from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
-    from tests.fixtures.openai_server import example_prompt_keys, start_in_child, stored_answers
+    from tests.fixtures.openai_server import example_prompt_keys, stored_answers
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--latency", type=float, default=0.3, help="seconds per judge answer")
-    p.add_argument("--seconds", type=float, default=40.0, help="load per run")
-    p.add_argument("--budget", type=float, default=180.0, help="a client's timeout (OpenRLHF's)")
-    p.add_argument("--runs", default="before,before_c64,inflight_1,today")
+    p.add_argument("--scenes", default="rate,slots")
+    p.add_argument("--clients", type=int, default=64, help="rate: closed-loop clients")
+    p.add_argument("--latency", type=float, default=0.3, help="rate: seconds per judge answer")
+    p.add_argument("--seconds", type=float, default=40.0, help="rate: load per run")
+    p.add_argument("--rollouts", type=int, default=40, help="slots: rollouts sent at once")
+    p.add_argument("--slots", type=int, default=4, help="slots: the judge server's slots")
+    p.add_argument("--slot-latency", type=float, default=2.0, help="slots: seconds a request")
+    p.add_argument("--budget", type=float, default=30.0, help="slots: OpenRLHF's 180 s, scaled")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args()
 
@@ -192,63 +284,39 @@ def main() -> None:
         for t, vs in zip(traces, replay.check(traces), strict=True)
     }
     answers = stored_answers(example_prompt_keys(traces), ex / "judge_replay.jsonl")
-    judge, base_url = start_in_child(answers, args.latency)
     os.environ.setdefault("OPENAI_API_KEY", "bench-not-a-real-key")
-    # the same flags for all; `before_c64` gives the old server as many judge requests in
-    # flight as today's default keeps (8 calls x --concurrency 8)
-    extra = {"before": [], "before_c64": ["--concurrency", "64"],
-             "inflight_1": ["--max-inflight", "1"], "today": []}  # fmt: skip
-    runs: dict[str, dict] = {}
-    try:
-        for name in args.runs.split(","):
-            server, url = start_server(
-                "before" if name.startswith("before") else "today", base_url,
-                ex / "nli_replay.jsonl", extra[name],
-            )  # fmt: skip
-            try:
-                latencies, outcomes, wall = asyncio.run(
-                    drive(url, traces, expected, args.clients, args.seconds, args.budget)
-                )
-            finally:
-                server.terminate()
-                server.wait(timeout=60)
-            runs[name] = {
-                **outcomes,
-                "wall_s": wall,
-                "rewards_per_s": outcomes["answered"] / wall,
-                "p50_s": _quantile(latencies, 0.5),
-                "p95_s": _quantile(latencies, 0.95),
-                "max_s": max(latencies, default=float("nan")),
-            }
-            print(f"{name}: {runs[name]}", flush=True)
-    finally:
-        judge.terminate()
-    base = runs.get("before", {}).get("rewards_per_s")
-    print(
-        f"\n{args.clients} clients, {args.latency * 1000:.0f} ms per judge answer, "
-        f"{args.seconds:g} s per run, client budget {args.budget:g} s"
-    )
-    print(
-        f"{'run':12} {'rewards/s':>10} {'x before':>9} {'p50 s':>7} {'p95 s':>7} {'max s':>7} "
-        f"{'503s':>5} {'timeouts':>9} {'wrong':>6}"
-    )
-    for name, r in runs.items():
-        ratio = r["rewards_per_s"] / base if base else float("nan")
-        print(
-            f"{name:12} {r['rewards_per_s']:10.2f} {ratio:9.2f} {r['p50_s']:7.2f} "
-            f"{r['p95_s']:7.2f} {r['max_s']:7.2f} {r['503']:5d} {r['timeout']:9d} {r['wrong']:6d}"
-        )
+    nli = ex / "nli_replay.jsonl"
+    result: dict = {"bench": "serve_latency", "args": vars(args)}
+    scenes = args.scenes.split(",")
+    if "rate" in scenes:
+        result["rate"] = rate_scene(args, traces, expected, answers, nli)
+    if "slots" in scenes:
+        result["slots"] = slots_scene(args, traces, expected, answers, nli)
+
+    if "rate" in result:
+        print(f"\nrate: {args.clients} clients, {args.latency * 1000:.0f} ms per judge answer, "
+              f"{args.seconds:g} s per run")  # fmt: skip
+        print(f"{'run':10} {'rewards/s':>10} {'x one call':>11} {'p50 s':>7} {'p95 s':>7} "
+              f"{'503s':>5} {'timeouts':>9} {'wrong':>6}")  # fmt: skip
+        for name, r in result["rate"].items():
+            print(f"{name:10} {r['rewards_per_s']:10.2f} {r['x_one_call']:11.2f} "
+                  f"{r['p50_s']:7.2f} {r['p95_s']:7.2f} {r['503']:5d} {r['timeout']:9d} "
+                  f"{r['wrong']:6d}")  # fmt: skip
+    if "slots" in result:
+        print(f"\nslots: {args.rollouts} distinct rollouts at once, OpenRLHF's client (budget "
+              f"{args.budget:g} s), a judge of {args.slots} slots at {args.slot_latency:g} s a "
+              "request")  # fmt: skip
+        print(f"{'run':10} {'rewards':>8} {'None':>5} {'wall s':>7} {'503s':>5} "
+              f"{'judge requests':>15} {'cancelled':>10} {'most open':>10} {'wrong':>6}")  # fmt: skip
+        for name, r in result["slots"].items():
+            print(f"{name:10} {r['rewards']:8d} {r['none']:5d} {r['wall_s']:7.1f} "
+                  f"{r['503s']:5d} {r['judge_requests']:15d} {r['judge_cancelled']:10d} "
+                  f"{r['judge_max_open']:10d} {r['wrong']:6d}")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"bench": "serve_latency", "clients": args.clients, "latency_s": args.latency,
-              "seconds": args.seconds, "budget_s": args.budget, "before_commit": BEFORE,
-              "runs": runs}  # fmt: skip
     (out / "serve_latency.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))  # tests.fixtures (the fake OpenAI-compatible server)
-    if len(sys.argv) > 1 and sys.argv[1] == "--serve-before":
-        serve_before(sys.argv[2:])
-    else:
-        main()
+    main()

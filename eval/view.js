@@ -258,6 +258,7 @@
       var sum = 0;
       trace.steps.forEach(function (s) { if (s.reward) sum += s.reward.bracket; });
       add(facts, add(el("span", "reward-total"), el("b", null, "reward (" + r.variant + "): "),
+        r.total === null ? "none: " + r.unavailable :
         "R = EM " + num(r.em, 0) + " + " + num(r.lam, 2) + " × " + num(sum, 2) + " = " + num(r.total, 2)));
     }
     sec.appendChild(facts);

@@ -52,6 +52,7 @@ class RewardLine(BaseModel):
     em: float
     reward: float
     steps: list[RewardStepLine]
+    unavailable: str | None = None  # why the rollout has no reward (serving, a failed check)
 
 
 # ------------------------------------------------------------------ the quote, as stage C sees it
@@ -221,7 +222,13 @@ def _trace_view(
         "em": exact_match(answer, trace.golden_answers),
         "gold_correct": gold.correct.get(trace.id) if gold else None,
         "reward": (
-            {"variant": reward.variant, "lam": reward.lam, "em": reward.em, "total": reward.reward}
+            {
+                "variant": reward.variant,
+                "lam": reward.lam,
+                "em": reward.em,
+                "total": None if reward.unavailable else reward.reward,  # no reward: a failed check
+                "unavailable": reward.unavailable,
+            }
             if reward
             else None
         ),

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stepgap.reward import RewardResult
 from stepgap.schema import GapLabel, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 
@@ -98,6 +99,11 @@ class RewardResultOut(BaseModel):
     em_token: int | None = None
     failed_checks: int = Field(description="steps whose check failed: bracket 0 each")
     unsegmented: bool = Field(description="the response could not be segmented: EM alone")
+    unavailable: str | None = Field(
+        None,
+        description="why the rollout has no reward (a failed step check, with "
+        "on_failed_check=no_reward): `reward` is then not a typed reward",
+    )
 
 
 class RewardResponse(BaseModel):
@@ -143,7 +149,9 @@ class RewardResponse(BaseModel):
         }
     )
 
-    rewards: list[float]
+    rewards: list[float | None] = Field(
+        description="one per rollout; null when it has no reward (see its result's unavailable)"
+    )
     results: list[RewardResultOut]
 
 
@@ -197,13 +205,19 @@ class HealthResponse(BaseModel):
         }
     )
 
-    status: str = Field(description="ok, or closing once a shutdown has begun")
+    status: str = Field(
+        description="ok; degraded while every step of the last checked request failed (the "
+        "judge is down or answers nothing parseable); closing once a shutdown has begun"
+    )
     variant: str
     lam: float
+    on_failed_check: str = Field("no_reward", description="what a failed step check means")
     queued: int = Field(description="traces waiting for a checker batch")
     in_flight: int = Field(0, description="checker calls running")
-    failed_checks: int = Field(
-        0, description="step checks that failed since the start (each earned bracket 0)"
+    failed_checks: int = Field(0, description="step checks that failed since the start")
+    judge_failure: str | None = Field(None, description="the judge's last error, while degraded")
+    judge_limit: str | None = Field(
+        None, description="judge requests in flight at most, and where that number comes from"
     )
 
 
@@ -233,3 +247,31 @@ def rollout_traces(
         reward.trace(r, q, golden_list(g), f"{route}-{i}")
         for i, (r, q, g) in enumerate(zip(responses, questions, golden, strict=True))
     ]
+
+
+class JudgeHealth:
+    """Whether the judge works, from the last checked request: `degraded` while every step of
+    it failed (a judge that is down, or answers nothing parseable), `ok` again at the first
+    step that gets a label."""
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+
+    def observe(self, verdicts: Sequence[Sequence[Verdict]]) -> None:
+        steps = [v for vs in verdicts for v in vs]
+        if not steps:
+            return
+        failed = [v for v in steps if v.label is None]
+        self.failure = failed[0].error if len(failed) == len(steps) else None
+
+    def status(self) -> str:
+        return "degraded" if self.failure is not None else "ok"
+
+
+def reward_response(results: Sequence[RewardResult]) -> dict[str, Any]:
+    """`/reward`'s answer: a rollout without a reward (a failed check) is `null` in `rewards`,
+    and its result says why (`unavailable`)."""
+    return {
+        "rewards": [None if r.unavailable is not None else r.reward for r in results],
+        "results": [r.as_dict() for r in results],
+    }

@@ -3,15 +3,15 @@
 `configure(reward)`, or from the environment.
 
 - keyword arguments (veRL's `custom_reward_function.reward_kwargs`): `url` or `urls` (one or
-  more `stepgap serve` replicas), or `config` (a JSON file, below); with `variant` and `lam`,
-  which win over the file's;
+  more `stepgap serve` replicas), or `config` (a JSON file, below); with the reward options
+  (`variant`, `lam`, `on_failed_check`: `RewardOptions`), which win over the file's;
 - `configure(reward)`: any `StepGapReward`, e.g. over an in-process checker;
 - `STEPGAP_REWARD_URL` (comma-separated replicas) or `STEPGAP_REWARD_CONFIG` (the JSON file).
 
 The JSON file holds `stepgap serve`'s checker and reward flags by name, with their defaults:
 the fields of `CheckerConfig` and `TreeConfig` (`{"judge", "nli"}` or `{"bundle"}`, with
-`base_url`, `api_key_env`, `concurrency`, `no_cache`, `entail_threshold`, ...), `variant` and
-`lam`. A key it does not know is an error, never ignored: a misspelt `base_url` would send every
+`base_url`, `api_key_env`, `concurrency`, `no_cache`, `entail_threshold`, ...) and those of
+`RewardOptions` (`variant`, `lam`, `on_failed_check`). A key it does not know is an error, never ignored: a misspelt `base_url` would send every
 judge request to the default host. The API key is read from the variable `api_key_env` names,
 never from the file.
 """
@@ -23,19 +23,19 @@ import json
 import os
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from stepgap.io import key_lines
-from stepgap.reward import VARIANTS
-from stepgap.serving.reward import StepGapReward
+from stepgap.serving.reward import RewardOptions, StepGapReward
 from stepgap.teacher.build import REFUSED_KEYS, CheckerConfig
 from stepgap.tree import TreeConfig
 
 _REWARD: StepGapReward | None = None
 _FROM: object = None  # what the reward was built from, to rebuild when veRL passes other kwargs
-_SETTINGS = ("url", "urls", "config", "variant", "lam", "served_model", "reward_router_address")
+_SETTINGS = ("url", "urls", "config", *RewardOptions.model_fields, "served_model",
+             "reward_router_address")  # fmt: skip
 
 
 def reset() -> None:
@@ -50,15 +50,24 @@ def configure(reward: StepGapReward) -> None:
     _REWARD, _FROM = reward, "configure"
 
 
+def _options(settings: dict[str, Any], options: RewardOptions) -> RewardOptions:
+    """`options` with the reward keys that `settings` (veRL's reward_kwargs) give."""
+    given = {k: settings[k] for k in RewardOptions.model_fields if k in settings}
+    try:
+        return RewardOptions.model_validate({**options.model_dump(), **given})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ValueError(f"reward_kwargs: {error['loc'][0]}: {error['msg']}") from None
+
+
 def _from_settings(settings: dict[str, Any]) -> StepGapReward:
     urls = settings.get("urls") or settings.get("url")
     if urls:
         from stepgap.serving.remote import RemoteChecker
 
-        variant = str(settings.get("variant", "typed_shape"))
-        return StepGapReward(RemoteChecker(urls), variant, float(settings.get("lam", 1.0)))
+        return _options(settings, RewardOptions()).reward(RemoteChecker(urls))
     path = settings["config"]
-    config, variant, lam = reward_config(path)
+    config, options = reward_config(path)
     if settings.get("reward_router_address"):
         config = served_by_router(
             config, settings["reward_router_address"], settings.get("served_model"), path
@@ -67,9 +76,7 @@ def _from_settings(settings: dict[str, Any]) -> StepGapReward:
         built = config.build()
     except ValueError as exc:  # what the file asks for cannot be built
         raise ValueError(f"{path}: {exc}") from exc
-    return StepGapReward(
-        built, str(settings.get("variant", variant)), float(settings.get("lam", lam))
-    )
+    return _options(settings, options).reward(built)
 
 
 def served_by_router(
@@ -95,8 +102,8 @@ def served_by_router(
     )
 
 
-def reward_config(path: str | Path) -> tuple[CheckerConfig, str, float]:
-    """The checker configuration, variant and lam of a JSON file of `stepgap serve` flag names
+def reward_config(path: str | Path) -> tuple[CheckerConfig, RewardOptions]:
+    """The checker configuration and reward options of a JSON file of `stepgap serve` flag names
     (`base_url` or `base-url`). An unknown key, a value the flag would refuse or a file that is
     not a JSON object is a ValueError naming the file, the line and the key."""
     text = Path(path).read_text(encoding="utf-8")
@@ -109,7 +116,8 @@ def reward_config(path: str | Path) -> tuple[CheckerConfig, str, float]:
     lines = key_lines(text)
     tree_names = {f.name for f in dataclasses.fields(TreeConfig)}
     checker_names = set(CheckerConfig.model_fields) - {"tree"}
-    known = sorted(tree_names | checker_names | {"variant", "lam"})
+    reward_names = set(RewardOptions.model_fields)
+    known = sorted(tree_names | checker_names | reward_names)
     written: dict[str, str] = {}  # field -> the key as the file spells it
     parts: dict[str, dict[str, Any]] = {"tree": {}, "checker": {}, "reward": {}}
     for key, value in data.items():
@@ -121,7 +129,7 @@ def reward_config(path: str | Path) -> tuple[CheckerConfig, str, float]:
         part = (
             "tree" if name in tree_names
             else "checker" if name in checker_names
-            else "reward" if name in ("variant", "lam")
+            else "reward" if name in reward_names
             else None
         )  # fmt: skip
         if part is None:
@@ -157,9 +165,9 @@ def reward_config(path: str | Path) -> tuple[CheckerConfig, str, float]:
         config = CheckerConfig.model_validate({**parts["checker"], "tree": tree})
     except ValidationError as exc:
         raise named(exc) from None
-    variant = check("variant", Literal[VARIANTS], parts["reward"].get("variant", "typed_shape"))
-    lam = check("lam", float, parts["reward"].get("lam", 1.0))
-    return config, variant, lam
+    hints = typing.get_type_hints(RewardOptions)
+    options = RewardOptions(**{n: check(n, hints[n], v) for n, v in parts["reward"].items()})
+    return config, options
 
 
 def get_reward(kwargs: dict[str, Any] | None = None) -> StepGapReward:

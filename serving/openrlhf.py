@@ -20,6 +20,7 @@ from typing import Any
 
 from stepgap.reward import RewardResult
 from stepgap.serving.inputs import golden_list, question_from_prompt
+from stepgap.serving.reward import available
 
 
 def openrlhf_batch(
@@ -45,7 +46,11 @@ def openrlhf_batch(
 
 
 def openrlhf_response(results: Sequence[RewardResult]) -> dict[str, Any]:
-    """What OpenRLHF reads back: `rewards` (and `scores`), and per-sample `extra_logs`."""
+    """What OpenRLHF reads back: `rewards` (and `scores`), and per-sample `extra_logs`. A
+    rollout without a reward raises `RewardUnavailable` (OpenRLHF then gives it none: the
+    server answers it non-200, the in-process function fails)."""
+    for r in results:
+        available(r)
     breakdowns = [r.scalars() for r in results]
     extra = {
         k: [b[k] for b in breakdowns] for k in (breakdowns[0] if breakdowns else {}) if k != "score"

@@ -4,7 +4,8 @@
 Each replica builds one checker from a `CheckerConfig` (sent as data, so the judge's API key
 stays in the environment of the replica's process). Concurrent requests to a replica are
 micro-batched by `@serve.batch` into one checker call; a checker fault becomes error verdicts
-(bracket 0, counted in `/health`'s `failed_checks`), never an HTTP error. Ray Serve's proxy
+(counted in `/health`'s `failed_checks`), never a 500: their rollouts get no reward (`null` on
+`/reward`, 503 on `/get_reward`) unless `on_failed_check` is `zero`. Ray Serve's proxy
 spreads requests over the replicas and replaces one that dies; a request that was on it gets a
 5xx, which `RemoteChecker` and OpenRLHF's client retry.
 
@@ -30,13 +31,15 @@ from stepgap.teacher.build import CheckerConfig
 from .api import (
     CheckRequest,
     HealthResponse,
+    JudgeHealth,
     OpenRLHFRequest,
     RewardRequest,
+    reward_response,
     rollout_traces,
     segmented_traces,
 )
 from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward import StepGapReward
+from .reward import RewardOptions, RewardUnavailable
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_WAIT_S = 0.01
@@ -53,12 +56,12 @@ class RewardService:
     def __init__(
         self,
         config: CheckerConfig,
-        variant: str = "typed_shape",
-        lam: float = 1.0,
+        options: RewardOptions | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         batch_wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
-        self.reward = StepGapReward(config.build(), variant, lam)
+        self.reward = (options or RewardOptions()).reward(config.build())
+        self.judge_health = JudgeHealth()
         self.check_batch.set_max_batch_size(max_batch)
         self.check_batch.set_batch_wait_timeout_s(batch_wait_s)
         self.routes = {
@@ -78,6 +81,8 @@ class RewardService:
             answer = await handler(body) if model else await handler()
         except (ValidationError, ValueError) as exc:
             return JSONResponse({"detail": str(exc)}, status_code=422)
+        except RewardUnavailable as exc:  # OpenRLHF's "no reward": it retries, then gives None
+            return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse(answer)
 
     @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=DEFAULT_WAIT_S)
@@ -86,6 +91,7 @@ class RewardService:
         replica keeps taking requests); the answer split back per request."""
         flat = [t for traces in requests for t in traces]
         verdicts = await asyncio.to_thread(self.reward.check, flat)  # never raises
+        self.judge_health.observe(verdicts)
         out, start = [], 0
         for traces in requests:
             out.append(verdicts[start : start + len(traces)])
@@ -107,7 +113,7 @@ class RewardService:
 
     async def reward_route(self, body: RewardRequest) -> dict[str, Any]:
         results = await self._rewards(body.responses, body.questions, body.golden_answers, "reward")
-        return {"rewards": [r.reward for r in results], "results": [r.as_dict() for r in results]}
+        return reward_response(results)
 
     async def get_reward(self, body: OpenRLHFRequest) -> dict[str, Any]:
         responses, questions, golden = openrlhf_batch(body.query, body.prompts, body.labels)
@@ -115,12 +121,14 @@ class RewardService:
 
     async def health(self) -> dict[str, Any]:
         return HealthResponse(
-            status="ok",
+            status=self.judge_health.status(),
             variant=self.reward.variant,
             lam=self.reward.lam,
+            on_failed_check=self.reward.on_failed_check,
             queued=0,
             in_flight=0,
             failed_checks=self.reward.failures["failed_checks"],
+            judge_failure=self.judge_health.failure,
         ).model_dump()
 
 
@@ -138,14 +146,13 @@ def build_app(args: dict[str, Any]) -> Any:
 
     if "config" not in args:
         raise ValueError("give config=FILE.json: the reward configuration (see `stepgap serve`)")
-    config, variant, lam = reward_config(args["config"])
-    return deployment(config, variant, lam, **{k: v for k, v in args.items() if k != "config"})
+    config, options = reward_config(args["config"])
+    return deployment(config, options, **{k: v for k, v in args.items() if k != "config"})
 
 
 def deployment(
     config: CheckerConfig,
-    variant: str = "typed_shape",
-    lam: float = 1.0,
+    options: RewardOptions | None = None,
     *,
     num_replicas: int | None = None,
     autoscaling_config: dict[str, Any] | None = None,
@@ -155,9 +162,11 @@ def deployment(
 ) -> Any:
     """The bound application for a checker configuration (replicas, resources, batching)."""
     config.require_specs()
-    options: dict[str, Any] = {"ray_actor_options": ray_actor_options or {"num_cpus": 1}}
+    placement: dict[str, Any] = {"ray_actor_options": ray_actor_options or {"num_cpus": 1}}
     if autoscaling_config:
-        options["autoscaling_config"] = autoscaling_config
+        placement["autoscaling_config"] = autoscaling_config
     else:
-        options["num_replicas"] = num_replicas or 1
-    return RewardService.options(**options).bind(config, variant, lam, max_batch, batch_wait_s)
+        placement["num_replicas"] = num_replicas or 1
+    return RewardService.options(**placement).bind(
+        config, options or RewardOptions(), max_batch, batch_wait_s
+    )

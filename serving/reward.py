@@ -1,9 +1,13 @@
 """The reward inside training: responses in, rewards out (segment, check every step with the
 checker, then `stepgap.reward`'s arithmetic, docs/contract.md section 4).
 
-It never raises (`StepGapReward`): a checker that fails on a batch gives error verdicts
-(bracket 0 for each step), a response that cannot be segmented is scored on EM alone; both are
-logged and counted in `StepGapReward.failures` and in each result's scalars.
+Scoring never raises (`StepGapReward`): a checker that fails on a batch gives error verdicts, a
+response that cannot be segmented is scored on EM alone; both are logged and counted in
+`StepGapReward.failures` and in each result's scalars. A trace with a failed check gets no
+reward by default (`on_failed_check="no_reward"`: `RewardResult.unavailable` says why, and each
+adapter gives its trainer's own "no reward": `None` for TRL, a non-200 answer for OpenRLHF, an
+exception for veRL); `on_failed_check="zero"` scores it instead, a failed step earning 0 (EM
+alone when every check failed), as an explicit choice.
 """
 
 from __future__ import annotations
@@ -13,14 +17,55 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.io import ErrorReport, check_output
 from stepgap.reward import VARIANTS, RewardResult, compute_reward
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
+from stepgap.teacher.judges.base import TraceDeadline
 
 log = logging.getLogger(__name__)
+
+# What a trace with a failed step check gets: no reward (the default), or its failed steps 0.
+ON_FAILED_CHECK = ("no_reward", "zero")
+
+
+class RewardOptions(BaseModel):
+    """How verdicts become the reward in training: one set of options for `stepgap serve`'s
+    flags, a reward JSON file's keys (veRL, OpenRLHF, Ray Serve) and veRL's `reward_kwargs`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: Literal[VARIANTS] = Field(  # type: ignore[valid-type]
+        "typed_shape", description="the reward variant (docs/contract.md, section 4)"
+    )
+    lam: float = Field(1.0, description="weight of the step rewards")
+    on_failed_check: Literal[ON_FAILED_CHECK] = Field(  # type: ignore[valid-type]
+        "no_reward",
+        description="a rollout with a failed step check (a judge that is down, an answer that "
+        "cannot be parsed) gets no reward (no_reward: TRL None, OpenRLHF a 503, veRL an "
+        "exception), or is scored with that step at 0 (zero: EM alone when every check failed)",
+    )
+
+    def reward(self, checker: Any, tokenizer: Any = None) -> StepGapReward:
+        return StepGapReward(
+            checker, self.variant, self.lam, tokenizer, on_failed_check=self.on_failed_check
+        )
+
+
+class RewardUnavailable(RuntimeError):
+    """A rollout that has no reward (`RewardResult.unavailable`), raised where a trainer has no
+    other way to leave a sample unrewarded (veRL's `compute_score`, OpenRLHF's `reward_func`)."""
+
+
+def available(result: RewardResult) -> float:
+    """The reward, or `RewardUnavailable` naming why there is none."""
+    if result.unavailable is not None:
+        raise RewardUnavailable(f"no reward for rollout {result.trace_id}: {result.unavailable}")
+    return result.reward
 
 
 def failed_verdicts(trace_id: str, steps: Sequence[Step], reason: str) -> list[Verdict]:
@@ -44,15 +89,28 @@ class StepGapReward:
     `checker` is anything with `check(traces) -> list[list[Verdict]]` (the teacher `Checker`,
     an offline bundle's checker, or a remote one). Scoring never raises on a checker fault or an
     unreadable response (see the module docstring); `failures` counts both kinds.
+    `on_failed_check`: a trace with a failed step check gets no reward (`no_reward`) or is
+    scored with that step at 0 (`zero`).
     """
 
     def __init__(
-        self, checker: Any, variant: str = "typed_shape", lam: float = 1.0, tokenizer: Any = None
+        self,
+        checker: Any,
+        variant: str = "typed_shape",
+        lam: float = 1.0,
+        tokenizer: Any = None,
+        on_failed_check: str = "no_reward",
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(
                 f"unknown reward variant {variant!r}; choose one of {', '.join(VARIANTS)}"
             )
+        if on_failed_check not in ON_FAILED_CHECK:
+            raise ValueError(
+                f"on_failed_check must be one of {', '.join(ON_FAILED_CHECK)}, got "
+                f"{on_failed_check!r}"
+            )
+        self.on_failed_check = on_failed_check
         self.checker = checker
         self.variant = variant
         self.lam = lam
@@ -91,23 +149,31 @@ class StepGapReward:
         return verdicts
 
     def check_stream(
-        self, traces: Sequence[Trace], *, stop: threading.Event | None = None
+        self,
+        traces: Sequence[Trace],
+        *,
+        stop: threading.Event | None = None,
+        deadlines: Sequence[TraceDeadline | None] | None = None,
     ) -> Iterator[tuple[int, list[Verdict]]]:
         """(position in `traces`, its verdicts), each trace as soon as its own steps are checked
         (the checker's `check_stream`; one `check` call for a checker without it). Faults are
         handled as in `check`: the traces left when the checker fails get error verdicts.
-        `stop`, set from another thread, ends the stream early (nothing more is yielded)."""
+        `stop`, set from another thread, ends the stream early (nothing more is yielded);
+        `deadlines` (one per trace) go with the traces' judge requests."""
         traces = list(traces)
         stream = getattr(self.checker, "check_stream", None)
         if stream is None:
             yield from enumerate(self.check(traces))
             return
+        options: dict[str, Any] = {"batch_size": 8, "stop": stop}
+        if deadlines is not None:
+            options["deadlines"] = deadlines
         position = {id(t): i for i, t in enumerate(traces)}
         left = set(range(len(traces)))
         seen: list[list[Verdict]] = []  # counted once the stream ends, as `check` counts a call
         try:
             try:
-                for trace, verdicts in stream(traces, batch_size=8, stop=stop):
+                for trace, verdicts in stream(traces, **options):
                     i = position[id(trace)]
                     left.discard(i)
                     seen.append(_complete(trace, verdicts))
@@ -134,11 +200,16 @@ class StepGapReward:
         self.failures["failed_checks"] += len(failed)
         if len(failed) == len(steps) and not self._warned_all_failed:
             self._warned_all_failed = True
+            outcome = (
+                "these rollouts get no reward"
+                if self.on_failed_check == "no_reward"
+                else "the reward is EM alone (on_failed_check=zero)"
+            )
             log.warning(
-                "every step check failed (%d of %d): the reward is EM alone until the checker "
-                "works. First error: %s",
+                "every step check failed (%d of %d): %s until the checker works. First error: %s",
                 len(failed),
                 len(steps),
+                outcome,
                 failed[0].error,
             )
         else:
@@ -157,10 +228,19 @@ class StepGapReward:
         return [self.result(t, vs) for t, vs in zip(traces, verdicts, strict=True)]
 
     def result(self, trace: Trace, verdicts: Sequence[Verdict]) -> RewardResult:
-        """docs/contract.md section 4 for one checked trace, with this reward's variant, lambda, tokenizer."""
-        return compute_reward(
+        """docs/contract.md section 4 for one checked trace, with this reward's variant, lambda,
+        tokenizer; with a failed check and `on_failed_check="no_reward"`, marked unavailable."""
+        result = compute_reward(
             trace, verdicts, variant=self.variant, lam=self.lam, tokenizer=self.tokenizer
         )
+        if result.failed_checks and self.on_failed_check == "no_reward":
+            first = next(v.error for v in verdicts if v.label is None)
+            result.unavailable = (
+                f"{result.failed_checks} of {len(result.steps)} step check(s) failed "
+                f"(first: {first})"
+            )
+            self.failures["no_reward"] += 1
+        return result
 
     def score(
         self,
@@ -174,8 +254,12 @@ class StepGapReward:
         ]
         return self.score_traces(traces)
 
-    def __call__(self, response: str, question: str, golden_answers: Sequence[str] | str) -> float:
-        return self.score([response], [question], [golden_answers])[0].reward
+    def __call__(
+        self, response: str, question: str, golden_answers: Sequence[str] | str
+    ) -> float | None:
+        """One rollout's reward; None when it has none (a failed check, see `on_failed_check`)."""
+        result = self.score([response], [question], [golden_answers])[0]
+        return None if result.unavailable is not None else result.reward
 
 
 def reward_file(

@@ -3,19 +3,26 @@
 Requests from many rollout workers are queued per trace and checked in micro-batches (up to
 `max_batch` traces, waiting at most `max_wait_ms` for more), so the judge and the NLI model see
 large batches. Up to `max_inflight` such checker calls run at once, and each trace is answered as
-soon as its own steps are checked, not when its whole batch is.
+soon as its own steps are checked, not when its whole batch is. A judge behind a URL gets no more
+requests at once than its engine serves (`EngineLimit`, in the judge).
 
 A reward is only worth something before its client stops waiting. Each request has a deadline:
 its `X-Stepgap-Timeout` header (seconds), else the server's `client_timeout` (OpenRLHF waits 180 s
-and sends no header). A request the server cannot answer in time gets a 503 with Retry-After, so
-the client retries instead of timing out: at once when the queue is full or the measured pace
-says its traces would come back too late, and just before its deadline if they have not. A trace
-whose client has hung up or whose deadline has passed is dropped: a batch none of whose traces
-are still wanted stops at the judge's next answer. Refusals and drops are counted in
+and sends no header), and its traces carry it to the judge (`TraceDeadline`): their requests
+time out at it, none is sent after it, and a client that hangs up has its requests in flight
+closed. A request that the measured pace (`Pace`: the judge's own latency and requests in
+flight) cannot answer in time is held until there is room, then admitted, or answered 503 with
+Retry-After when its time runs out; a client that sent its own deadline, or a server with
+`when_overloaded="refuse"`, gets that 503 at once. An idle server admits what comes. A request
+still unanswered just before its deadline gets 503 then. Refusals and drops are counted in
 `stepgap_rejected{reason}` and `stepgap_traces_dropped{reason}`. An oversized body gets 413.
 
-SIGTERM (`serve`) stops taking requests, answers 503 to the queued ones, lets the checks in
-flight finish for up to `grace` seconds, answers 503 to what is left, and exits.
+A rollout with a failed step check has no reward (`StepGapReward.on_failed_check`): `/get_reward`
+answers 503, `/reward` gives `null` and the reason; `/health` says `degraded` while the judge
+fails. At start, `serve` probes the judge and prints what it can answer in a client's time.
+
+SIGTERM (`serve`) stops taking requests, answers 503 to the queued and held ones, lets the checks
+in flight finish for up to `grace` seconds, answers 503 to what is left, and exits.
 
 Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
 `/metrics` (Prometheus), `/view` (an HTML page of the last `view_keep` checked traces).
@@ -28,6 +35,7 @@ import contextlib
 import itertools
 import logging
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -42,28 +50,37 @@ except ImportError:  # pragma: no cover - without the extra, create_app says wha
 
 from stepgap.reward import RewardResult
 from stepgap.schema import Trace, Verdict
+from stepgap.teacher.judges.base import TraceDeadline
+from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import (
     CheckRequest,
     CheckResponse,
     HealthResponse,
+    JudgeHealth,
     OpenRLHFRequest,
     OpenRLHFResponse,
     RewardRequest,
     RewardResponse,
+    reward_response,
     rollout_traces,
     segmented_traces,
 )
 from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward import StepGapReward
+from .reward import RewardUnavailable, StepGapReward
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = "X-Stepgap-Timeout"
 # OpenRLHF 0.11's remote reward client waits 180 s in all (aiohttp total=180), 5 tries 1 s apart
 OPENRLHF_TIMEOUT = 180.0
+HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits
+WHEN_OVERLOADED = ("hold", "refuse")  # what a request that does not fit now gets
+FIRST = asyncio.FIRST_COMPLETED
 
-Stream = Callable[[Sequence[Trace], threading.Event], Iterator[tuple[int, list[Verdict]]]]
+Stream = Callable[
+    [Sequence[Trace], threading.Event, Sequence[TraceDeadline]], Iterator[tuple[int, list[Verdict]]]
+]
 
 
 class Busy(RuntimeError):
@@ -80,37 +97,64 @@ class Busy(RuntimeError):
 @dataclass(eq=False)
 class _Item:
     """A queued trace; its request cancels `future` when the client leaves or its deadline
-    passes, and the workers skip (or stop checking) cancelled items."""
+    passes, which cancels `deadline` too: the workers skip (or stop checking) cancelled items,
+    and the judge closes their requests in flight and sends no more."""
 
     trace: Trace
     future: asyncio.Future
+    deadline: TraceDeadline = field(default_factory=TraceDeadline)
+
+    @property
+    def steps(self) -> int:
+        return len(self.trace.steps or [])
 
 
 @dataclass
 class Pace:
-    """How long this server's checker calls take, measured on its own finished calls: enough to
-    tell a new request whether its traces can come back before its deadline. The queue is served
-    in rounds of `calls` x `max_batch` traces, each round about one call long."""
+    """How fast this server checks steps: enough to tell a new request whether its traces can
+    come back before its deadline.
 
-    call_seconds: float | None = None  # moving average of a whole call's duration
+    A judge that measures its own requests (one behind a URL: its `EngineLimit`) gives the rate
+    itself: its requests in flight over their latency (Little's law), measured on the requests
+    the engine served, never on time spent waiting in this server's queue. Any other judge (a
+    model in this process, one call at a time) is measured on whole calls: a call's steps over
+    its seconds. Either way, an estimate is only asked while work is queued or in flight: an
+    idle server admits what comes (the next request measures the judge again), so it never
+    keeps refusing on an old figure.
+    """
+
+    judge: EngineLimit | None = None  # the judge's own measure, when it keeps one
+    calls: float | None = None  # steps per second over whole calls (moving average)
     weight: float = 0.3  # of the newest call in the moving average
 
-    def observe(self, seconds: float) -> None:
-        w = self.weight
-        self.call_seconds = (
-            seconds if self.call_seconds is None else (1 - w) * self.call_seconds + w * seconds
-        )
+    def observe(self, seconds: float, steps: int) -> None:
+        """A whole call of `steps` steps took `seconds`."""
+        if steps <= 0 or seconds <= 0:
+            return
+        rate, w = steps / seconds, self.weight
+        self.calls = rate if self.calls is None else (1 - w) * self.calls + w * rate
 
-    def estimate(
-        self, ahead: int, traces: int, calls: int, max_batch: int, busy: bool
-    ) -> float | None:
-        """Seconds until `traces` more are answered behind `ahead` queued ones, with `calls`
-        checker calls of up to `max_batch` traces (`busy`: none free now); None before any call
-        has been measured."""
-        if self.call_seconds is None:
+    def rate(self) -> tuple[float, float] | None:
+        """(steps per second, seconds of one step's own round trip), or None before anything
+        was measured."""
+        if self.judge is not None and (per_second := self.judge.throughput()) is not None:
+            return per_second, self.judge.typical_latency() or 0.0
+        if self.calls is not None:
+            return self.calls, 1 / self.calls
+        return None
+
+    def seconds_per_step(self) -> float | None:
+        rate = self.rate()
+        return None if rate is None else 1 / rate[0]
+
+    def estimate(self, ahead: int, steps: int) -> float | None:
+        """Seconds until `steps` more steps are checked behind `ahead` queued or in flight;
+        None before anything was measured."""
+        rate = self.rate()
+        if rate is None:
             return None
-        rounds = math.ceil((ahead + traces) / (calls * max_batch)) + (0.5 if busy else 0.0)
-        return rounds * self.call_seconds
+        per_second, round_trip = rate
+        return (ahead + steps) / per_second + round_trip
 
 
 @dataclass(eq=False)
@@ -147,6 +191,8 @@ class MicroBatcher:
         client_timeout: float = OPENRLHF_TIMEOUT,
         on_batch: Callable[[int], None] | None = None,
         on_drop: Callable[[str, int], None] | None = None,
+        judge_limit: EngineLimit | None = None,
+        when_overloaded: str = "hold",
     ) -> None:
         if (check is None) == (stream is None):
             raise ValueError("give one of check or stream")
@@ -154,6 +200,9 @@ class MicroBatcher:
             raise ValueError("max_inflight and max_batch must be at least 1")
         if client_timeout <= 0:
             raise ValueError(f"client_timeout must be positive, got {client_timeout}")
+        if when_overloaded not in WHEN_OVERLOADED:
+            raise ValueError(f"when_overloaded must be hold or refuse, got {when_overloaded!r}")
+        self.when_overloaded = when_overloaded
         self.stream: Stream = stream or _stream_of(check)  # type: ignore[arg-type]
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
@@ -162,8 +211,11 @@ class MicroBatcher:
         self.client_timeout = client_timeout
         self.on_batch = on_batch
         self.on_drop = on_drop
-        self.pace = Pace()
+        self.pace = Pace(judge=judge_limit)
         self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.queued_steps = 0  # steps of the queued traces
+        self.held: list[tuple[object, int]] = []  # requests waiting to be admitted, in order
+        self.health = JudgeHealth()  # whether the judge works, from the last checked request
         self.calls: set[_Call] = set()
         self.closing = False
         self._workers: list[asyncio.Task] = []
@@ -183,6 +235,7 @@ class MicroBatcher:
         queued = 0
         while not self.queue.empty():
             item = self.queue.get_nowait()
+            self.queued_steps -= item.steps
             if not item.future.done():
                 queued += 1
             _fail(item, Busy("shutdown", "the server is shutting down"))
@@ -225,48 +278,99 @@ class MicroBatcher:
     ) -> list[list[Verdict]] | None:
         """Verdicts per trace, or None when the client hung up first (`until_gone` returns an
         awaitable that finishes when it does). Raises `Busy` when they cannot come back within
-        `timeout` seconds (default `client_timeout`)."""
+        `timeout` seconds (default `client_timeout`): at once for a client that gave its own
+        `timeout` (it can act on a refusal: another replica, Retry-After) or with
+        `when_overloaded="refuse"`, else once the request has been held as long as its deadline
+        allows (see `_admit`)."""
         budget = self.client_timeout if timeout is None else timeout
         if self.closing:
             raise Busy("shutdown", "the server is shutting down")
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
-        # answer a little before the client's own timeout, so that a 503 reaches it first; admit
-        # only what the measured pace answers well inside that (the pace is an average)
+        # answer a little before the client's own timeout, so that a 503 reaches it first
         usable = budget - min(2.0, 0.1 * budget)
-        expected = self.pace.estimate(
-            self.queue.qsize(),
-            len(traces),
-            self.max_inflight,
-            self.max_batch,
-            busy=len(self.calls) >= self.max_inflight,
-        )
-        if expected is not None and expected > 0.8 * usable:
-            raise Busy(
-                "overloaded",
-                f"{self.queue.qsize()} traces queued: about {expected:.1f} s to answer, "
-                f"past this request's {budget:g} s deadline",
-                retry_after=min(expected - 0.8 * usable, 60.0),
-            )
+        until = time.monotonic() + usable
+        steps = sum(len(t.steps or []) for t in traces)
+        gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
+        try:
+            refuse = timeout is not None or self.when_overloaded == "refuse"
+            if not await self._admit(steps, until, budget, refuse, gone):
+                return None  # the client left while its request was held
+            return await self._answer(traces, until, budget, gone)
+        finally:
+            if gone is not None:
+                gone.cancel()
+
+    async def _admit(
+        self,
+        steps: int,
+        until: float,
+        budget: float,
+        refuse_at_once: bool,
+        gone: asyncio.Future | None,
+    ) -> bool:
+        """Whether a request of `steps` steps may join the queue: when the measured pace
+        answers it, behind what is queued, in flight or held before it, well inside its time
+        (the pace is an average). An idle server admits what comes (the request measures the
+        judge again), so an old figure never keeps it refusing. A request that does not fit is
+        refused at once (`refuse_at_once`), or else held, costing the judge nothing, until it
+        fits or its time runs out (`Busy`): a client that retries blindly, as OpenRLHF's does
+        (5 tries, 1 s apart), keeps its tries for when there is room. False: the client left
+        while held."""
+        ticket = object()
+        self.held.append((ticket, steps))
+        try:
+            while True:
+                position = next(i for i, (t, _) in enumerate(self.held) if t is ticket)
+                ahead = self.steps_ahead() + sum(s for _, s in self.held[:position])
+                left = until - time.monotonic()
+                expected = self.pace.estimate(ahead, steps) if ahead else None
+                if self.closing:
+                    raise Busy("shutdown", "the server is shutting down")
+                if expected is None or expected <= 0.8 * left:
+                    return True
+                if refuse_at_once or left <= HOLD_POLL_S:
+                    raise Busy(
+                        "overloaded",
+                        f"{ahead} steps queued or in flight: about {expected:.1f} s to answer, "
+                        f"past this request's {budget:g} s deadline",
+                        retry_after=min(expected - 0.8 * left, 60.0),
+                    )
+                if gone is not None:
+                    await asyncio.wait({gone}, timeout=HOLD_POLL_S)
+                    if gone.done():
+                        return False
+                else:
+                    await asyncio.sleep(HOLD_POLL_S)
+        finally:
+            self.held = [(t, s) for t, s in self.held if t is not ticket]
+
+    async def _answer(
+        self, traces: Sequence[Trace], until: float, budget: float, gone: asyncio.Future | None
+    ) -> list[list[Verdict]] | None:
+        """Queue the traces and wait for their verdicts until `until`; None if the client left."""
+        if self.closing:  # the queue was answered 503 already; nothing more joins it
+            raise Busy("shutdown", "the server is shutting down")
         loop = asyncio.get_running_loop()
-        items = [_Item(t, loop.create_future()) for t in traces]
+        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]
         for item in items:
+            # a trace nobody waits for any more (deadline, client gone): its judge requests end
+            item.future.add_done_callback(_cancel_deadline_of(item))
             self.queue.put_nowait(item)
+            self.queued_steps += item.steps
         answers = asyncio.gather(*(i.future for i in items))
         answers.add_done_callback(_retrieve)
         waiting: set[asyncio.Future] = {answers}
-        gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         if gone is not None:
             waiting.add(gone)
         try:
-            await asyncio.wait(waiting, timeout=usable, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waiting, timeout=max(0.0, until - time.monotonic()), return_when=FIRST
+            )
         except asyncio.CancelledError:  # the request's task itself (a forced shutdown)
             for item in items:
                 item.future.cancel()
             raise
-        finally:
-            if gone is not None:
-                gone.cancel()
         if answers.done():
             error = answers.exception()
             if error is None:
@@ -282,19 +386,29 @@ class MicroBatcher:
             self.on_drop(reason, dropped)
         if reason == "client_gone":
             return None
-        raise Busy("deadline", f"not checked within {usable:.1f} s of its {budget:g} s deadline")
+        raise Busy("deadline", f"not checked within its {budget:g} s deadline")
+
+    def steps_ahead(self) -> int:
+        """Steps queued or in flight and still wanted: what a new request waits behind."""
+        running = sum(i.steps for c in self.calls for i in c.items if not i.future.done())
+        return self.queued_steps + running
 
     # ------------------------------------------------------------------ workers
+    async def _get(self) -> _Item:
+        item = await self.queue.get()
+        self.queued_steps -= item.steps
+        return item
+
     async def _next_batch(self) -> list[_Item]:
         loop = asyncio.get_running_loop()
-        batch = [await self.queue.get()]
+        batch = [await self._get()]
         until = loop.time() + self.max_wait
         while len(batch) < self.max_batch:
             timeout = until - loop.time()
             if timeout <= 0:
                 break
             try:
-                batch.append(await asyncio.wait_for(self.queue.get(), timeout))
+                batch.append(await asyncio.wait_for(self._get(), timeout))
             except asyncio.TimeoutError:
                 break
         # a client that hung up or timed out cancelled its items: they are not checked
@@ -325,7 +439,7 @@ class MicroBatcher:
 
         def end(error: BaseException | None) -> None:
             if answered == len(batch):  # a whole call: what the next requests can expect
-                self.pace.observe(time.monotonic() - started)
+                self.pace.observe(time.monotonic() - started, sum(i.steps for i in batch))
             for item in batch:  # a trace the call never answered (a fault in the call itself)
                 _fail(item, error or RuntimeError("the checker gave no verdicts for this trace"))
             if not finished.done():
@@ -334,7 +448,8 @@ class MicroBatcher:
         def work() -> None:
             error: BaseException | None = None
             try:
-                for position, verdicts in self.stream([i.trace for i in batch], call.stop):
+                traces, deadlines = [i.trace for i in batch], [i.deadline for i in batch]
+                for position, verdicts in self.stream(traces, call.stop, deadlines):
                     _call_soon(loop, deliver, position, verdicts)
             except BaseException as exc:  # noqa: BLE001 - every waiting request learns of it
                 log.exception("checker failed on a batch of %d", len(batch))
@@ -355,11 +470,19 @@ def _stream_of(check: Callable[[Sequence[Trace]], list[list[Verdict]]]) -> Strea
     """A plain `check` as a stream: every trace of a call comes back when the call returns."""
 
     def stream(
-        traces: Sequence[Trace], stop: threading.Event
+        traces: Sequence[Trace], stop: threading.Event, deadlines: Sequence[TraceDeadline]
     ) -> Iterator[tuple[int, list[Verdict]]]:
         yield from enumerate(check(traces))
 
     return stream
+
+
+def _cancel_deadline_of(item: _Item) -> Callable[[asyncio.Future], None]:
+    def cancel(future: asyncio.Future) -> None:
+        if future.cancelled():
+            item.deadline.cancel()
+
+    return cancel
 
 
 def _fail(item: _Item, error: BaseException) -> None:
@@ -444,6 +567,13 @@ def _timeout_of(request: Any) -> float | None:
     return seconds
 
 
+def judge_limit_of(reward: StepGapReward) -> EngineLimit | None:
+    """The judge's own limit of requests in flight, which measures its latency (a judge behind
+    a URL); None for a judge in this process."""
+    limit = getattr(getattr(reward.checker, "judge", None), "limit", None)
+    return limit if isinstance(limit, EngineLimit) else None
+
+
 def default_inflight(reward: StepGapReward) -> int:
     """Checker calls in flight by default: 8 when the judge is a server (an OpenAI-compatible
     engine, or `stepgap serve` replicas), whose own concurrency does the work; 1 for a model in
@@ -462,6 +592,7 @@ def create_app(
     client_timeout: float = OPENRLHF_TIMEOUT,
     max_body_bytes: int = 8 * 1024 * 1024,
     view_keep: int = 100,
+    when_overloaded: str = "hold",
 ) -> Any:
     """The FastAPI app (see the module docstring); `max_inflight` defaults to
     `default_inflight(reward)`, `view_keep` bounds how many checked traces `GET /view` keeps."""
@@ -483,8 +614,15 @@ def create_app(
     rejected = Counter(
         "stepgap_rejected",
         "requests not answered with rewards: too_large, queue_full, overloaded (the backlog "
-        "outlasts the deadline), deadline (not checked in time), shutdown, client_gone",
+        "outlasts the deadline), deadline (not checked in time), shutdown, client_gone, "
+        "no_reward (a step check failed: OpenRLHF's route)",
         ["reason"],
+        registry=registry,
+    )
+    failed_traces = Counter(
+        "stepgap_traces_failed",
+        "traces with a failed step check (a judge that is down, an answer that cannot be "
+        "parsed): no reward, unless on_failed_check=zero",
         registry=registry,
     )
     dropped = Counter(
@@ -506,9 +644,12 @@ def create_app(
         batch_size.observe(n)
         traces_total.inc(n)
 
-    # a checker fault becomes error verdicts (bracket 0), never a 500
+    judge_limit = judge_limit_of(reward)
+    # a checker fault becomes error verdicts, never a 500
     batcher = MicroBatcher(
-        stream=lambda traces, stop: reward.check_stream(traces, stop=stop),
+        stream=lambda traces, stop, deadlines: reward.check_stream(
+            traces, stop=stop, deadlines=deadlines
+        ),
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         max_queue=max_queue,
@@ -516,17 +657,28 @@ def create_app(
         client_timeout=client_timeout,
         on_batch=on_batch,
         on_drop=lambda reason, n: dropped.labels(reason).inc(n),
+        judge_limit=judge_limit,
+        when_overloaded=when_overloaded,
     )
     queue_depth.set_function(batcher.queue.qsize)
     in_flight = Gauge("stepgap_checks_in_flight", "checker calls running", registry=registry)
     in_flight.set_function(lambda: len(batcher.calls))
-    call_seconds = Gauge(
-        "stepgap_call_seconds",
-        "moving average of a whole checker call's duration (what admission plans with; 0 "
-        "before the first)",
+    step_seconds = Gauge(
+        "stepgap_seconds_per_step",
+        "seconds the server needs per step at its measured rate (what admission plans with; "
+        "0 before the first measure)",
         registry=registry,
     )
-    call_seconds.set_function(lambda: batcher.pace.call_seconds or 0.0)
+    step_seconds.set_function(lambda: batcher.pace.seconds_per_step() or 0.0)
+    if judge_limit is not None:
+        judge_in_flight = Gauge(
+            "stepgap_judge_limit",
+            "judge requests in flight at most over all calls (the engine's slots plus a margin, "
+            "where known; 0: no limit beyond each call's --concurrency)",
+            registry=registry,
+        )
+        judge_in_flight.set_function(lambda: judge_limit.limit or 0)
+    health_of_judge = batcher.health
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
@@ -565,6 +717,8 @@ def create_app(
             verdicts = await batcher.submit(
                 traces, lambda: _until_disconnected(request), _timeout_of(request)
             )
+            if verdicts is not None:
+                health_of_judge.observe(verdicts)
         except Busy as exc:
             rejected.labels(exc.reason).inc()
             raise HTTPException(
@@ -588,6 +742,7 @@ def create_app(
         results = [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
         for t, vs, r in zip(traces, verdicts, results, strict=True):
             recent.add(t, vs, r)
+        failed_traces.inc(sum(r.failed_checks > 0 for r in results))
         return results
 
     @app.post("/check", response_model=CheckResponse, summary="verdicts for every step")
@@ -606,7 +761,7 @@ def create_app(
         results = await rewards(
             body.responses, body.questions, body.golden_answers, "reward", request
         )
-        return {"rewards": [r.reward for r in results], "results": [r.as_dict() for r in results]}
+        return reward_response(results)
 
     @app.post(
         "/get_reward", response_model=OpenRLHFResponse, summary="OpenRLHF's remote reward protocol"
@@ -616,17 +771,26 @@ def create_app(
             responses, questions, golden = openrlhf_batch(body.query, body.prompts, body.labels)
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        return openrlhf_response(await rewards(responses, questions, golden, "get_reward", request))
+        results = await rewards(responses, questions, golden, "get_reward", request)
+        try:
+            return openrlhf_response(results)
+        except RewardUnavailable as exc:  # OpenRLHF's "no reward": it retries, then gives None
+            rejected.labels("no_reward").inc()
+            raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
 
     @app.get("/health", response_model=HealthResponse, summary="liveness and queue depth")
     async def health() -> dict[str, Any]:
+        status = "closing" if batcher.closing else health_of_judge.status()
         return {
-            "status": "closing" if batcher.closing else "ok",
+            "status": status,
             "variant": reward.variant,
             "lam": reward.lam,
+            "on_failed_check": reward.on_failed_check,
             "queued": batcher.queue.qsize(),
             "in_flight": len(batcher.calls),
             "failed_checks": reward.failures["failed_checks"],
+            "judge_failure": health_of_judge.failure,
+            "judge_limit": None if judge_limit is None else judge_limit.describe(),
         }
 
     @app.get(
@@ -650,6 +814,68 @@ def create_app(
     return app
 
 
+# A trace of two steps the server asks its judge about at start: what one step takes.
+PROBE = Trace(
+    id="stepgap-probe",
+    question="What is the capital of France?",
+    golden_answers=["Paris"],
+    response="<think>I need the capital of France.</think><search>capital of France</search>"
+    '\n\n<information>Doc 1(Title: "France") Paris is the capital and largest city of France.'
+    "</information>\n\n<think>The capital of France is Paris.</think><answer>Paris</answer>",
+)
+ROLLOUT_STEPS = 3  # a Search-R1 rollout's steps, for the figure `stepgap serve` prints
+
+
+def probe_capacity(
+    reward: StepGapReward, batcher: MicroBatcher, client_timeout: float, wait: float = 60.0
+) -> str:
+    """Ask the judge (stages A-C) about `PROBE` and say what the server can answer within a
+    client's `client_timeout`: the steps (and rollouts of `ROLLOUT_STEPS` steps) that the
+    measured latency and the requests in flight allow. A judge that fails the probe, or does
+    not answer it within `wait` seconds, marks the server's health degraded and is named."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as Waited
+
+    from stepgap.segment import segment_trace
+
+    trace = segment_trace(PROBE)
+    ask = getattr(reward.checker, "judge_traces", None)
+    if ask is None:  # a remote checker: its server probes its own judge
+        return "the checker is remote; its servers report their own judges"
+    started = time.monotonic()
+    pool = ThreadPoolExecutor(1)
+    try:
+        (results,) = pool.submit(ask, [trace]).result(timeout=wait)
+        failure = next((r.error for r in results if r.judge is None), None)
+    except Waited:
+        results, failure = [], f"no answer within {wait:g} s"
+    except Exception as exc:  # noqa: BLE001 - a judge that cannot answer is reported, not fatal
+        results, failure = [], f"{type(exc).__name__}: {exc}"
+    finally:
+        pool.shutdown(wait=False)
+    seconds = time.monotonic() - started
+    if failure is not None:
+        batcher.health.failure = failure
+        return f"the judge did not answer a probe of {len(trace.steps or [])} steps: {failure}"
+    verdicts = results
+    limit = batcher.pace.judge
+    latency = limit.typical_latency() if limit is not None else None
+    if limit is not None and latency:
+        at_once = limit.limit or batcher.max_inflight * int(
+            getattr(reward.checker.judge, "concurrency", 1)
+        )
+        per_second, how = at_once / latency, f"{latency:.1f} s a request, {limit.describe()}"
+    else:
+        per_second, how = len(verdicts) / seconds, f"{seconds / len(verdicts):.1f} s a step"
+    usable = client_timeout - min(2.0, 0.1 * client_timeout)
+    steps = int(0.8 * usable * per_second)
+    return (
+        f"a probe of {len(verdicts)} steps took {seconds:.1f} s ({how}): about {steps} steps, "
+        f"or {steps // ROLLOUT_STEPS} rollouts of {ROLLOUT_STEPS}, are answered within the "
+        f"{client_timeout:g} s a client waits; more are held, then answered 503"
+    )
+
+
 def serve(
     reward: StepGapReward,
     *,
@@ -663,6 +889,7 @@ def serve(
     grace: float = 30.0,
     max_body_mb: int = 8,
     view_keep: int = 100,
+    when_overloaded: str = "hold",
 ) -> None:
     """Run the app with uvicorn until SIGTERM or Ctrl-C (`stepgap serve`); shutting down takes
     at most `grace` seconds (see the module docstring)."""
@@ -687,8 +914,12 @@ def serve(
         client_timeout=client_timeout,
         max_body_bytes=max_body_mb * 1024 * 1024,
         view_keep=view_keep,
+        when_overloaded=when_overloaded,
     )
     batcher: MicroBatcher = app.state.batcher
+    print(f"stepgap serve: {probe_capacity(reward, batcher, client_timeout)}", file=sys.stderr)
+    if batcher.health.failure is not None:
+        print("stepgap serve: /health says degraded until the judge answers", file=sys.stderr)
 
     class Server(uvicorn.Server):
         """uvicorn's server, which on SIGTERM/SIGINT also closes the batcher: the queued

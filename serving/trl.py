@@ -40,7 +40,7 @@ def _score(
     answers_column: str,
     question_column: str,
     kwargs: dict[str, Any],
-) -> list[float]:
+) -> list[float | None]:
     if answers_column not in kwargs:
         raise ValueError(
             f"the stepgap reward needs the dataset column {answers_column!r} (golden answers); "
@@ -54,7 +54,8 @@ def _score(
     if callable(log_metric):
         for name, value in _rates(results).items():
             log_metric(name, value)
-    return [r.reward for r in results]
+    # TRL's own "no reward": a None leaves the completion out of its group's baseline
+    return [None if r.unavailable is not None else r.reward for r in results]
 
 
 def stepgap_reward_func(
@@ -62,12 +63,13 @@ def stepgap_reward_func(
     *,
     answers_column: str = "golden_answers",
     question_column: str = "question",
-) -> Callable[..., list[float]]:
-    """A plain callable TRL reward function (its `__name__` names the logged reward)."""
+) -> Callable[..., list[float | None]]:
+    """A plain callable TRL reward function (its `__name__` names the logged reward); a rollout
+    with a failed check gets None, TRL's "no reward" (see `StepGapReward.on_failed_check`)."""
 
     def reward_func(
         prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
-    ) -> list[float]:
+    ) -> list[float | None]:
         return _score(reward, prompts, completions, answers_column, question_column, kwargs)
 
     reward_func.__name__ = f"stepgap_{reward.variant}"
@@ -84,7 +86,7 @@ def stepgap_async_reward_func(
 
     async def reward_func(
         prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
-    ) -> list[float]:
+    ) -> list[float | None]:
         return await asyncio.to_thread(
             _score, reward, prompts, completions, answers_column, question_column, kwargs
         )

@@ -29,6 +29,12 @@ training stops at step 1 rather than scoring against a guessed question.
 
 The dense (token-level) form is `stepgap.serving.verl_manager.StepGapRewardManager`.
 
+No reward: veRL has no way to leave a sample unrewarded, so a rollout with a failed step check
+(a judge that is down, an answer that cannot be parsed) raises `RewardUnavailable` naming the
+failure: veRL's naive and batch managers stop the run with it, its `rate_limited` manager
+scores the sample 0 and logs the error. `reward_kwargs: {on_failed_check: zero}` (or the key in
+the JSON file) scores such a rollout instead, its failed steps earning 0.
+
 Tokenizers: veRL decodes responses with `skip_special_tokens=True`. A tokenizer that marks the
 tags (`<tool_call>`, `<search>`, ...) as *special* tokens loses them in that decode, and such a
 response cannot be segmented (it is then scored on EM alone and counted as `unsegmented`).
@@ -43,6 +49,7 @@ from typing import Any
 from stepgap.data_builders.rollout_formats import question_line
 from stepgap.serving.configured import configure, get_reward
 from stepgap.serving.inputs import golden_list
+from stepgap.serving.reward import available
 
 __all__ = [
     "PREPARE_COMMAND",
@@ -116,4 +123,6 @@ def compute_score_batch(
     questions = [question_of(e) for e in extra_infos]
     reward = get_reward(kwargs)
     results = reward.score(list(solution_strs), questions, [golden_list(g) for g in ground_truths])
+    for r in results:
+        available(r)  # RewardUnavailable: veRL's own handling of a failed reward function
     return [r.scalars() for r in results]

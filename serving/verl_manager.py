@@ -33,6 +33,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from stepgap.reward import RewardResult
 from stepgap.serving.configured import get_reward
 from stepgap.serving.inputs import golden_list
+from stepgap.serving.reward import available
 from stepgap.serving.verl import question_of
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class StepGapRewardManager(RewardManagerBase):
             return reward.score([text], [str(question)], [golden])[0]
 
         result = await self.loop.run_in_executor(None, score)
+        available(result)  # RewardUnavailable: the sample has no reward (see serving/verl.py)
         dense = await self.loop.run_in_executor(None, dense_rewards, result, self.tokenizer, ids)
         return {
             "reward_score": {"total": result.reward, "dense": dense},

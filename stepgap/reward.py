@@ -108,6 +108,9 @@ class RewardResult:
     em_token: int | None = None  # dense form: EM sits on the last response token
     failed_checks: int = 0  # steps whose check failed (an error verdict): each earned bracket 0
     unsegmented: bool = False  # the response could not be segmented: EM alone, no step brackets
+    # Why the trace has no reward (a failed check, when failed checks are not scored): `reward`
+    # is then not a typed reward, and the adapters give the trainer's own "no reward" instead.
+    unavailable: str | None = None
 
     def scalars(self) -> dict[str, float]:
         """Score, EM and per-label step rates: what RL frameworks log per sample."""

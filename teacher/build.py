@@ -112,9 +112,19 @@ class CheckerConfig(BaseModel):
         "prompt); auto tries them in that order until the server takes one",
         JUDGE,
     )
-    concurrency: int = _option(8, "judge requests in flight", JUDGE)
+    concurrency: int = _option(8, "judge requests in flight per checker call", JUDGE)
+    engine_slots: str = _option(
+        "auto",
+        "requests the judge server serves at once: all checker calls together send it at most "
+        "that plus one. auto: what the server says (llama.cpp's /props), else what the "
+        "latencies show; a number; none: no limit beyond --concurrency per call",
+        JUDGE,
+        metavar="auto|N|none",
+    )
     max_retries: int = _option(6, "API retries (backoff, Retry-After)", JUDGE)
-    timeout: float = _option(120.0, "seconds per API request", JUDGE)
+    timeout: float = _option(
+        120.0, "seconds per API request (a served trace's own deadline replaces it)", JUDGE
+    )
     invalid_retries: int = _option(
         2, "re-asks after a refusal, a truncated answer or schema-violating JSON", JUDGE
     )
@@ -177,6 +187,7 @@ class CheckerConfig(BaseModel):
             "api_key_env": self.api_key_env,
             "response_format": self.response_format,
             "concurrency": self.concurrency,
+            "engine_slots": self.engine_slots,
             "max_retries": self.max_retries,
             "timeout": self.timeout,
             "invalid_retries": self.invalid_retries,

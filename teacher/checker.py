@@ -8,6 +8,7 @@ file of verdicts under another ablation or threshold without calling a model.
 from __future__ import annotations
 
 import heapq
+import inspect
 import logging
 import queue
 import threading
@@ -31,7 +32,7 @@ from stepgap.tree import (
     nli_pairs_needed,
 )
 
-from .judges.base import JudgeBackend, JudgeRequest
+from .judges.base import JudgeBackend, JudgeRequest, JudgeStopped, TraceDeadline
 from .judges.replay import ReplayJudge
 from .nli.base import NLIBackend
 from .nli.replay import ReplayNLI
@@ -205,6 +206,7 @@ class Checker:
         batch_size: int = 16,
         chunk_requests: int = 4096,
         stop: threading.Event | None = None,
+        deadlines: Sequence[TraceDeadline | None] | None = None,
     ) -> Iterator[tuple[Trace, list[Verdict]]]:
         """(trace, its verdicts) for every trace, as soon as its own judge answers are in.
 
@@ -218,7 +220,9 @@ class Checker:
         `judge_traces` is checked in batches of `batch_size` traces, in input order.
 
         `stop`, set from another thread, ends the stream early (a server whose clients have all
-        gone): the judge call in flight ends at its next answer, and nothing more is yielded.
+        gone): the judge call in flight ends (a judge that takes `stop` closes its requests at
+        once, another at its next answer), and nothing more is yielded. `deadlines`, one per
+        trace in input order, go with each trace's judge requests (`JudgeRequest.deadline`).
         Several streams may run on one judge at once (each in its own thread).
         """
         if batch_size < 1:
@@ -231,7 +235,7 @@ class Checker:
             ):
                 yield from zip(batch, self.check(batch), strict=True)
             return
-        yield from _JudgeStream(self, traces, batch_size, chunk_requests, stop).run()
+        yield from _JudgeStream(self, traces, batch_size, chunk_requests, stop, deadlines).run()
 
     def check_trace(self, trace: Trace) -> list[Verdict]:
         return self.check([trace])[0]
@@ -303,8 +307,10 @@ class _JudgeStream:
         batch_size: int,
         chunk_requests: int,
         stop: threading.Event | None = None,
+        deadlines: Sequence[TraceDeadline | None] | None = None,
     ) -> None:
         self.checker = checker
+        self.deadlines = deadlines
         self.traces = iter(traces)
         self.batch_size = batch_size
         # at least a few rounds of the judge's concurrency per call, so a call's last,
@@ -330,11 +336,15 @@ class _JudgeStream:
     def _work(self) -> None:
         judge = self.checker.judge
         try:
+            takes_stop = "stop" in inspect.signature(judge.judge).parameters
             while (requests := self.chunks.get()) is not None and not self.stop.is_set():
                 self.current = frozenset(map(id, requests))
                 try:
-                    results = judge.judge(requests)
-                except _Stopped:
+                    if takes_stop:  # closes its requests in flight at once when stopped
+                        results = judge.judge(requests, stop=self.stop)
+                    else:
+                        results = judge.judge(requests)
+                except (_Stopped, JudgeStopped):
                     return
                 except BaseException as exc:  # JudgeConfigError and the like: the reader raises
                     self.events.put(("error", exc, None))
@@ -355,6 +365,9 @@ class _JudgeStream:
                 self.exhausted = True
                 break
             own = self.checker._judge_requests(trace)
+            if self.deadlines is not None:
+                for request in own:
+                    request.deadline = self.deadlines[self.position]
             waiting = _Waiting(self.position, trace, len(own))
             self.position += 1
             for i, request in enumerate(own):

@@ -82,6 +82,31 @@ MUTATIONS = [
         ("tests/cli/test_outputs.py",),
     ),
     Mutation(
+        "reward/no-fake-reward",
+        "serving/reward.py",
+        '        if result.failed_checks and self.on_failed_check == "no_reward":',
+        "        if False:",
+        ("tests/serving/test_server_outage.py::test_a_dead_judge_gives_no_reward_anywhere",),
+    ),
+    Mutation(
+        "judge/cancel-closes",
+        "teacher/judges/openai_api.py",
+        "        remove = deadline.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))",
+        "        remove = lambda: None  # noqa: E731",
+        (
+            "tests/serving/test_server_outage.py::test_a_gone_clients_judge_requests_are_closed_at_once",
+        ),
+    ),
+    Mutation(
+        "server/admission-recovers",
+        "serving/server.py",
+        "                expected = self.pace.estimate(ahead, steps) if ahead else None",
+        "                expected = self.pace.estimate(ahead, steps)",
+        (
+            "tests/serving/test_server_deadlines.py::test_admission_recovers_once_the_server_is_idle",
+        ),
+    ),
+    Mutation(
         "long-trace/linear",
         "teacher/prompt.py",
         "EARLIER_EVIDENCE_CHARS = 32_000",
@@ -219,8 +244,8 @@ MUTATIONS = [
     Mutation(
         "server/flat-memory",
         "serving/server.py",
-        "        items = [_Item(t, loop.create_future()) for t in traces]",
-        "        items = [_Item(t, loop.create_future()) for t in traces]\n"
+        "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]",
+        "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]\n"
         '        self.__dict__.setdefault("kept", []).append(items)',
         (
             "tests/serving/test_server_load.py::"
@@ -250,8 +275,8 @@ MUTATIONS = [
     Mutation(
         "server/answer-as-finished",
         "serving/server.py",
-        "for position, verdicts in self.stream([i.trace for i in batch], call.stop):",
-        "for position, verdicts in list(self.stream([i.trace for i in batch], call.stop)):",
+        "for position, verdicts in self.stream(traces, call.stop, deadlines):",
+        "for position, verdicts in list(self.stream(traces, call.stop, deadlines)):",
         (
             "tests/serving/test_server_deadlines.py::"
             "test_a_trace_is_answered_when_its_own_steps_are_in_not_its_batchs",
@@ -269,8 +294,8 @@ MUTATIONS = [
     Mutation(
         "server/deadline-503",
         "serving/server.py",
-        "await asyncio.wait(waiting, timeout=usable, return_when=asyncio.FIRST_COMPLETED)",
-        "await asyncio.wait(waiting, timeout=None, return_when=asyncio.FIRST_COMPLETED)",
+        "                waiting, timeout=max(0.0, until - time.monotonic()), return_when=FIRST",
+        "                waiting, timeout=None, return_when=FIRST",
         (
             "tests/serving/test_server_deadlines.py::"
             "test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped",
@@ -291,8 +316,8 @@ MUTATIONS = [
     Mutation(
         "server/admission",
         "serving/server.py",
-        "if expected is not None and expected > 0.8 * usable:",
-        "if expected is not None and expected > 1e9:",
+        "if expected is None or expected <= 0.8 * left:",
+        "if expected is None or expected <= 1e9:",
         (
             "tests/serving/test_server_deadlines.py::"
             "test_admission_refuses_at_once_what_the_measured_pace_cannot_answer_in_time",

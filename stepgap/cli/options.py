@@ -14,11 +14,11 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any
 
-from stepgap.reward import VARIANTS
 from stepgap.teacher.build import BUNDLE, JUDGE, NLI, CheckerConfig
 from stepgap.tree import TreeConfig
 
 if TYPE_CHECKING:
+    from stepgap.serving.reward import RewardOptions
     from stepgap.teacher import Checker
 
 
@@ -86,9 +86,10 @@ def tree_config(args: argparse.Namespace) -> TreeConfig:
     return TreeConfig(**tree_overrides(args))
 
 
-def _flag(p: Any, name: str, required: bool = False) -> None:
-    """The flag of `CheckerConfig` field `name`: its type, default, choices and help."""
-    info = CheckerConfig.model_fields[name]
+def _flag(p: Any, name: str, required: bool = False, model: Any = CheckerConfig) -> None:
+    """The flag of `model` field `name` (a `CheckerConfig` one by default): its type, default,
+    choices and help."""
+    info = model.model_fields[name]
     extra = dict(info.json_schema_extra or {})  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {"help": info.description, "default": info.default}
     if "metavar" in extra:
@@ -224,6 +225,19 @@ def checker(args: argparse.Namespace) -> Checker:
     )
 
 
-def add_reward_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variant", choices=VARIANTS, default="typed_shape", help="docs/contract.md")
-    p.add_argument("--lam", type=float, default=1.0, help="weight of the step rewards")
+def add_reward_options(p: argparse.ArgumentParser, training: bool = True) -> None:
+    """The fields of `RewardOptions`; without `training` (stored verdicts), the variant and lam
+    only."""
+    from stepgap.serving.reward import RewardOptions
+
+    g = p.add_argument_group("the reward")
+    for name in RewardOptions.model_fields:
+        if training or name != "on_failed_check":
+            _flag(g, name, model=RewardOptions)
+
+
+def reward_options(args: argparse.Namespace) -> RewardOptions:
+    """The `RewardOptions` of the reward flags."""
+    from stepgap.serving.reward import RewardOptions
+
+    return RewardOptions(**{n: getattr(args, n) for n in RewardOptions.model_fields})

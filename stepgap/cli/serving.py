@@ -16,6 +16,7 @@ from stepgap.cli.options import (
     checker_config,
     finish,
     join_ray,
+    reward_options,
 )
 
 
@@ -42,7 +43,7 @@ def reward_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="one reward line per trace (JSONL)")
     p.add_argument("--tokenizer", help="hub id or path: adds token spans (the dense form)")
     add_errors_option(p)
-    add_reward_options(p)
+    add_reward_options(p, training=False)
 
 
 def serve_on_ray(args: argparse.Namespace) -> int:
@@ -58,8 +59,7 @@ def serve_on_ray(args: argparse.Namespace) -> int:
         autoscaling = {"min_replicas": args.ray_replicas, "max_replicas": args.ray_max_replicas}
     app = deployment(
         config,
-        args.variant,
-        args.lam,
+        reward_options(args),
         num_replicas=args.ray_replicas,
         autoscaling_config=autoscaling,
         ray_actor_options={"num_cpus": args.ray_cpus, "num_gpus": args.ray_gpus},
@@ -75,11 +75,10 @@ def serve_on_ray(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     if args.ray is not None:
         return serve_on_ray(args)
-    from stepgap.serving.reward import StepGapReward
     from stepgap.serving.server import serve as run_server
 
     run_server(
-        StepGapReward(checker(args), args.variant, args.lam),
+        reward_options(args).reward(checker(args)),
         host=args.host,
         port=args.port,
         max_batch=args.max_batch,
@@ -90,6 +89,7 @@ def serve(args: argparse.Namespace) -> int:
         grace=args.grace,
         max_body_mb=args.max_body_mb,
         view_keep=args.view_keep,
+        when_overloaded=args.when_overloaded,
     )
     return 0
 
@@ -114,6 +114,16 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds a client waits for its answer when its request has no X-Stepgap-Timeout "
         "header (OpenRLHF: 180); what cannot be answered in time gets 503 + Retry-After",
+    )
+    p.add_argument(
+        "--when-overloaded",
+        choices=("hold", "refuse"),
+        default="hold",
+        help="a request its deadline cannot be met for now: hold it (checked by nobody) until "
+        "there is room or its time runs out, then 503 (what OpenRLHF's client, which retries "
+        "blindly 1 s apart, gets the most rewards from), or refuse it 503 at once. A client "
+        "that sends X-Stepgap-Timeout (stepgap's RemoteChecker) is always refused at once: it "
+        "moves to another replica",
     )
     p.add_argument(
         "--grace",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
@@ -19,6 +21,64 @@ from stepgap.schema import Judge, StepType
 from stepgap.tree import JudgeResult
 
 Messages = list[dict[str, str]]
+
+
+class TraceDeadline:
+    """Until when a trace's answer is worth something: a time (`time.monotonic()` seconds), and
+    a cancel for a client that left. Thread-safe: the reward server cancels it from its event
+    loop, a judge reads it from its own. A judge sends no request for a trace that is past its
+    deadline or cancelled, and a cancel closes the requests already in flight."""
+
+    def __init__(self, at: float | None = None) -> None:
+        self.at = at
+        self._cancelled = False
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    @classmethod
+    def after(cls, seconds: float) -> TraceDeadline:
+        return cls(time.monotonic() + seconds)
+
+    def remaining(self) -> float | None:
+        """Seconds left (None: no deadline); 0 once cancelled."""
+        if self._cancelled:
+            return 0.0
+        return None if self.at is None else max(0.0, self.at - time.monotonic())
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def over(self) -> str | None:
+        """Why the trace is no longer wanted (cancelled, past its deadline), or None."""
+        if self._cancelled:
+            return "its client no longer waits for it"
+        if self.at is not None and time.monotonic() >= self.at:
+            return "its deadline passed"
+        return None
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when cancelled (at once if it is already); returns its remover."""
+        with self._lock:
+            if not self._cancelled:
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
 
 @dataclass
@@ -32,6 +92,9 @@ class JudgeRequest:
     # The answer schema when it is not the teacher's judge object (a prompt-only baseline's):
     # backends that can hold decoding to a schema answer in it; the others refuse the request.
     answer: type[BaseModel] | None = None
+    # When the trace's answer stops being worth anything (the reward server's deadline, a
+    # client that left); a judge that sends requests honours it. Not part of the prompt.
+    deadline: TraceDeadline | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable
@@ -43,6 +106,10 @@ class JudgeBackend(Protocol):
 
 class JudgeConfigError(RuntimeError):
     """The judge cannot work at all (credentials, model name): stop, do not label errors."""
+
+
+class JudgeStopped(Exception):
+    """A judge call ended early because its caller stopped it (nobody waits for its answers)."""
 
 
 class JudgeParseError(ValueError):

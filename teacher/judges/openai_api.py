@@ -1,22 +1,31 @@
 """`openai:MODEL`: any OpenAI-compatible chat completions server as the judge.
 
 Strict `json_schema` structured output, token log-probabilities for stage confidences when the
-server returns them, a bounded number of requests in flight, and the SDK's retries (exponential
-backoff with jitter; 408/409/429/5xx, timeouts and dropped connections; `Retry-After` honoured).
-A refusal, a truncated answer or JSON that violates the schema is asked again a bounded number of
-times and then becomes an error result, never a label. Bad credentials or an unknown model stop
-the run instead of turning every step into an error.
+server returns them, and the SDK's retries (exponential backoff with jitter; 408/409/429/5xx,
+timeouts and dropped connections; `Retry-After` honoured). A refusal, a truncated answer or JSON
+that violates the schema is asked again a bounded number of times and then becomes an error
+result, never a label. Bad credentials or an unknown model stop the run instead of turning
+every step into an error.
+
+Every call of a judge runs on one event loop of its own (a daemon thread, one per process), so
+all its requests share one HTTP client. Each call keeps at most `concurrency` requests in
+flight, and all calls together at most what the engine serves at once, where the engine says so
+or its latencies show it (`EngineLimit`). A request's trace may carry a
+deadline (`JudgeRequest.deadline`): its requests time out at it instead of after the fixed
+`timeout`, none is sent once it has passed, and a cancel closes the ones in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import hashlib
 import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +39,7 @@ from .base import (
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
+    JudgeStopped,
     answer_json_schema,
     answer_params,
     judge_json_schema,
@@ -38,6 +48,7 @@ from .base import (
     response_format,
 )
 from .cache import JudgeCache, cache_key
+from .concurrency import EngineLimit, engine_slots
 from .confidence import stage_confidences
 from .cost import CostMeter
 
@@ -68,6 +79,7 @@ class OpenAIJudge:
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
         stop_after: int = 3,
         response_format: str = "auto",
+        engine_slots: str | int = "auto",
     ) -> None:
         if not model:
             raise ValueError("openai judge needs a model name, e.g. openai:gpt-4.1-mini")
@@ -104,6 +116,15 @@ class OpenAIJudge:
         self.stop_after = stop_after
         self.working = False
         self._schemas: dict[object, dict[str, Any]] = {}  # per answer schema, built once
+        # OpenAI's API has no slots to learn and nothing to adapt to; `engine_slots` may say
+        slots = str(engine_slots).strip().lower()
+        if slots not in ("auto", "none") and not (slots.isdigit() and int(slots) > 0):
+            raise ValueError(f"engine_slots must be auto, none or a number, got {engine_slots!r}")
+        self.limit = EngineLimit(adapt=slots == "auto" and self.base_url is not None)
+        if slots.isdigit():
+            self.limit.learned(int(slots), "--engine-slots")
+        self._loop = _JudgeLoop()
+        self._probed = slots != "auto" or self.base_url is None
 
     @property
     def provenance(self) -> dict[str, str | None]:
@@ -132,44 +153,77 @@ class OpenAIJudge:
             return self.parse(text)
         return parse_answer(text, request.answer), {}
 
-    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
-        """Judge every request; results come back in request order."""
+    def judge(
+        self, requests: Sequence[JudgeRequest], *, stop: threading.Event | None = None
+    ) -> list[JudgeResult]:
+        """Judge every request; results come back in request order. `stop`, set from another
+        thread, ends the call at once: its requests in flight are closed (`JudgeStopped`)."""
+        future = asyncio.run_coroutine_threadsafe(self._judge_all(requests), self._loop.get())
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self._judge_all(requests))
-        box: list[list[JudgeResult]] = []  # inside a running loop (notebooks): use a thread
-        worker = threading.Thread(target=lambda: box.append(asyncio.run(self._judge_all(requests))))
-        worker.start()
-        worker.join()
-        return box[0]
+            while not future.done():
+                concurrent.futures.wait([future], timeout=None if stop is None else 0.05)
+                if stop is not None and stop.is_set() and not future.done():
+                    raise JudgeStopped("the judge call was stopped")
+            return future.result()
+        except BaseException:  # stopped, Ctrl-C in this thread: close what is in flight
+            future.cancel()
+            raise
 
     async def _judge_all(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        client = await self._loop.client(self._new_client)
+        if not self._probed:
+            self._probed = True
+            if (said := await engine_slots(self._loop.http, self.base_url or "")) is not None:
+                self.limit.learned(*said)
+
+        call = asyncio.Semaphore(self.concurrency)  # this call's own; `self.limit` is all calls'
+
+        async def bounded(request: JudgeRequest) -> JudgeResult:
+            async with call:
+                result = await self._judge_within_deadline(client, request)
+            if self.on_result is not None:
+                self.on_result(request, result)
+            return result
+
+        first = []
+        while not self.working and len(first) < len(requests):
+            result = await bounded(requests[len(first)])
+            first.append(result)
+            self.working = result.judge is not None
+            self._stop_if_always_failing(first)
+        rest = await asyncio.gather(*(bounded(r) for r in requests[len(first) :]))
+        return [*first, *rest]
+
+    def _new_client(self) -> Any:
         import openai
 
-        limit = asyncio.Semaphore(self.concurrency)
-        async with openai.AsyncOpenAI(
+        return openai.AsyncOpenAI(
             api_key=os.environ.get(self.api_key_env) or "not-needed",
             base_url=self.base_url,
             max_retries=self.max_retries,
             timeout=self.timeout,
-        ) as client:
+        )
 
-            async def bounded(request: JudgeRequest) -> JudgeResult:
-                async with limit:
-                    result = await self._judge_one(client, request)
-                if self.on_result is not None:
-                    self.on_result(request, result)
-                return result
-
-            first = []
-            while not self.working and len(first) < len(requests):
-                result = await bounded(requests[len(first)])
-                first.append(result)
-                self.working = result.judge is not None
-                self._stop_if_always_failing(first)
-            rest = await asyncio.gather(*(bounded(r) for r in requests[len(first) :]))
-            return [*first, *rest]
+    async def _judge_within_deadline(self, client: Any, request: JudgeRequest) -> JudgeResult:
+        """`_judge_one`, unless the trace is past its deadline; a cancel of the deadline (its
+        client left) cancels this, closing the request in flight."""
+        deadline = request.deadline
+        if deadline is None:
+            return await self._judge_one(client, request)
+        if why := deadline.over():
+            return JudgeResult.failed(f"not judged: {why}")
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        remove = deadline.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))  # type: ignore[union-attr]
+        try:
+            left = deadline.remaining()
+            return await asyncio.wait_for(self._judge_one(client, request), left)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            if why := deadline.over():  # its own deadline or cancel, not the whole call's
+                return JudgeResult.failed(f"not judged: {why}")
+            raise
+        finally:
+            remove()
 
     def _stop_if_always_failing(self, results: list[JudgeResult]) -> None:
         tail = results[-self.stop_after :]
@@ -224,8 +278,11 @@ class OpenAIJudge:
             fmt = self.formats[0]
             probing = not self.working and len(self.formats) > 1
             try:
+                options: dict[str, Any] = {"max_retries": 1} if probing else {}
+                if request.deadline is not None and (left := request.deadline.remaining()):
+                    options["timeout"] = left  # the trace's deadline, not the fixed timeout
                 raw = await (
-                    client.with_options(max_retries=1) if probing else client
+                    client.with_options(**options) if options else client
                 ).chat.completions.with_raw_response.create(
                     model=self.model,
                     messages=format_messages(request.messages, fmt, schema),
@@ -254,8 +311,14 @@ class OpenAIJudge:
         usage: dict[str, int] = {}
         problem = "no attempt made"
         for _attempt in range(1 + self.invalid_retries):
+            if request.deadline is not None and (why := request.deadline.over()):
+                problem = f"not asked again: {why}"
+                break
+            position = await self.limit.acquire()
+            started = time.monotonic()
             try:
                 resp = await self._create(client, request)
+                self.limit.observe(position, time.monotonic() - started)
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise JudgeConfigError(
                     f"the judge server refused the credentials in ${self.api_key_env}: "
@@ -271,6 +334,8 @@ class OpenAIJudge:
                 status = getattr(exc, "status_code", None)
                 failed.extra["failure"] = f"{type(exc).__name__} {status or ''}".strip()
                 return failed
+            finally:
+                self.limit.release()
             for k, v in resp.usage.items():
                 usage[k] = usage.get(k, 0) + v
             self.meter.add(resp.usage)
@@ -305,6 +370,38 @@ class OpenAIJudge:
             f"judge gave no valid answer in {1 + self.invalid_retries} attempt(s): {problem}",
             usage,
         )
+
+
+class _JudgeLoop:
+    """The judge's event loop in a daemon thread, with the HTTP clients bound to it: one per
+    process (a forked reward worker starts its own; a loop and its sockets do not survive a
+    fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self.http: Any = None  # an httpx.AsyncClient for the engine's own routes (/props)
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="stepgap-judge-loop", daemon=True
+                ).start()
+                self._pid, self._loop, self._client, self.http = os.getpid(), loop, None, None
+            return self._loop
+
+    async def client(self, make: Callable[[], Any]) -> Any:
+        """The judge's API client (made on first use, on this loop)."""
+        if self._client is None:
+            import httpx
+
+            self._client = make()
+            self.http = httpx.AsyncClient()
+        return self._client
 
 
 RESPONSE_FORMATS = ("json_schema", "json_object", "none")
@@ -395,7 +492,7 @@ class Completion:
 OPENAI_OPTIONS = frozenset({
     "base_url", "api_key_env", "concurrency", "max_retries", "timeout", "invalid_retries",
     "temperature", "max_tokens", "logprobs", "cache", "meter", "on_result", "stop_after",
-    "response_format",
+    "response_format", "engine_slots",
 })  # fmt: skip
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 from stepgap.cli import build_parser
-from stepgap.cli.options import checker_config
+from stepgap.cli.options import checker_config, reward_options
 from stepgap.serving.configured import reward_config
+from stepgap.serving.reward import RewardOptions
 from stepgap.teacher import CheckerConfig, TreeConfig
 
 
@@ -26,16 +27,19 @@ def test_flags_and_the_reward_file_give_the_same_configuration(tmp_path):
     flags = checker_config(
         _serve("--judge", "openai:m", "--nli", "replay:n", "--base-url", "http://h/v1",
                "--concurrency", "3", "--no-cache", "--timeout", "7", "--nli-provider", "CPU",
-               "--hypothesis", "answer", "--entail-threshold", "0.7", "--variant", "binary_gap")
+               "--hypothesis", "answer", "--entail-threshold", "0.7", "--variant", "binary_gap",
+               "--on-failed-check", "zero", "--engine-slots", "4")
     )  # fmt: skip
     path = tmp_path / "reward.json"
     path.write_text(json.dumps({
         "judge": "openai:m", "nli": "replay:n", "base-url": "http://h/v1", "concurrency": 3,
         "no_cache": True, "timeout": 7, "nli_provider": "CPU", "hypothesis": "answer",
-        "entail_threshold": 0.7, "variant": "binary_gap",
+        "entail_threshold": 0.7, "variant": "binary_gap", "on_failed_check": "zero",
+        "engine_slots": "4",
     }))  # fmt: skip
-    config, variant, lam = reward_config(path)
+    config, options = reward_config(path)
     assert config == flags
     assert config.tree == TreeConfig(hypothesis="answer", entail_threshold=0.7)
-    assert (variant, lam) == ("binary_gap", 1.0)
+    assert options == RewardOptions(variant="binary_gap", on_failed_check="zero")
+    assert reward_options(_serve("--variant", "binary_gap", "--on-failed-check", "zero")) == options
     assert config.judge_options()["cache"] is False and config.timeout == 7.0

@@ -139,10 +139,12 @@ def test_a_checker_that_fails_every_step_warns_once_at_the_first_batch_with_its_
     assert dead.failures["failed_checks"] == 3 * sum(len(t.steps) for t in traces)
 
 
-def test_no_all_failed_warning_once_the_checker_has_worked(reward, example_traces, caplog):
+def test_no_all_failed_warning_once_the_checker_has_worked(
+    reward, fake_openai, example_traces, caplog
+):
     responses, questions, golden = _inputs(example_traces[:2])
     reward.score(responses, questions, golden)  # works
-    reward.checker.judge.base_url = "http://127.0.0.1:9/v1"  # then the server goes away
+    fake_openai.always = "drop"  # then the server hangs up on every request
     with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward"):
         reward.score(responses, questions, golden)
     assert reward.failures["failed_checks"] > 0

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from stepgap.serving import StepGapReward
 from stepgap.serving.remote import RemoteChecker
 from stepgap.serving.server import create_app
 from tests.fixtures.live_server import LiveServer
@@ -91,6 +92,10 @@ def test_openapi_and_docs_document_every_route_and_the_examples_are_valid_reques
     from fastapi.testclient import TestClient
 
     from stepgap.serving import api
+
+    # the examples are not the stored traces, whose judge and NLI answers the fakes hold: every
+    # check fails, and scoring failed steps at 0 still answers each route in its own shape
+    reward = StepGapReward(reward.checker, on_failed_check="zero")
 
     app = create_app(reward, max_batch=4, max_wait_ms=5)
     with TestClient(app) as client:

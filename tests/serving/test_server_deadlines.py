@@ -134,32 +134,41 @@ def test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped(
         assert r.status_code == 422 and "X-Stepgap-Timeout" in r.text
 
 
-def test_admission_refuses_at_once_what_the_measured_pace_cannot_answer_in_time(example_traces):
-    """After one measured call (0.3 s), a burst that one call at a time cannot answer within the
-    1 s deadline: the first requests are admitted and answered, the rest get `Busy("overloaded")`
-    at once (no client waits for a timeout), with a Retry-After."""
-    checked: list[int] = []
+def _sleepy_check(seconds: float, checked: list[int]):
+    """A plain checker call that takes `seconds` and gives no verdicts."""
 
     def check(traces):
-        time.sleep(0.3)
+        time.sleep(seconds)
         checked.append(len(traces))
         return [[] for _ in traces]
 
+    return check
+
+
+def test_admission_refuses_at_once_what_the_measured_pace_cannot_answer_in_time(example_traces):
+    """A client that gives its own deadline (X-Stepgap-Timeout, as RemoteChecker does) can act
+    on a refusal: after one measured call (0.3 s), a burst that one call at a time cannot answer
+    within 1 s gets `Busy("overloaded")` at once, beyond what fits; what is admitted is answered
+    in time, and what is refused is never checked."""
+    checked: list[int] = []
+
     async def run():
         batcher = MicroBatcher(
-            check, max_batch=1, max_wait_ms=0, max_inflight=1, client_timeout=1.0
+            _sleepy_check(0.3, checked), max_batch=1, max_wait_ms=0, max_inflight=1
         )
         batcher.start()
         try:
-            assert await batcher.submit(example_traces[:1]) == [[]]
+            first = example_traces[:1]
+            assert await batcher.submit(first, timeout=1.0) == [[]]
             while batcher.calls:  # the call ends (and is measured) just after its answer
                 await asyncio.sleep(0.01)
-            assert batcher.pace.call_seconds == pytest.approx(0.3, abs=0.2)
+            steps = len(first[0].steps)
+            assert batcher.pace.seconds_per_step() == pytest.approx(0.3 / steps, rel=0.6)
 
             async def one(t):
                 start = time.monotonic()
                 try:
-                    await batcher.submit([t])
+                    await batcher.submit([t], timeout=1.0)
                     return "answered", time.monotonic() - start
                 except Busy as exc:
                     return exc.reason, time.monotonic() - start
@@ -176,15 +185,97 @@ def test_admission_refuses_at_once_what_the_measured_pace_cannot_answer_in_time(
     assert sum(checked) == 1 + kinds.count("answered")  # refused traces were never checked
 
 
-def test_pace_estimates_rounds_of_full_calls():
+def test_a_request_without_its_own_deadline_is_held_until_there_is_room(example_traces):
+    """OpenRLHF's client sends no deadline and retries blindly, 1 s apart: a request that does
+    not fit now is held (checked by nobody meanwhile) and admitted as the backlog clears, so
+    the same burst that a client with its own deadline gets refused is answered whole."""
+    checked: list[int] = []
+
+    async def run():
+        batcher = MicroBatcher(
+            _sleepy_check(0.2, checked), max_batch=1, max_wait_ms=0, max_inflight=1,
+            client_timeout=10.0,
+        )  # fmt: skip
+        batcher.start()
+        try:
+            await batcher.submit(example_traces[:1])  # measures the pace
+            while batcher.calls:
+                await asyncio.sleep(0.01)
+            peak_queue = 0
+
+            async def watch():
+                nonlocal peak_queue
+                while True:
+                    peak_queue = max(peak_queue, batcher.queue.qsize())
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
+            answers = await asyncio.gather(*(batcher.submit([t]) for t in example_traces * 2))
+            watcher.cancel()
+            return answers, peak_queue
+        finally:
+            await batcher.stop()
+
+    answers, peak_queue = asyncio.run(run())
+    assert answers == [[[]]] * 20  # every one answered, none refused
+    assert sum(checked) == 21  # each checked once
+    assert peak_queue < 20  # held ones waited outside the queue, admitted as it drained
+
+
+def test_admission_recovers_once_the_server_is_idle(example_traces):
+    """A judge that was slow (2 s a call) made a burst refused; once nothing is queued or in
+    flight, the next request is admitted whatever the old figure says, answered, and
+    measures the pace again: a server never stays stuck refusing."""
+    checked: list[int] = []
+    delay = [2.0]
+
+    def check(traces):
+        time.sleep(delay[0])
+        checked.append(len(traces))
+        return [[] for _ in traces]
+
+    async def run():
+        batcher = MicroBatcher(check, max_batch=1, max_wait_ms=0, max_inflight=1)
+        batcher.start()
+        try:
+            await batcher.submit(example_traces[:1], timeout=5.0)
+            while batcher.calls:
+                await asyncio.sleep(0.01)
+            slow = batcher.pace.seconds_per_step()
+            burst = [batcher.submit([t], timeout=3.0) for t in example_traces]
+            outcomes = await asyncio.gather(*burst, return_exceptions=True)
+            assert any(isinstance(o, Busy) and o.reason == "overloaded" for o in outcomes)
+            while batcher.calls or batcher.queue.qsize():
+                await asyncio.sleep(0.05)
+            delay[0] = 0.05  # the judge is fast again; the figure still says slow
+            assert batcher.pace.seconds_per_step() == pytest.approx(slow, rel=0.2)
+            answer = await batcher.submit(example_traces[:1], timeout=3.0)
+            while batcher.calls:
+                await asyncio.sleep(0.01)
+            return answer, slow, batcher.pace.seconds_per_step()
+        finally:
+            await batcher.stop()
+
+    answer, slow, now = asyncio.run(run())
+    assert answer == [[]]
+    assert now < slow  # measured again
+
+
+def test_pace_from_the_judges_own_requests_or_from_whole_calls():
+    from stepgap.teacher.judges.concurrency import EngineLimit
+
     pace = Pace()
-    assert pace.estimate(100, 1, 2, 8, busy=True) is None  # nothing measured: admit
-    pace.observe(2.0)
-    assert pace.estimate(0, 1, 2, 8, busy=False) == pytest.approx(2.0)
-    assert pace.estimate(16, 1, 2, 8, busy=False) == pytest.approx(4.0)  # 17 traces: 2 rounds
-    assert pace.estimate(0, 1, 2, 8, busy=True) == pytest.approx(3.0)
-    pace.observe(4.0)
-    assert pace.call_seconds == pytest.approx(0.7 * 2.0 + 0.3 * 4.0)
+    assert pace.estimate(100, 3) is None  # nothing measured: admit
+    pace.observe(2.0, 4)  # a call of 4 steps in 2 s: 2 steps a second
+    assert pace.estimate(0, 4) == pytest.approx(4 / 2 + 0.5)
+    assert pace.estimate(8, 4) == pytest.approx(12 / 2 + 0.5)
+    limit = EngineLimit()
+    limit.learned(4, "llama-server /props")  # 5 in flight
+    judged = Pace(judge=limit)
+    assert judged.estimate(10, 2) is None  # no request answered yet
+    for _ in range(3):
+        limit.observe(1, 2.0)  # each request takes 2 s, 5 at once: 2.5 steps a second
+    assert judged.estimate(10, 2) == pytest.approx(12 / 2.5 + 2.0)
 
 
 def test_openrlhf_client_with_a_low_timeout_gets_every_reward(
@@ -270,7 +361,9 @@ def test_sigterm_answers_what_is_queued_and_exits_within_the_grace_period(
             th.join(timeout=30)
     assert took < 3 + 4, f"exit took {took:.1f} s"
     assert len(statuses) == 40
-    assert all(s in ((200, None), (503, "1"), "refused") for s in statuses), statuses
+    assert all(s in ((200, None), (503, "1"), "refused") for s in statuses), sorted(
+        map(str, statuses)
+    )
     assert (503, "1") in statuses  # the queued ones were not checked for nobody
     log = (tmp_path / "serve.log").read_text()
     assert "shutting down" in log

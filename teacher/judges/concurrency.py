@@ -1,0 +1,166 @@
+"""How many requests a judge server gets at once: what it serves at once, plus a small margin.
+
+An inference engine serves a fixed number of requests at once (llama-server's slots, vLLM's
+running batch). What is sent beyond that waits in the engine's queue: the latency grows with no
+gain in throughput, and a client timeout that counts the wait cancels work the engine had
+already started. Each judge call keeps at most the judge's `concurrency` requests in flight;
+`EngineLimit` is one more limit, over every call of a judge together (a reward server runs
+several at once), and it is set only where there is evidence for it:
+
+- the engine's own number, where the engine says it: llama.cpp's server answers `GET /props`
+  with `total_slots` (else `GET /slots` lists them): the limit is that plus the margin;
+- else, for a server of its own (not a hosted API), what the latencies it measures show
+  (Little's law): with `S` slots serving requests of `T` seconds and `C > S` requests in
+  flight, a request waits for the ones ahead, and the typical latency is about `C * T / S`.
+  `T` is what a request sent alone takes (the median of those; the judge's first request goes
+  alone); when the median of the recent latencies is more than `QUEUEING` times that, the
+  engine is queueing, and serves about `C * T / median` at once. The limit becomes that plus
+  the margin. Answers of different lengths spread the latencies, but not that far. When the
+  limit is full and the mean latency stays within a tenth of `T`, it grows back by one at a
+  time.
+
+Everything here runs on the judge's own event loop (one thread), so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MARGIN = 1  # requests beyond the engine's slots: the next one is ready when a slot frees
+WINDOW = 64  # recent answers the latency estimate looks at
+MIN_SAMPLES = 8  # answers before the latency estimate is trusted
+QUEUEING = 2.0  # a median latency this many times a lone request's means the engine queues
+
+
+class EngineLimit:
+    """At most `limit` requests in flight over all of a judge's calls (None: no limit beyond
+    each call's own); `acquire` before each request, `release` after."""
+
+    def __init__(self, *, margin: int = MARGIN, adapt: bool = True) -> None:
+        self.margin = margin
+        self.adapt = adapt  # from latencies: not for a hosted API, which has no fixed slots
+        self.limit: int | None = None
+        self.slots: int | None = None  # what the engine said it serves at once
+        self.source = "none"  # where `limit` comes from: none, the engine's route, latency
+        self.in_flight = 0
+        self.latencies: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (c, seconds)
+        self.alone: deque[float] = deque(maxlen=WINDOW // 4)  # latencies of lone requests
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    # ------------------------------------------------------------------ the limit itself
+    def _full(self) -> bool:
+        return self.limit is not None and self.in_flight >= self.limit
+
+    async def acquire(self) -> int:
+        """Wait for a free place; returns the number in flight with this request."""
+        while self._full():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._wake()  # pass the place on if it was given to this one
+                raise
+        self.in_flight += 1
+        return self.in_flight
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        free = len(self._waiters) if self.limit is None else self.limit - self.in_flight
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+    # ------------------------------------------------------------------ learning it
+    def learned(self, slots: int, source: str) -> None:
+        """The engine serves `slots` at once: the limit is that plus the margin."""
+        self.slots = slots
+        self.source = source
+        self._set(slots + self.margin)
+        log.info("judge server serves %d request(s) at once (%s): %d in flight at most",
+                 slots, source, self.limit)  # fmt: skip
+
+    def observe(self, position: int, seconds: float) -> None:
+        """A request sent as the `position`-th in flight was answered in `seconds`."""
+        seconds = max(seconds, 1e-6)
+        self.latencies.append((position, seconds))
+        if position == 1:
+            self.alone.append(seconds)
+        if not self.adapt or self.slots is not None or not self.alone:
+            return
+        if len(self.latencies) < MIN_SAMPLES:
+            return
+        service, typical = _median(list(self.alone)), _median([s for _, s in self.latencies])
+        if typical > QUEUEING * service:
+            sent = self.limit or _median([c for c, _ in self.latencies])
+            served = max(1, math.floor(sent * service / typical + 0.5))
+            if self.limit is None or served + self.margin < self.limit:
+                self.source = "latency"
+                self._set(served + self.margin)
+                self.latencies.clear()  # what the new limit gives is measured afresh
+                log.info("judge latencies show about %d request(s) served at once: %d in "
+                         "flight at most", served, self.limit)  # fmt: skip
+        elif self.limit is not None and position >= self.limit:
+            mean = sum(s for _, s in self.latencies) / len(self.latencies)
+            if mean < 1.1 * service:  # full, and answered as fast as alone: there is room
+                self._set(self.limit + 1)
+
+    def typical_latency(self) -> float | None:
+        """The median latency of the recent answers (None before any)."""
+        return _median([s for _, s in self.latencies]) if self.latencies else None
+
+    def throughput(self) -> float | None:
+        """Requests answered per second (Little's law: in flight over latency), from the recent
+        answers; None before any."""
+        latency = self.typical_latency()
+        if latency is None:
+            return None
+        in_flight = self.limit or _median([c for c, _ in self.latencies])
+        return in_flight / latency
+
+    def _set(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._wake()
+
+    def describe(self) -> str:
+        """Judge requests in flight at most, and why: for logs and /health."""
+        if self.limit is None:
+            return "no limit beyond each call's --concurrency (the engine says no slots)"
+        if self.slots is not None:
+            return f"{self.limit}: {self.slots} slot(s) ({self.source}) + {self.margin}"
+        return f"{self.limit}: what its latencies show ({self.source})"
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+async def engine_slots(http: Any, base_url: str) -> tuple[int, str] | None:
+    """(requests the engine serves at once, where it said so), asked of a llama.cpp server's
+    `/props` and `/slots`; None for an engine that does not say (vLLM, SGLang, a hosted API).
+    `http` is an `httpx.AsyncClient`; every failure means "does not say"."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        props = await http.get(f"{root}/props", timeout=5.0)
+        if props.status_code == 200:
+            total = props.json().get("total_slots")
+            if isinstance(total, int) and total > 0:
+                return total, "llama-server /props"
+        slots = await http.get(f"{root}/slots", timeout=5.0)
+        if slots.status_code == 200 and isinstance(listed := slots.json(), list) and listed:
+            return len(listed), "llama-server /slots"
+    except Exception as exc:  # noqa: BLE001 - an engine that does not answer says nothing
+        log.debug("judge server slots not known: %s", exc)
+    return None

@@ -1,0 +1,144 @@
+"""`stepgap serve` when the judge is down or stops, and when a client leaves: never a fake
+reward (a rollout whose checks failed gets its trainer's own "no reward"), `/health` says
+`degraded` while the judge fails, and a gone client's judge requests are closed at once."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from stepgap.serving import StepGapReward
+from stepgap.serving.reward import RewardUnavailable
+from stepgap.serving.server import create_app
+from stepgap.teacher import Checker, ReplayNLI, load_judge
+from tests.fixtures.live_server import LiveServer
+from tests.serving.test_interop import _prompt
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _reward(base_url: str, examples_dir, **options) -> StepGapReward:
+    judge = load_judge("openai:gpt-4.1-mini", base_url=base_url, max_retries=0)
+    checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
+    return StepGapReward(checker, **options)
+
+
+def _body(traces) -> dict:
+    return {
+        "responses": [t.response for t in traces],
+        "questions": [t.question for t in traces],
+        "golden_answers": [t.golden_answers for t in traces],
+    }
+
+
+def _openrlhf(traces) -> dict:
+    prompts = [_prompt(t.question) for t in traces]
+    return {
+        "query": [p + t.response for p, t in zip(prompts, traces, strict=True)],
+        "prompts": prompts,
+        "labels": [t.golden_answers for t in traces],
+    }
+
+
+def test_a_dead_judge_gives_no_reward_anywhere(examples_dir, example_traces):
+    """`--base-url` of nothing: OpenRLHF's route answers 503 (its client then gives the rollout
+    no reward), `/reward` answers null with the reason, `/health` is degraded and the failed
+    traces are counted; never an exact-match-only number."""
+    reward = _reward("http://127.0.0.1:9/v1", examples_dir)
+    with LiveServer(create_app(reward, max_wait_ms=1)) as url:
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"  # nothing checked yet
+        r = httpx.post(f"{url}/get_reward", json=_openrlhf(example_traces[:2]), timeout=60)
+        assert r.status_code == 503 and "no reward for rollout" in r.json()["detail"]
+        r = httpx.post(f"{url}/reward", json=_body(example_traces[:2]), timeout=60)
+        assert r.status_code == 200
+        body = r.json()
+        assert body["rewards"] == [None, None]
+        assert all("step check(s) failed" in x["unavailable"] for x in body["results"])
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "degraded" and "judge API error" in health["judge_failure"]
+        metrics = httpx.get(f"{url}/metrics").text
+        assert "stepgap_traces_failed_total 4.0" in metrics
+        assert 'stepgap_rejected_total{reason="no_reward"} 1.0' in metrics
+
+
+def test_exact_match_alone_stays_an_explicit_choice(examples_dir, example_traces):
+    reward = _reward("http://127.0.0.1:9/v1", examples_dir, on_failed_check="zero")
+    with LiveServer(create_app(reward, max_wait_ms=1)) as url:
+        r = httpx.post(f"{url}/get_reward", json=_openrlhf(example_traces[:1]), timeout=60)
+        assert r.status_code == 200
+        assert r.json()["rewards"] == [1.0]  # case 1 is answered right: EM alone
+        assert httpx.get(f"{url}/health").json()["on_failed_check"] == "zero"
+
+
+def test_the_trainers_own_no_reward(examples_dir, example_traces):
+    """TRL gets None (its "no reward"), veRL's compute_score raises (veRL has none: its
+    rate_limited manager logs it and scores 0, the others stop), OpenRLHF's in-process
+    reward function raises (its executor then gives the rollout none)."""
+    from stepgap.serving import configured, openrlhf, verl
+    from stepgap.serving.trl import stepgap_reward_func
+
+    reward = _reward("http://127.0.0.1:9/v1", examples_dir)
+    t = example_traces[0]
+    trl = stepgap_reward_func(reward)
+    assert trl(prompts=[t.question], completions=[t.response], golden_answers=[t.golden_answers]) == [None]  # fmt: skip
+    configured.configure(reward)
+    try:
+        with pytest.raises(RewardUnavailable, match="step check"):
+            verl.compute_score("nq", t.response, t.golden_answers, {"question": t.question})
+        with pytest.raises(RewardUnavailable):
+            openrlhf.reward_func(**_openrlhf([t]) | {"queries": _openrlhf([t])["query"]})
+    finally:
+        configured.reset()
+
+
+def test_a_judge_that_stops_mid_run_then_comes_back(
+    fake_openai, examples_dir, example_traces, expected_rewards
+):
+    reward = _reward(fake_openai.base_url, examples_dir)
+    with LiveServer(create_app(reward, max_wait_ms=1)) as url:
+        first = httpx.post(f"{url}/reward", json=_body(example_traces[:1]), timeout=60).json()
+        assert first["rewards"] == [pytest.approx(expected_rewards[example_traces[0].id])]
+        fake_openai.always = "500"  # the engine fails every request from now on
+        r = httpx.post(f"{url}/get_reward", json=_openrlhf(example_traces[1:2]), timeout=60)
+        assert r.status_code == 503
+        assert httpx.get(f"{url}/health").json()["status"] == "degraded"
+        fake_openai.always = None  # back
+        again = httpx.post(f"{url}/reward", json=_body(example_traces[1:2]), timeout=60).json()
+        assert again["rewards"] == [pytest.approx(expected_rewards[example_traces[1].id])]
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_a_gone_clients_judge_requests_are_closed_at_once(
+    fake_openai, examples_dir, example_traces
+):
+    """A client posts and hangs up while the judge works on its rollout: within a second the
+    judge server sees the connections of those requests closed, not left to finish."""
+    fake_openai.latency = 30.0
+    reward = _reward(fake_openai.base_url, examples_dir)
+    reward.checker.judge.working = True  # every step's request at once
+    t = example_traces[1]  # four steps
+    with LiveServer(create_app(reward, max_wait_ms=1)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps(_body([t])).encode()
+        client = socket.create_connection((host, int(port)))
+        client.sendall(
+            b"POST /reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        deadline = time.monotonic() + 30
+        while len(fake_openai.events) < len(t.steps):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        left = time.monotonic()
+        client.close()  # the rollout worker is gone
+        while len(fake_openai.cancelled()) < len(t.steps) and time.monotonic() < left + 5:
+            time.sleep(0.01)
+        closed = [e.closed_at - left for e in fake_openai.cancelled()]
+        assert len(closed) == len(t.steps) and max(closed) < 1.0, closed
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'stepgap_traces_dropped_total{reason="client_gone"} 1.0' in metrics

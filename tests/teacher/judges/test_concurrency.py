@@ -1,0 +1,190 @@
+"""The judge's requests in flight fit the engine: the slots llama.cpp's server reports, or what
+the latencies show; a trace's deadline bounds its requests, and a cancel closes them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from stepgap.teacher.judges.base import TraceDeadline
+from stepgap.teacher.judges.concurrency import EngineLimit
+from stepgap.teacher.judges.openai_api import OpenAIJudge
+from stepgap.teacher.prompt import build_requests
+from tests.fixtures.openai_server import FakeOpenAI
+
+
+def simulate(
+    limit: EngineLimit, slots: int, durations: list[float], requests: int, per_call: int
+) -> int:
+    """`requests` requests of one call (at most `per_call` in flight) through `limit` to an
+    engine of `slots` slots whose i-th request takes `durations[i % len]` seconds (a waiting one
+    queues, as an engine does); returns the most ever in flight at the engine."""
+    engine = asyncio.Semaphore(slots)
+    call = asyncio.Semaphore(per_call)
+    most = 0
+
+    async def one(i: int) -> None:
+        async with call:
+            await through_limit(i)
+
+    async def through_limit(i: int) -> None:
+        nonlocal most
+        position = await limit.acquire()
+        most = max(most, limit.in_flight)
+        started = time.monotonic()
+        try:
+            async with engine:
+                await asyncio.sleep(durations[i % len(durations)])
+        finally:
+            limit.release()
+        limit.observe(position, time.monotonic() - started)
+
+    async def run() -> None:
+        await asyncio.gather(*(one(i) for i in range(requests)))
+
+    asyncio.run(run())
+    return most
+
+
+def test_latencies_of_a_queueing_engine_bring_the_limit_to_its_slots_plus_the_margin():
+    limit = EngineLimit()
+    simulate(limit, slots=2, durations=[0.05], requests=60, per_call=8)
+    assert (limit.limit, limit.source) == (3, "latency")
+
+
+def test_answers_of_different_lengths_without_queueing_set_no_limit():
+    """Latencies that vary by a factor of two (answers of different lengths), on an engine
+    with room for all: no queueing, no limit."""
+    limit = EngineLimit()
+    simulate(limit, slots=16, durations=[0.03, 0.05, 0.04, 0.06], requests=80, per_call=8)
+    assert limit.limit is None
+
+
+def test_a_hosted_api_is_not_adapted():
+    limit = EngineLimit(adapt=False)
+    simulate(limit, slots=2, durations=[0.02], requests=40, per_call=8)
+    assert limit.limit is None
+
+
+def _requests(example_traces, copies: int = 1):
+    out = []
+    for k in range(copies):
+        for t in example_traces:
+            out += build_requests(f"{t.id}#{k}", t.question, t.steps)
+    return out
+
+
+@pytest.mark.parametrize("props", [True, False], ids=["slots-from-props", "slots-from-latency"])
+def test_the_judge_never_oversubscribes_an_engine_and_cancels_nothing(
+    example_answers, example_traces, props
+):
+    """A judge server of 2 slots, 0.3 s a request, and a judge allowed 8 at once: with /props
+    the judge never has more than 3 requests open at it (2 slots + 1); from latencies alone
+    (its first request goes alone and shows what one takes) it comes down near that within the
+    first call. Either way no request is cancelled part-way by the judge's own timeouts."""
+    server = FakeOpenAI(answers=dict(example_answers), slots=2, props=props, latency=0.3)
+    server.start()
+    try:
+        judge = OpenAIJudge("m", base_url=server.base_url, concurrency=8, timeout=5.0)
+        results = judge.judge(_requests(example_traces))
+        assert all(r.judge is not None for r in results)
+        assert server.max_serving <= 2
+        assert server.cancelled() == []
+        if props:
+            assert (judge.limit.limit, judge.limit.source) == (3, "llama-server /props")
+            assert server.max_open <= 3 + 1
+        else:
+            assert judge.limit.source == "latency" and 2 <= judge.limit.limit <= 4
+            server.max_open = 0
+            judge.judge(_requests(example_traces))
+            # after learning: about the slots, plus the margin (and one whose answer is written
+            # but whose handler has not ended yet)
+            assert server.max_open <= judge.limit.limit + 1 < 8
+            assert server.cancelled() == []
+    finally:
+        server.stop()
+
+
+def test_a_request_past_its_deadline_is_not_sent_and_a_cancel_closes_those_in_flight(
+    example_answers, example_traces
+):
+    server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
+    server.start()
+    try:
+        judge = OpenAIJudge("m", base_url=server.base_url, concurrency=8, timeout=60.0)
+        judge.working = True
+        requests = _requests(example_traces[:1])
+        passed = TraceDeadline(time.monotonic() - 1)
+        for r in requests:
+            r.deadline = passed
+        results = judge.judge(requests)
+        assert all(r.error == "not judged: its deadline passed" for r in results)
+        assert server.events == []  # nothing was sent
+
+        requests = _requests(example_traces[:1])
+        wanted = TraceDeadline(time.monotonic() + 30)
+        for r in requests:
+            r.deadline = wanted
+        box: list = []
+        worker = threading.Thread(target=lambda: box.append(judge.judge(requests)))
+        worker.start()
+        while len(server.events) < len(requests):
+            time.sleep(0.01)
+        cancelled_at = time.monotonic()
+        wanted.cancel()  # the trace's client left
+        worker.join(timeout=10)
+        assert all("no longer waits" in r.error for r in box[0])
+        while len(server.cancelled()) < len(requests) and time.monotonic() < cancelled_at + 1:
+            time.sleep(0.01)
+        closed = [e.closed_at - cancelled_at for e in server.cancelled()]
+        assert len(closed) == len(requests) and all(c < 1.0 for c in closed)
+    finally:
+        server.stop()
+
+
+def test_the_requests_time_out_at_the_traces_deadline_not_after_the_fixed_timeout(
+    example_answers, example_traces
+):
+    """A trace with 1 s left and a judge whose fixed timeout is 60 s: its request ends at the
+    deadline (closed, not answered), and is not sent again."""
+    server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
+    server.start()
+    try:
+        judge = OpenAIJudge("m", base_url=server.base_url, timeout=60.0, max_retries=3)
+        judge.working = True
+        (request,) = _requests(example_traces[:1])[:1]
+        request.deadline = TraceDeadline(time.monotonic() + 1.0)
+        start = time.monotonic()
+        (result,) = judge.judge([request])
+        assert time.monotonic() - start < 2.5
+        assert result.error == "not judged: its deadline passed"
+        time.sleep(0.3)
+        assert len(server.events) == 1 and server.events[0].closed_early
+    finally:
+        server.stop()
+
+
+def test_stop_closes_the_calls_requests_in_flight(example_answers, example_traces):
+    """A checker call that nobody waits for any more (`stop`): the judge raises `JudgeStopped`
+    at once and its requests in flight are closed."""
+    from stepgap.teacher.judges.base import JudgeStopped
+
+    server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
+    server.start()
+    try:
+        judge = OpenAIJudge("m", base_url=server.base_url, timeout=60.0)
+        judge.working = True
+        stop = threading.Event()
+        requests = _requests(example_traces[:2])
+        threading.Timer(0.5, stop.set).start()
+        start = time.monotonic()
+        with pytest.raises(JudgeStopped):
+            judge.judge(requests, stop=stop)
+        assert time.monotonic() - start < 1.5
+        time.sleep(0.5)
+        assert len(server.cancelled()) == len(requests)
+    finally:
+        server.stop()
