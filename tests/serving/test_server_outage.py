@@ -112,33 +112,45 @@ def test_a_judge_that_stops_mid_run_then_comes_back(
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
+def _post_raw(url: str, body: dict) -> socket.socket:
+    """A POST whose connection the test can close mid-request, as a killed worker's is."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    client = socket.create_connection((host, int(port)))
+    client.sendall(
+        b"POST /reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return client
+
+
 def test_a_gone_clients_judge_requests_are_closed_at_once(
-    fake_openai, examples_dir, example_traces
+    fake_openai, examples_dir, example_traces, example_prompts
 ):
-    """A client posts and hangs up while the judge works on its rollout: within a second the
-    judge server sees the connections of those requests closed, not left to finish."""
+    """Two clients whose rollouts share one checker call; one hangs up while the judge works:
+    within a second the judge server sees that rollout's requests closed, not left to finish,
+    while the other client's go on."""
     fake_openai.latency = 30.0
     reward = _reward(fake_openai.base_url, examples_dir)
     reward.checker.judge.working = True  # every step's request at once
-    t = example_traces[1]  # four steps
-    with LiveServer(create_app(reward, max_wait_ms=1)) as url:
-        host, port = url.removeprefix("http://").split(":")
-        body = json.dumps(_body([t])).encode()
-        client = socket.create_connection((host, int(port)))
-        client.sendall(
-            b"POST /reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    gone, stays = example_traces[1], example_traces[3]
+    ours = {example_prompts[(gone.id, s.index)] for s in gone.steps}
+    with LiveServer(create_app(reward, max_wait_ms=500)) as url:
+        leaving = _post_raw(url, _body([gone]))
+        staying = _post_raw(url, _body([stays]))
         deadline = time.monotonic() + 30
-        while len(fake_openai.events) < len(t.steps):
+        while len(fake_openai.events) < len(gone.steps) + len(stays.steps):
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        assert httpx.get(f"{url}/metrics").text.count("stepgap_batch_size_count 1.0") == 1
         left = time.monotonic()
-        client.close()  # the rollout worker is gone
-        while len(fake_openai.cancelled()) < len(t.steps) and time.monotonic() < left + 5:
+        leaving.close()  # that rollout worker is gone
+        while len(fake_openai.cancelled()) < len(gone.steps) and time.monotonic() < left + 5:
             time.sleep(0.01)
-        closed = [e.closed_at - left for e in fake_openai.cancelled()]
-        assert len(closed) == len(t.steps) and max(closed) < 1.0, closed
+        closed = fake_openai.cancelled()
+        assert {e.key for e in closed} == ours  # only the gone client's requests
+        assert max(e.closed_at - left for e in closed) < 1.0
         metrics = httpx.get(f"{url}/metrics").text
         assert 'stepgap_traces_dropped_total{reason="client_gone"} 1.0' in metrics
+        staying.close()
