@@ -1,6 +1,6 @@
 """Run the stepgap pipeline offline on the shipped examples.
 
-`make demo` (this script without flags) does the main job in about two minutes on two cores:
+`make demo` (this script without flags) does the main job in about a minute on two idle cores:
 segment -> check (teacher tree) -> relabel (ablations) -> baselines -> evaluate against the hand
 labels (report, tables, plots) -> rewards and an HTML view. The judge and NLI answers of the
 main check are replayed from `examples/*_replay.jsonl`, written by hand from the paper's case
@@ -108,7 +108,8 @@ def main_job() -> None:
     show("  labels with every stage", OUT / "verdicts.jsonl")
 
     stage(
-        "4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)", "a minute"
+        "4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)",
+        "a minute; more on a busy machine",
     )
     from tests.fixtures.models import build_deberta_nli
 
