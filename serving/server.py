@@ -218,13 +218,13 @@ class MicroBatcher:
         self.health = JudgeHealth()  # whether the judge works, from the last checked request
         self.calls: set[_Call] = set()
         self.closing = False
-        self._workers: list[asyncio.Task] = []
+        self._workers: list[asyncio.Task] = []  # the collector and the calls it started
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._workers = [asyncio.create_task(self._work()) for _ in range(self.max_inflight)]
+        self._workers = [asyncio.create_task(self._collect())]
 
     def close(self, grace: float = 30.0) -> None:
         """Stop taking traces: the queued ones are answered 503 now, the calls in flight may
@@ -263,9 +263,9 @@ class MicroBatcher:
         """Close at once (no grace) and end the workers; checker threads are not waited for."""
         self.close(grace=0)
         self._stop_calls()
-        for task in self._workers:
+        for task in list(self._workers):
             task.cancel()
-        for task in self._workers:
+        for task in list(self._workers):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -414,11 +414,20 @@ class MicroBatcher:
         # a client that hung up or timed out cancelled its items: they are not checked
         return [i for i in batch if not i.future.done()]
 
-    async def _work(self) -> None:
+    async def _collect(self) -> None:
+        """One collector forms every batch, so traces that arrive together share a call. It
+        waits for a free call slot first: while all `max_inflight` calls run, traces queue and
+        the next batch takes up to `max_batch` of them at once."""
+        slots = asyncio.Semaphore(self.max_inflight)
         while True:
+            await slots.acquire()
             batch = await self._next_batch()
-            if batch:
-                await self._run(batch)
+            if not batch:
+                slots.release()
+                continue
+            task = asyncio.create_task(self._run(batch))
+            self._workers.append(task)
+            task.add_done_callback(lambda t: (slots.release(), self._workers.remove(t)))
 
     async def _run(self, batch: list[_Item]) -> None:
         """One checker call in a thread of its own; each trace answered as it comes."""

@@ -285,11 +285,28 @@ MUTATIONS = [
     Mutation(
         "server/several-in-flight",
         "serving/server.py",
-        "for _ in range(self.max_inflight)]",
-        "for _ in range(1)]",
+        "slots = asyncio.Semaphore(self.max_inflight)",
+        "slots = asyncio.Semaphore(1)",
         (
             "tests/serving/test_server_deadlines.py::test_several_checker_calls_are_in_flight_at_once",
         ),
+    ),
+    Mutation(
+        "server/arrive-together",
+        "serving/server.py",
+        "self._workers = [asyncio.create_task(self._collect())]",
+        "self._workers = [asyncio.create_task(self._collect()) for _ in range(self.max_inflight)]",
+        (
+            "tests/serving/test_server_deadlines.py::"
+            "test_traces_that_arrive_together_share_one_call_and_calls_never_exceed_max_inflight",
+        ),
+    ),
+    Mutation(
+        "nli/threads-share",
+        "teacher/nli/hf.py",
+        "        with self._tokenizer_lock:",
+        "        if True:",
+        ("tests/teacher/test_nli_hf.py::test_threads_may_share_one_backend",),
     ),
     Mutation(
         "server/deadline-503",

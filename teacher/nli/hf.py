@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Sequence
 
 from stepgap.models import check_model_ref, display_ref, explain_load_errors, stand_in_note
@@ -77,7 +78,7 @@ class HFNLI:
         revision: str | None = None,
     ) -> None:
         import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
         check_model_ref(model)
         self.name = f"hf:{model}"
@@ -85,9 +86,7 @@ class HFNLI:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.max_length = max_length
-        with explain_load_errors(model, "NLI tokenizer"):
-            self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
-            self._specials = special_token_pattern(self.tokenizer)
+        self._load_tokenizer(model, revision=revision)
         with explain_load_errors(model, "NLI model"):
             self.model = AutoModelForSequenceClassification.from_pretrained(
                 model,
@@ -119,6 +118,21 @@ class HFNLI:
     def config(self) -> object:
         return self.model.config
 
+    def _load_tokenizer(self, ref: str, **kwargs: object) -> None:
+        """The tokenizer, the special tokens to defang, and the lock every call takes: a fast
+        tokenizer changes its truncation and padding settings per call, so two threads sharing
+        it at once fail ("Already borrowed"); the reward server and veRL's reward loop do."""
+        from transformers import AutoTokenizer
+
+        with explain_load_errors(ref, "NLI tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(ref, **kwargs)
+        self._specials = special_token_pattern(self.tokenizer)
+        self._tokenizer_lock = threading.Lock()
+
+    def _tokenize(self, premises: list[str], hypotheses: list[str], **kwargs: object) -> dict:
+        with self._tokenizer_lock:
+            return self.tokenizer(premises, hypotheses, split_special_tokens=True, **kwargs)
+
     def _encode(self, pairs: Sequence[Pair], tensors: str = "pt") -> dict:
         """Tokenize pairs, truncating the premise only.
 
@@ -131,13 +145,12 @@ class HFNLI:
         premises = [self._defang(p) for p, _ in pairs]
         hypotheses = [self._defang(h) for _, h in pairs]
         try:
-            return self.tokenizer(
+            return self._tokenize(
                 premises,
                 hypotheses,
                 padding=True,
                 truncation="only_first",
                 max_length=self.max_length,
-                split_special_tokens=True,
                 return_tensors=tensors,
             )
         except Exception as exc:  # the hypothesis alone is longer than max_length
@@ -147,12 +160,11 @@ class HFNLI:
         """Tokens each pair takes once truncated to max_length (no padding): the batching key.
         `longest_first` never raises, and gives the same length as the premise-only cut
         wherever that cut is possible (where not, `_encode` raises for the batch)."""
-        enc = self.tokenizer(
+        enc = self._tokenize(
             [self._defang(p) for p, _ in pairs],
             [self._defang(h) for _, h in pairs],
             truncation="longest_first",
             max_length=self.max_length,
-            split_special_tokens=True,
         )
         return [len(ids) for ids in enc["input_ids"]]
 

@@ -14,10 +14,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stepgap.models import explain_load_errors
 from stepgap.tree import Pair
 
-from .hf import HFNLI, labels_from_id2label, special_token_pattern
+from .hf import HFNLI, labels_from_id2label
 
 ONNX_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx"}
 
@@ -98,7 +97,7 @@ class ONNXNLI(HFNLI):
         given here must start, or this raises naming it."""
         import onnxruntime as ort
         import torch
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
         path = Path(path)
         if precision not in ONNX_FILES:
@@ -113,9 +112,7 @@ class ONNXNLI(HFNLI):
         self.batch_size = batch_size
         self.max_length = max_length
         self._torch = torch
-        with explain_load_errors(str(path), "NLI tokenizer"):
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self._specials = special_token_pattern(self.tokenizer)
+        self._load_tokenizer(str(path))
         options = ort.SessionOptions()
         options.log_severity_level = 3  # fp16 graphs warn about every unfoldable constant
         if providers:

@@ -367,3 +367,46 @@ def test_sigterm_answers_what_is_queued_and_exits_within_the_grace_period(
     assert (503, "1") in statuses  # the queued ones were not checked for nobody
     log = (tmp_path / "serve.log").read_text()
     assert "shutting down" in log
+
+
+@pytest.mark.parametrize("max_inflight", [1, 8])
+def test_traces_that_arrive_together_share_one_call_and_calls_never_exceed_max_inflight(
+    example_traces, max_inflight
+):
+    """Requests that come within `max_wait_ms` of each other form one batch, however many
+    calls may run at once (several idle callers once split them, each taking one request);
+    and while every call slot is busy, what queues waits and then goes as one batch."""
+    batches: list[int] = []
+    running = [0, 0]  # now, most
+    release = threading.Event()
+
+    def check(traces):
+        running[0] += 1
+        running[1] = max(running)
+        batches.append(len(traces))
+        release.wait(10)
+        running[0] -= 1
+        return [[] for _ in traces]
+
+    async def run():
+        batcher = MicroBatcher(check, max_batch=16, max_wait_ms=300, max_inflight=max_inflight)
+        batcher.start()
+        try:
+            first = [
+                asyncio.ensure_future(batcher.submit([t], timeout=30.0)) for t in example_traces[:3]
+            ]
+            while len(batches) < 1:
+                await asyncio.sleep(0.01)
+            later = [
+                asyncio.ensure_future(batcher.submit([t], timeout=30.0)) for t in example_traces
+            ]
+            while len(batches) < (2 if max_inflight > 1 else 1):
+                await asyncio.sleep(0.01)
+            release.set()
+            await asyncio.gather(*first, *later)
+        finally:
+            await batcher.stop()
+
+    asyncio.run(run())
+    assert batches == [3, len(example_traces)]
+    assert running[1] == min(max_inflight, 2)

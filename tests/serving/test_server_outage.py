@@ -139,18 +139,21 @@ def test_a_gone_clients_judge_requests_are_closed_at_once(
     with LiveServer(create_app(reward, max_wait_ms=500)) as url:
         leaving = _post_raw(url, _body([gone]))
         staying = _post_raw(url, _body([stays]))
-        deadline = time.monotonic() + 30
-        while len(fake_openai.events) < len(gone.steps) + len(stays.steps):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert httpx.get(f"{url}/metrics").text.count("stepgap_batch_size_count 1.0") == 1
-        left = time.monotonic()
-        leaving.close()  # that rollout worker is gone
-        while len(fake_openai.cancelled()) < len(gone.steps) and time.monotonic() < left + 5:
-            time.sleep(0.01)
-        closed = fake_openai.cancelled()
-        assert {e.key for e in closed} == ours  # only the gone client's requests
-        assert max(e.closed_at - left for e in closed) < 1.0
-        metrics = httpx.get(f"{url}/metrics").text
-        assert 'stepgap_traces_dropped_total{reason="client_gone"} 1.0' in metrics
-        staying.close()
+        try:  # closed on a failure too: a server whose clients still wait cannot shut down
+            deadline = time.monotonic() + 30
+            while len(fake_openai.events) < len(gone.steps) + len(stays.steps):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert httpx.get(f"{url}/metrics").text.count("stepgap_batch_size_count 1.0") == 1
+            left = time.monotonic()
+            leaving.close()  # that rollout worker is gone
+            while len(fake_openai.cancelled()) < len(gone.steps) and time.monotonic() < left + 5:
+                time.sleep(0.01)
+            closed = fake_openai.cancelled()
+            assert {e.key for e in closed} == ours  # only the gone client's requests
+            assert max(e.closed_at - left for e in closed) < 1.0
+            metrics = httpx.get(f"{url}/metrics").text
+            assert 'stepgap_traces_dropped_total{reason="client_gone"} 1.0' in metrics
+        finally:
+            leaving.close()
+            staying.close()

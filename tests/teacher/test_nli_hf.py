@@ -157,3 +157,18 @@ def test_the_stand_in_labels_its_training_pairs_by_class(tiny_nli):
         right[label] += max(scores, key=scores.get) == label
     print("training pairs labelled as trained:", {k: f"{right[k]}/{total[k]}" for k in total})
     assert all(right[k] >= 0.4 * total[k] for k in total) and len(total) == 3
+
+
+def test_threads_may_share_one_backend(tiny_nli):
+    """veRL's reward loop and the reward server call one checker from several threads at once.
+    A fast tokenizer whose truncation and padding settings change per call is not safe to share
+    ("Already borrowed"): each thread must still get the scores it would get alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nli = HFNLI(str(tiny_nli), batch_size=2)
+    work = [PAIRS[i % len(PAIRS) :] + PAIRS[: i % len(PAIRS)] for i in range(64)]
+    alone = [nli.predict(pairs) for pairs in work[: len(PAIRS)]]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(nli.predict, work))
+    for i, got in enumerate(together):
+        assert _close(got, alone[i % len(PAIRS)])
