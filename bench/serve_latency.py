@@ -15,7 +15,11 @@ side by side in one run (every reward compared with the one of the stored verdic
   Rewards delivered and `None`s, as the client sees them, 503s, and the judge requests the
   server cancelled part-way (the judge server saw their connection closed). Runs `before` (the
   configuration before engine slots, held requests and no-reward: `--engine-slots none
-  --when-overloaded refuse --on-failed-check zero`) and `defaults`.
+  --when-overloaded refuse --on-failed-check zero`) and `defaults`. With `--judge-url` (a real
+  engine, e.g. llama-server: `tools/llama_serve_check.sh`) and `--nli` (a model: a real judge
+  writes quotes no replay file holds), the slots scene asks that engine instead; its rewards
+  are then the engine's own, so they are counted, not compared, and the judge's requests are
+  not seen.
 
 The judge is the tests' OpenAI-compatible server in a process of its own; NLI is replayed; each
 `stepgap serve` runs in its own process with `--max-batch 32` and `--concurrency 8`. The
@@ -44,7 +48,9 @@ SLOT_RUNS = {
 }  # fmt: skip
 
 
-def start_server(base_url: str, nli: Path, extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
+def start_server(
+    base_url: str, nli: Path | str, extra: list[str]
+) -> tuple[subprocess.Popen, str, Path]:
     import httpx
 
     from tests.fixtures.live_server import _free_port
@@ -54,7 +60,8 @@ def start_server(base_url: str, nli: Path, extra: list[str]) -> tuple[subprocess
     cmd = [
         sys.executable, "-m", "stepgap.cli", "serve", "--port", str(port),
         "--judge", "openai:gpt-4.1-mini", "--base-url", base_url, "--no-cache",
-        "--nli", f"replay:{nli}", "--max-batch", "32", "--concurrency", "8", *extra,
+        "--nli", f"replay:{nli}" if str(nli).endswith(".jsonl") else str(nli),
+        "--max-batch", "32", "--concurrency", "8", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -122,8 +129,9 @@ async def drive_rate(url: str, traces, expected: dict, clients: int, seconds: fl
     return latencies, outcomes, wall
 
 
-def drive_slots(url: str, rollouts, expected: dict, budget: float) -> dict:
-    """Every rollout at once through OpenRLHF's own client, its timeout cut to `budget`."""
+def drive_slots(url: str, rollouts, expected: dict | None, budget: float) -> dict:
+    """Every rollout at once through OpenRLHF's own client, its timeout cut to `budget`;
+    `expected` (trace id -> reward) checks each reward delivered, when the judge is scripted."""
     import aiohttp
     from openrlhf.utils import agent
 
@@ -155,7 +163,9 @@ def drive_slots(url: str, rollouts, expected: dict, budget: float) -> dict:
         "rollouts": len(rollouts),
         "rewards": len(delivered),
         "none": len(rollouts) - len(delivered),
-        "wrong": sum(abs(r - expected[t.id.split("#")[0]]) > 1e-9 for t, r in delivered),
+        "wrong": None
+        if expected is None
+        else sum(abs(r - expected[t.id.split("#")[0]]) > 1e-9 for t, r in delivered),
         "wall_s": round(wall, 1),
     }
 
@@ -220,36 +230,41 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
     runs = {}
     for name, extra in SLOT_RUNS.items():
         report = Path(tempfile.mkdtemp()) / "judge.json"
-        judge, base_url = start_in_child(
-            answers,
-            args.slot_latency,
-            slots=args.slots,
-            props=True,
-            answer_any=True,
-            report=str(report),
-        )
+        judge, base_url = None, args.judge_url
+        if base_url is None:
+            judge, base_url = start_in_child(
+                answers,
+                args.slot_latency,
+                slots=args.slots,
+                props=True,
+                answer_any=True,
+                report=str(report),
+            )
         try:
             server, url, log = start_server(
                 base_url, nli, [*extra, "--client-timeout", str(args.budget)]
             )
             try:
-                run = drive_slots(url, rollouts, expected, args.budget)
+                run = drive_slots(url, rollouts, None if judge is None else expected, args.budget)
                 run["503s"] = int(_metric(url, "stepgap_rejected_total"))
+                run["failed_traces"] = int(_metric(url, "stepgap_traces_failed_total"))
             finally:
                 server.terminate()
                 server.wait(timeout=60)
-            time.sleep(1.0)  # the judge server's last report
-            seen = json.loads(report.read_text())
-            run.update(
-                judge_requests=seen["requests"],
-                judge_cancelled=seen["cancelled"],
-                judge_max_open=seen["max_open"],
-            )
+            if judge is not None:
+                time.sleep(1.0)  # the judge server's last report
+                seen = json.loads(report.read_text())
+                run.update(
+                    judge_requests=seen["requests"],
+                    judge_cancelled=seen["cancelled"],
+                    judge_max_open=seen["max_open"],
+                )
             run["started"] = next(
                 (line for line in log.read_text().splitlines() if "probe" in line), ""
             )
         finally:
-            judge.terminate()
+            if judge is not None:
+                judge.terminate()
         runs[name] = run
         print(f"slots {name}: {run}", flush=True)
     return runs
@@ -270,6 +285,8 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=4, help="slots: the judge server's slots")
     p.add_argument("--slot-latency", type=float, default=2.0, help="slots: seconds a request")
     p.add_argument("--budget", type=float, default=30.0, help="slots: OpenRLHF's 180 s, scaled")
+    p.add_argument("--judge-url", help="slots: a real engine's base URL instead of the fake")
+    p.add_argument("--nli", help="NLI spec (default: the examples' replay file)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args()
 
@@ -285,7 +302,7 @@ def main() -> None:
     }
     answers = stored_answers(example_prompt_keys(traces), ex / "judge_replay.jsonl")
     os.environ.setdefault("OPENAI_API_KEY", "bench-not-a-real-key")
-    nli = ex / "nli_replay.jsonl"
+    nli = args.nli or ex / "nli_replay.jsonl"
     result: dict = {"bench": "serve_latency", "args": vars(args)}
     scenes = args.scenes.split(",")
     if "rate" in scenes:
@@ -303,15 +320,18 @@ def main() -> None:
                   f"{r['p50_s']:7.2f} {r['p95_s']:7.2f} {r['503']:5d} {r['timeout']:9d} "
                   f"{r['wrong']:6d}")  # fmt: skip
     if "slots" in result:
+        judge = (
+            f"the engine at {args.judge_url}"
+            if args.judge_url
+            else f"a judge of {args.slots} slots at {args.slot_latency:g} s a request"
+        )
         print(f"\nslots: {args.rollouts} distinct rollouts at once, OpenRLHF's client (budget "
-              f"{args.budget:g} s), a judge of {args.slots} slots at {args.slot_latency:g} s a "
-              "request")  # fmt: skip
-        print(f"{'run':10} {'rewards':>8} {'None':>5} {'wall s':>7} {'503s':>5} "
-              f"{'judge requests':>15} {'cancelled':>10} {'most open':>10} {'wrong':>6}")  # fmt: skip
+              f"{args.budget:g} s), {judge}")  # fmt: skip
+        columns = ("rewards", "none", "wall_s", "503s", "failed_traces", "judge_requests",
+                   "judge_cancelled", "judge_max_open", "wrong")  # fmt: skip
+        print(f"{'run':10} " + " ".join(f"{c:>15}" for c in columns))
         for name, r in result["slots"].items():
-            print(f"{name:10} {r['rewards']:8d} {r['none']:5d} {r['wall_s']:7.1f} "
-                  f"{r['503s']:5d} {r['judge_requests']:15d} {r['judge_cancelled']:10d} "
-                  f"{r['judge_max_open']:10d} {r['wrong']:6d}")  # fmt: skip
+            print(f"{name:10} " + " ".join(f"{str(r.get(c, '-')):>15}" for c in columns))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_latency.json").write_text(json.dumps(result, indent=2))
