@@ -160,8 +160,8 @@ MUTATIONS = [
     Mutation(
         "nli/special-tokens",
         "teacher/nli/hf.py",
-        "                split_special_tokens=True,\n                return_tensors=tensors,",
-        "                split_special_tokens=False,\n                return_tensors=tensors,",
+        "return self.tokenizer(premises, hypotheses, split_special_tokens=True, **kwargs)",
+        "return self.tokenizer(premises, hypotheses, split_special_tokens=False, **kwargs)",
         (
             "tests/teacher/test_nli_hf.py::"
             "test_snippets_spelling_special_tokens_cannot_move_the_pair_boundary",
