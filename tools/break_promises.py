@@ -160,8 +160,8 @@ MUTATIONS = [
     Mutation(
         "nli/special-tokens",
         "teacher/nli/hf.py",
-        "return self.tokenizer(premises, hypotheses, split_special_tokens=True, **kwargs)",
-        "return self.tokenizer(premises, hypotheses, split_special_tokens=False, **kwargs)",
+        "        if self._specials is None:\n            return text",
+        "        if True:\n            return text",
         (
             "tests/teacher/test_nli_hf.py::"
             "test_snippets_spelling_special_tokens_cannot_move_the_pair_boundary",
