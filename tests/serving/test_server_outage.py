@@ -136,7 +136,8 @@ def test_a_gone_clients_judge_requests_are_closed_at_once(
     reward.checker.judge.working = True  # every step's request at once
     gone, stays = example_traces[1], example_traces[3]
     ours = {example_prompts[(gone.id, s.index)] for s in gone.steps}
-    with LiveServer(create_app(reward, max_wait_ms=500)) as url:
+    # the call starts once both traces are in (max_batch 2), however slow the machine
+    with LiveServer(create_app(reward, max_batch=2, max_wait_ms=10_000)) as url:
         leaving = _post_raw(url, _body([gone]))
         staying = _post_raw(url, _body([stays]))
         try:  # closed on a failure too: a server whose clients still wait cannot shut down
