@@ -188,8 +188,6 @@ def build_index(
     if kind not in ("bm25", "dense"):
         raise ValueError(f"index kind must be bm25 or dense, got {kind!r}")
     out = Path(output)
-    if (out / INDEX_META).exists():
-        raise FileExistsError(f"{out} already holds an index; remove it or choose another folder")
     from tqdm.auto import tqdm
 
     hide = None if progress is None else not progress

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from stepgap import __version__
 from stepgap.redact import install_redaction, redact
 
-from .config import ConfigParser, DefaultsFormatter, add_config_options, parse_with_config
+from .config import (
+    ConfigParser,
+    DefaultsFormatter,
+    add_config_options,
+    error_line,
+    parse_with_config,
+)
 
 
 @dataclass(frozen=True)
@@ -94,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 EXIT_STATUSES = """exit status:
   0    done
-  1    nothing done: every step failed (a dead judge); check keeps its earlier output
-  2    a usage or input error (a wrong flag, a file of another format, a missing model);
-       nothing was written, an earlier output is left as it was
+  1    nothing done: every step's check failed; check keeps its earlier output
+  2    a usage or input error (a wrong flag, a file of another format, a missing model),
+       or a judge that failed its first 3 requests the same way (down, a wrong model or
+       key); nothing was written, an earlier output is left as it was
   3    done, but bad records were skipped (listed as file:line: field: reason; the output
        lacks them); --allow-skipped exits 0 instead
   130  interrupted (Ctrl-C); an earlier output is left as it was, resumable outputs keep
@@ -112,7 +119,7 @@ class EpilogFormatter(DefaultsFormatter):
 
 # bitsandbytes warns at import, on every CPU machine, that its optional `kernels` package is
 # missing; it matters only to 4-bit training on a CPU, and -vv shows it again.
-QUIET_LOGGERS = ("bitsandbytes",)
+QUIET_LOGGERS = ("bitsandbytes", "bm25s")  # bm25s logs DEBUG lines at any level
 
 
 # The import name of each package an extra brings that a command imports -> the extra
@@ -205,5 +212,5 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"stepgap {args.command}: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"stepgap {args.command}: error: {redact(error_line(exc, args))}", file=sys.stderr)
         return 2

@@ -116,6 +116,8 @@ def _command_and_config(
 
 def _convert(action: argparse.Action, value: Any, where: str) -> Any:
     """A config value checked and converted as the flag would be on the command line."""
+    if value is None:  # `--print-config` writes an unset flag as null
+        return None
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
         if not isinstance(value, bool):
             raise ValueError(f"{where}: expected true or false, got {value!r}")
@@ -184,6 +186,8 @@ def apply_values(
             known = ", ".join(sorted(by_dest))
             raise ValueError(f"{where}: {unknown} (keys: {known})")
         action.default = _convert(action, value, where)
+        origins = p.__dict__.setdefault("config_origins", {})
+        origins[action.dest] = where  # a later check of the value names where it came from
         action.required = False
         if not action.option_strings:  # a positional argument given by the file
             action.nargs = {None: "?", "+": "*"}.get(action.nargs, action.nargs)  # type: ignore[arg-type]
@@ -200,6 +204,24 @@ def resolved(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, 
     return out
 
 
+def error_line(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line for a refused value: a pydantic error as `field: reason` (not its block of
+    lines), and a value that a `--config` file gave prefixed by that file's line and key."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"] if not isinstance(part, int))
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        message = f"{field}: {first['msg'].removeprefix('Value error, ')}{more}"
+    else:
+        message = str(exc)
+    for dest, where in getattr(args, "_from_config", {}).items():
+        if message.startswith((f"{dest} ", f"{dest}:")):
+            return f"{where.rsplit(': ', 1)[0]}: {message}"
+    return message
+
+
 def parse_with_config(
     parser: argparse.ArgumentParser, argv: list[str]
 ) -> argparse.Namespace | None:
@@ -213,6 +235,13 @@ def parse_with_config(
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
         (sub or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if sub is not None:  # the values the file gave (not overridden on the command line)
+        origins = getattr(sub, "config_origins", {})
+        args._from_config = {
+            dest: where
+            for dest, where in origins.items()
+            if getattr(args, dest, None) == sub.get_default(dest)
+        }
     if getattr(args, "print_config", False) and sub is not None and not own:
         print(yaml.safe_dump(resolved(args, sub), sort_keys=False, allow_unicode=True), end="")
         return None

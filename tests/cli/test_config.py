@@ -133,3 +133,57 @@ def test_only_command_modules_import_argparse():
                 if "argparse" in names:
                     offenders.append(str(path.relative_to(REPO)))
     assert offenders == []
+
+
+def test_what_print_config_prints_every_command_reads_back():
+    """`--print-config` writes every flag, unset ones as null and lists as lists: each
+    command's file of its own defaults reads back (a null list once did not)."""
+    import argparse
+
+    from stepgap.cli.config import _SKIP_DESTS, apply_values
+
+    for name in COMMANDS:
+        sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices)
+        p = sub.choices[name]
+        if getattr(p, "own_config", False):
+            continue
+        printed = {
+            a.dest: str(a.default) if isinstance(a.default, Path) else a.default
+            for a in p._actions
+            if a.dest not in _SKIP_DESTS and a.dest != argparse.SUPPRESS
+        }
+        text = yaml.safe_dump(printed, sort_keys=False)
+        apply_values(p, yaml.safe_load(text), f"{name}.yaml", text, "no such flag")
+        for action in p._actions:
+            if action.dest in printed:
+                assert action.default == printed[action.dest] or (
+                    isinstance(printed[action.dest], str)
+                    and str(action.default) == printed[action.dest]
+                ), (name, action.dest)
+
+
+def test_a_value_from_a_config_file_that_a_later_check_refuses_names_file_line_and_key(
+    tmp_path, capsys
+):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\nentail_threshold: 7\n")
+    out = tmp_path / "o.jsonl"
+    argv = ["relabel", str(EX / "teacher_verdicts.jsonl"), "-o", str(out)]
+    assert main([*argv, "--config", str(bad)]) == 2
+    assert f"error: {bad}:2: entail_threshold must be in (0, 1]" in capsys.readouterr().err
+    assert main([*argv, "--entail-threshold", "7"]) == 2  # from the command line: no file named
+    err = capsys.readouterr().err
+    assert "error: entail_threshold must be in (0, 1]" in err and str(bad) not in err
+
+
+def test_a_refused_checker_setting_is_one_line(tmp_path, capsys):
+    """A pydantic refusal reads `field: reason`, not pydantic's block of lines."""
+    from pydantic import ValidationError
+
+    from stepgap.cli.config import error_line
+    from stepgap.teacher.build import CheckerConfig
+
+    with pytest.raises(ValidationError) as info:
+        CheckerConfig(nli_provider=[None])
+    line = error_line(info.value, __import__("argparse").Namespace())
+    assert line.startswith("nli_provider: ") and "\n" not in line and "pydantic" not in line

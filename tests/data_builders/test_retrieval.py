@@ -58,8 +58,10 @@ def test_dense_minilm_index_finds_each_page_by_its_title(tmp_path, capsys):
     results = index.search(titles, 2)
     assert [_title(r[0]) for r in results] == titles
     assert all(0 < r[0].score <= 1.0001 and r[0].score > r[1].score for r in results)
-    with pytest.raises(FileExistsError):
-        build_index(WIKI, out, kind="dense", limit=5)
+    # an earlier index is replaced whole by the next one into the same folder (README's "Exit
+    # status": a folder output that holds an earlier output of the same command)
+    assert build_index(WIKI, out, kind="dense", limit=5)["documents"] == 5
+    assert len(LocalIndex(out).search(["Batman"], 10)[0]) == 5
 
 
 def test_passages_are_formatted_exactly_as_search_r1_and_segment_back(tmp_path):
