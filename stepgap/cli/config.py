@@ -204,6 +204,23 @@ def resolved(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, 
     return out
 
 
+def _unknown_flags(p: argparse.ArgumentParser, rest: list[str]) -> list[str]:
+    """The flags in `rest` that subcommand `p` does not have (nor begins, as argparse allows):
+    named first, so a mistyped flag is not hidden behind "the following arguments are
+    required"."""
+    known = [s for a in p._actions for s in a.option_strings]
+    unknown = []
+    for token in rest:
+        if token == "--":
+            break
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("-") or flag == "-" or flag[1:2].isdigit() or flag[1:2] == ".":
+            continue  # a value: a positional, a negative number
+        if flag not in known and not any(k.startswith(flag) for k in known if flag[:2] == "--"):
+            unknown.append(token)
+    return unknown
+
+
 def error_line(exc: BaseException, args: argparse.Namespace) -> str:
     """One line for a refused value: a pydantic error as `field: reason` (not its block of
     lines), and a value that a `--config` file gave prefixed by that file's line and key."""
@@ -232,6 +249,8 @@ def parse_with_config(
     own = getattr(sub, "own_config", False)
     if sub is not None and config is not None and not own:
         apply_config(sub, name, config)  # type: ignore[arg-type]
+    if sub is not None and (unknown := _unknown_flags(sub, argv[argv.index(name) + 1 :])):
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")  # before "required" errors
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
         (sub or parser).error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -244,6 +244,9 @@ def test_a_wrong_flag_shows_the_commands_usage(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("usage: stepgap check "), done.stderr
     assert done.stderr.splitlines()[-1] == "stepgap check: error: unrecognized arguments: --bogus"
+    alone = run("check", "--bogus")  # named before the missing input and -o
+    assert alone.returncode == 2
+    assert alone.stderr.splitlines()[-1] == "stepgap check: error: unrecognized arguments: --bogus"
 
 
 def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):
