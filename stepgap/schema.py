@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 GapLabel = Literal["no_gap", "CC", "IE", "MB"]
 StepType = Literal["inference", "conclusion"]
@@ -83,8 +84,19 @@ class Trace(BaseModel):
 
     @model_validator(mode="after")
     def _has_content(self) -> Trace:
-        if self.response is None and self.steps is None:
-            raise ValueError("a trace needs a 'response' (raw) or 'steps' (segmented)")
+        if self.response is None and self.steps is None:  # named as the field that is missing
+            raise ValidationError.from_exception_data(
+                "Trace",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "missing", "a trace needs a 'response' (raw) or 'steps' (segmented)"
+                        ),
+                        loc=("response",),
+                        input=None,
+                    )
+                ],
+            )
         return self
 
 

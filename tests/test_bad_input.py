@@ -69,8 +69,14 @@ TRACE_POISON = {
     "wrong-type": b'{"id": "bad3", "question": 5, "response": "<answer>x</answer>"}',
     "missing": b'{"id": "bad4", "response": "<answer>x</answer>"}',
     "malformed-tool-call": b'{"id": "bad5", "question": "q?", "response": "<tool_call>{oops</tool_call>"}',
+    "no-content": b'{"id": "bad6", "question": "q?"}',
 }
-TRACE_FIELDS = {"wrong-type": "question", "missing": "question", "malformed-tool-call": "response"}
+TRACE_FIELDS = {
+    "wrong-type": "question",
+    "missing": "question",
+    "malformed-tool-call": "response",
+    "no-content": "response",  # neither response nor steps: named as the response missing
+}
 
 
 @pytest.fixture(scope="module")
