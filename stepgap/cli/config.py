@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from stepgap.io import key_lines
+from stepgap.io import key_lines, plain_reason
 from stepgap.teacher.build import REFUSED_KEYS
 
 _SKIP_DESTS = {"help", "config", "print_config", "_run"}
@@ -230,7 +230,7 @@ def error_line(exc: BaseException, args: argparse.Namespace) -> str:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"] if not isinstance(part, int))
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        message = f"{field}: {first['msg'].removeprefix('Value error, ')}{more}"
+        message = f"{field}: {plain_reason(first['msg'])}{more}"
     else:
         message = str(exc)
     for dest, where in getattr(args, "_from_config", {}).items():
