@@ -28,6 +28,7 @@ import asyncio
 import logging
 import math
 from collections import deque
+from statistics import median_high as _median  # the upper middle: an actual sample
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -140,11 +141,6 @@ class EngineLimit:
         if self.slots is not None:
             return f"{self.limit}: {self.slots} slot(s) ({self.source}) + {self.margin}"
         return f"{self.limit}: what its latencies show ({self.source})"
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 async def engine_slots(http: Any, base_url: str) -> tuple[int, str] | None:
