@@ -136,8 +136,9 @@ class EngineLimit:
 
     def describe(self) -> str:
         """Judge requests in flight at most, and why: for logs and /health."""
-        if self.limit is None:
-            return "no limit beyond each call's --concurrency (the engine says no slots)"
+        if self.limit is None:  # `--engine-slots none`, a hosted API, or nothing learned yet
+            watched = " (none known yet; its latencies are watched)" if self.adapt else ""
+            return f"no limit beyond each call's --concurrency{watched}"
         if self.slots is not None:
             return f"{self.limit}: {self.slots} slot(s) ({self.source}) + {self.margin}"
         return f"{self.limit}: what its latencies show ({self.source})"
