@@ -1,4 +1,4 @@
-"""The NLI model to ONNX (optimum-onnx), its int8 and fp16 variants, and a parity check.
+"""The NLI model to ONNX (`torch.onnx.export`), its int8 and fp16 variants, and a parity check.
 
 Parity is checked before anything is written to a bundle: the fp32 graph must give the
 PyTorch logits within `atol` on a probe set, and each reduced-precision graph must agree with
@@ -94,24 +94,39 @@ class _DropUnquantizedNotes(logging.Filter):
 
 @contextlib.contextmanager
 def _without_exporter_notes():
-    """Hide what the exporters print that a user cannot act on: torch's deprecation notes on the
-    TorchScript exporter and `torch.jit.script` (optimum-onnx and transformers pick them; a
-    note to those libraries, shown by `-W default` or a notebook), and the quantizer's notes
-    above."""
+    """Hide what the exporters print that a user cannot act on: torch's deprecation notes on its
+    TorchScript exporter (the one that follows DeBERTa's relative attention with dynamic axes;
+    shown by `-W default` or a notebook) and the quantizer's notes above."""
     drop, root = _DropUnquantizedNotes(), logging.getLogger()
     root.addFilter(drop)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.onnx")
             yield
     finally:
         root.removeFilter(drop)
 
 
+# The graph's inputs, in the order the exporter passes them: what the ONNX backend feeds
+# (those the tokenizer gives and the graph takes). DeBERTa-v3 (type_vocab_size 0) has no
+# token types.
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _input_names(config: Any) -> list[str]:
+    takes_types = getattr(config, "type_vocab_size", 0) > 0
+    return [n for n in INPUTS if n != "token_type_ids" or takes_types]
+
+
 def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bool = False) -> Path:
-    """Write model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer and config."""
+    """Write model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer and config.
+
+    The graph (`torch.onnx.export`, TorchScript tracing at opset OPSET) takes `input_ids`,
+    `attention_mask` (and `token_type_ids` where the model has token types), each of shape
+    (batch, sequence), and gives `logits` (batch, labels): the layout bundles have always had.
+    """
     import torch
-    from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from stepgap.models import explain_load_errors, resolve_model_ref
@@ -120,19 +135,35 @@ def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bo
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
-    # Loaded here (fp32, eval) rather than by optimum's main_export, which still passes the
-    # deprecated `torch_dtype` to transformers and warns on every export.
+    out.mkdir(parents=True)
     with explain_load_errors(model, "NLI model"):
         source = AutoModelForSequenceClassification.from_pretrained(
             model, dtype=torch.float32
         ).eval()
     with explain_load_errors(model, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(model)
-    with _without_exporter_notes():
-        onnx_export_from_model(
-            source, out, opset=OPSET, task="text-classification", do_validation=False,
-            preprocessors=[tokenizer],
-        )  # fmt: skip
+    names = _input_names(source.config)
+    # two pairs of unequal length: padding, so the traced graph keeps the attention mask's path
+    sample = tokenizer(
+        ["A cat is an animal.", "Rashomon is a 1950 film directed by Akira Kurosawa."],
+        ["A cat is not an animal.", "Kurosawa directed it."],
+        padding=True, return_tensors="pt",
+    )  # fmt: skip
+    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names}
+    with _without_exporter_notes(), torch.no_grad():
+        torch.onnx.export(
+            _LogitsOnly(source, names),
+            tuple(sample[n] for n in names),
+            str(out / ONNX_FILES["fp32"]),
+            input_names=names,
+            output_names=["logits"],
+            dynamic_axes={**axes, "logits": {0: "batch_size"}},
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    source.config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     if int8:
         quantize_int8(out / ONNX_FILES["fp32"], out / ONNX_FILES["int8"])
     if fp16:
@@ -142,6 +173,21 @@ def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bo
         graph = convert_float_to_float16(onnx.load(out / ONNX_FILES["fp32"]), keep_io_types=True)
         onnx.save(graph, out / ONNX_FILES["fp16"])
     return out
+
+
+def _LogitsOnly(model: Any, names: Sequence[str]) -> Any:
+    """`model` as a module of positional tensors (in `names` order) that returns the logits."""
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return self.model(**dict(zip(names, tensors, strict=True))).logits
+
+    return LogitsOnly()
 
 
 @dataclass(frozen=True)
