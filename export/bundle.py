@@ -381,9 +381,11 @@ def verify_bundle(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise BundleError(f"{manifest_file}: not valid JSON ({exc})") from None
     if manifest.get("format_version") != FORMAT_VERSION:
+        made_by = manifest.get("stepgap_version", "unknown")
         raise BundleError(
-            f"{manifest_file}: format_version {manifest.get('format_version')!r}, "
-            f"this stepgap reads {FORMAT_VERSION}"
+            f"{manifest_file}: format_version {manifest.get('format_version')!r} (made by stepgap "
+            f"{made_by}); this stepgap ({__version__}) reads format {FORMAT_VERSION}: export the "
+            f"bundle again with this stepgap (`stepgap export`), or check with stepgap {made_by}"
         )
     for rel, expected in manifest.get("files", {}).items():
         file = root / rel

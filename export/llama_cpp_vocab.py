@@ -147,13 +147,14 @@ def llama_cpp_pre_tokenizer(folder: str | Path) -> tuple[str | None, str]:
         )
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return None, f"`{folder.name}/` holds no tokenizer for stepgap to check"
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from stepgap.models import load_tokenizer
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # loading a local folder warns of a Mistral regex it lacks
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = load_tokenizer(folder)
     except Exception as exc:  # noqa: BLE001 - any failure is the converter's failure too
         return None, f"its tokenizer does not load ({type(exc).__name__}: {exc})"
     finally:

@@ -283,12 +283,10 @@ def reward_file(
     for _, v in read_models(verdicts_path, Verdict, report):
         by_trace.setdefault(v.trace_id, []).append(v)
     if isinstance(tokenizer, str):
-        from transformers import AutoTokenizer
-
-        from stepgap.models import check_model_ref, explain_load_errors
+        from stepgap.models import check_model_ref, explain_load_errors, load_tokenizer
 
         with explain_load_errors(tokenizer, "tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(check_model_ref(tokenizer))
+            tokenizer = load_tokenizer(check_model_ref(tokenizer))
     n = 0
     with JsonlWriter(output, input_path, verdicts_path) as out:
         for trace in iter_traces(input_path, report):

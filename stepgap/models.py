@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from stepgap.hub import hub_unreachable
@@ -212,6 +214,22 @@ def display_ref(ref: str | os.PathLike[str]) -> str:
     ):
         return text
     return os.path.basename(os.path.normpath(text)) or text
+
+
+def load_tokenizer(source: str, **kwargs: Any) -> Any:
+    """`AutoTokenizer.from_pretrained`, except for a stand-in folder (STAND_IN_KEY in its
+    config.json): its tokenizer is read as its tokenizer.json says. transformers 5 rebuilds the
+    pre-tokenizer of every qwen2 folder as Qwen2's own, which would cut the stand-in's compact
+    vocabulary (merges across spaces, student/tiny.py) at every word."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    folder = Path(source)
+    config = folder / "config.json"
+    if (folder / "tokenizer.json").is_file() and config.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            if STAND_IN_KEY in json.loads(config.read_text(encoding="utf-8")):
+                return PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
+    return AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 def stand_in_note(config: Any) -> str | None:

@@ -38,7 +38,8 @@ class StudentTrainConfig(BaseModel):
     # optimisation
     learning_rate: float = 2e-4
     lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = 0.03
+    # share of the steps spent warming up (transformers 5 takes it as a `warmup_steps` below 1)
+    warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0)
     num_train_epochs: float = 3.0
     max_steps: int = -1
     per_device_train_batch_size: int = 4

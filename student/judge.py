@@ -22,7 +22,7 @@ from stepgap.data_builders.student_target import (
     parse_student_answer,
     student_json_schema,
 )
-from stepgap.models import align_chat_eos, explain_load_errors
+from stepgap.models import align_chat_eos, explain_load_errors, load_tokenizer
 from stepgap.schema import Judge
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
 from stepgap.teacher.judges.openai_api import OpenAIJudge
@@ -55,7 +55,6 @@ def load_student(
     if not is_adapter(path):
         return load_causal_lm(path, device, dtype)
     from peft import PeftModel
-    from transformers import AutoTokenizer
 
     config = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     base = base or config.get("base_model_name_or_path")
@@ -64,7 +63,7 @@ def load_student(
     tokenizer, model = load_causal_lm(base, device, dtype, revision=base_revision)
     if (Path(path) / "tokenizer_config.json").is_file():  # the trained chat template wins
         with explain_load_errors(path, "student tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)
         align_chat_eos(tokenizer)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

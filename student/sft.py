@@ -101,11 +101,12 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
     `tiny-random:qwen2` builds the tiny random student for `data` under `output_dir/tiny-base`.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from stepgap.models import (
         align_chat_eos,
         explain_load_errors,
+        load_tokenizer,
         pretrained_source,
         quiet_gguf_load,
         resolve_model_ref,
@@ -136,7 +137,7 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
         kwargs["device_map"] = kbit_device_map()
     with quiet_gguf_load(ref) as tokenizer_kwargs:
         with explain_load_errors(ref, "tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(  # the quantisation config is the model's
+            tokenizer = load_tokenizer(  # the quantisation config is the model's
                 source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}, **tokenizer_kwargs
             )
         with explain_load_errors(ref, "model"):
@@ -220,7 +221,7 @@ def _train(cfg: StudentTrainConfig, *, resume: bool) -> dict[str, Any]:
         output_dir=cfg.output_dir,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_ratio=cfg.warmup_ratio,
+        warmup_steps=cfg.warmup_ratio,  # a float below 1: a share of the steps
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,

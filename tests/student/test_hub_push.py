@@ -1,5 +1,5 @@
 """`push_to_hub` in a training recipe: the Trainer's own push (transformers' `create_repo` and
-`upload_folder`, which commits through `HfApi.create_commit`), recorded at the huggingface_hub
+`upload_folder`, which commits through `HfApi.create_commit` without hf_xet), recorded at the huggingface_hub
 boundary instead of reaching the network. What goes up is read at commit time."""
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ def _push_run(out: Path, examples_dir: Path, **keys) -> tuple[HubRecorder, dict]
     """Two steps (one for the checkpoint strategy) of the tiny recipe with push_to_hub on, the
     Hub recorded, HF_TOKEN set."""
     import huggingface_hub
-    import transformers.trainer
 
     hub = HubRecorder()
     settings = {
@@ -80,10 +79,9 @@ def _push_run(out: Path, examples_dir: Path, **keys) -> tuple[HubRecorder, dict]
                    lambda api, *a, **k: hub.validate_yaml(*a, **k))  # fmt: skip
         mp.setattr(huggingface_hub.HfApi, "create_commit",
                    lambda api, *a, **k: hub.create_commit(*a, **k))  # fmt: skip
-        # the Trainer imported huggingface_hub's module-level create_repo, bound to a default
-        # HfApi at import: route it to the (recorded) HfApi method
-        mp.setattr(transformers.trainer, "create_repo",
-                   lambda *a, **k: huggingface_hub.HfApi().create_repo(*a, **k))  # fmt: skip
+        # with hf_xet, upload_folder streams to the Hub's storage before it commits: recorded
+        # here is the commit of huggingface_hub's single-commit path
+        mp.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False)
         metrics = train(load_config(TINY, settings))
     return hub, metrics
 
