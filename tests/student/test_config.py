@@ -168,3 +168,33 @@ def test_use_liger_kernel_reaches_the_trainer(tmp_path, tiny_qwen2, examples_dir
     )
     with pytest.raises(ImportError, match="liger-kernel"):
         train(cfg)
+
+
+def test_use_liger_kernel_trains_a_step_on_a_gpu(tmp_path, tiny_qwen2, examples_dir):
+    """On transformers 5 Liger patches the student's Qwen2 modules and trains. Its kernels are
+    Triton GPU kernels: on a CPU Triton finds no driver ("0 active drivers"), so this runs where
+    a CUDA GPU and liger-kernel (`pip install 'stepgap[liger]'`) are."""
+    import importlib.util
+
+    import torch
+
+    from stepgap.student.sft import train
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger-kernel is not installed (pip install 'stepgap[liger]')")
+    if not torch.cuda.is_available():
+        pytest.skip("Liger's kernels are Triton GPU kernels: Triton has no CPU driver")
+    cfg = load_config(
+        "tiny",
+        {
+            "model": str(tiny_qwen2),
+            "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
+            "output_dir": str(tmp_path / "out"),
+            "max_train_examples": 4,
+            "max_steps": 2,
+            "use_liger_kernel": True,
+            "dtype": "bfloat16",
+        },
+    )
+    metrics = train(cfg)
+    assert metrics["train_loss"] > 0
