@@ -132,7 +132,6 @@ EXTRA_OF_MODULE = {
     "peft": "train",
     "accelerate": "train",
     "datasets": "train",
-    "optimum": "export",
     "onnx": "export",
     "onnxruntime": "export",
     "fastapi": "serve",

@@ -245,9 +245,11 @@ def _chat_server(model_dir: Path):
     template, `continue_final_message`, greedy decoding, `stop` strings cut from the text."""
     import torch
     from fastapi import FastAPI
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    from stepgap.models import load_tokenizer
+
+    tok = load_tokenizer(str(model_dir))  # the stand-in's tokenizer as saved (stepgap.models)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     app, seen = FastAPI(), []
 

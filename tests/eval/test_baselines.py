@@ -8,6 +8,7 @@ from stepgap.data_builders import iter_traces
 from stepgap.eval.baselines import NERQuoteChecker, flag_everything, nli_only
 from stepgap.schema import Snippet, Step
 from stepgap.teacher import HFNLI, ReplayJudge, ReplayNLI
+from tests.fixtures import models
 from tests.fixtures.models import nli_label_counts
 
 
@@ -16,8 +17,21 @@ def traces(examples_dir):
     return list(iter_traces(examples_dir / "traces.jsonl"))
 
 
-def test_nli_only_uses_all_evidence_so_far_and_the_claim(traces, tiny_nli):
-    verdicts = list(nli_only(traces, HFNLI(str(tiny_nli))))
+def _entailing_half(tiny_nli, traces, folder):
+    """The stand-in with its entailment logit raised so that half the examples' NLI-only calls
+    entail: both branches of the baseline's rule are then taken, whatever the stand-in learned
+    (its entailment probabilities on these long premises sit just under 0.5)."""
+    import math
+    import statistics
+
+    first = [v.nli[0].probs.entailment for v in nli_only(traces, HFNLI(str(tiny_nli)))]
+    median = statistics.median(first)
+    bias = math.log((1 - median) / median)  # moves the median call onto the 0.5 threshold
+    return models.build_deberta_nli(folder, permute_from=tiny_nli, class_bias={"entailment": bias})
+
+
+def test_nli_only_uses_all_evidence_so_far_and_the_claim(traces, tiny_nli, tmp_path):
+    verdicts = list(nli_only(traces, HFNLI(str(_entailing_half(tiny_nli, traces, tmp_path)))))
     assert len(verdicts) == 28
     t = traces[1]
     v = next(v for v in verdicts if v.trace_id == t.id and v.step == 2)

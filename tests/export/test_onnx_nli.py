@@ -67,7 +67,14 @@ def test_onnx_backend_gives_the_pytorch_probabilities_per_named_label(exported):
             assert a.entailment == pytest.approx(b.entailment, abs=1e-5)
             assert a.contradiction == pytest.approx(b.contradiction, abs=1e-5)
     int8 = ONNXNLI(onnx_dir, precision="int8").predict(pairs)
-    assert [nli_label(p) for p in int8] == [nli_label(p) for p in torch_probs]
+    # int8 moves probabilities by up to ~0.005 here: a label decided within 0.02 of a 0.5
+    # threshold may flip (the parity gate's floor allows for it); every other label holds
+    clear = [
+        i for i, p in enumerate(torch_probs)
+        if min(abs(p.entailment - 0.5), abs(p.contradiction - 0.5)) > 0.02
+    ]  # fmt: skip
+    assert len(clear) >= 3, [p.model_dump() for p in torch_probs]
+    assert [nli_label(int8[i]) for i in clear] == [nli_label(torch_probs[i]) for i in clear]
     assert len({nli_label(p) for p in torch_probs}) >= 2  # not neutral against neutral
 
 
