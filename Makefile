@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 # suite's; `make test-peers` runs them inside those), beside the light modules their reward
 # paths import (the `interop` extra).
 $(VENV)/.interop: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop,ray]"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop,ray]" transformers==$(TRANSFORMERS)
 	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
 	touch $@
 

@@ -32,7 +32,7 @@ def main() -> None:
     from stepgap.segment import iter_traces
     from stepgap.serving import StepGapReward
     from tests.fixtures.live_server import LiveServer
-    from tests.serving.test_interop import batch
+    from tests.serving.test_interop_verl import batch
 
     traces = list(iter_traces(REPO / "examples" / "traces.jsonl"))
     reward_json = Path(tempfile.mkdtemp()) / "reward.json"

@@ -432,7 +432,7 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
     from stepgap.serving import OfflineChecker, StepGapReward, configured
     from tests.fixtures.live_server import LiveServer
     from tests.fixtures.openai_server import FakeOpenAI
-    from tests.serving.test_interop import batch
+    from tests.serving.test_interop_verl import batch
 
     student = bundles["merged"] / "student"
     reward_json = tmp_path / "reward.json"

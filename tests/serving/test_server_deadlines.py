@@ -18,7 +18,7 @@ from stepgap.serving import StepGapReward
 from stepgap.serving.server import Busy, MicroBatcher, Pace, create_app
 from stepgap.teacher import Checker, ReplayNLI, load_judge
 from tests.fixtures.live_server import LiveServer, ServeProcess
-from tests.serving.test_interop import _prompt
+from tests.serving.conftest import chat_prompt
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -301,7 +301,7 @@ def test_openrlhf_client_with_a_low_timeout_gets_every_reward(
         client = agent.SingleTurnAgentExecutor(f"{url}/get_reward")
 
         async def rollout(t):
-            prompt = _prompt(t.question)
+            prompt = chat_prompt(t.question)
             (answer,) = await client._fetch_rewards_via_http(
                 [prompt + t.response], [prompt], [t.golden_answers]
             )

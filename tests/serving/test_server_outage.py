@@ -16,7 +16,7 @@ from stepgap.serving.reward import RewardUnavailable
 from stepgap.serving.server import create_app
 from stepgap.teacher import Checker, ReplayNLI, load_judge
 from tests.fixtures.live_server import LiveServer
-from tests.serving.test_interop import _prompt
+from tests.serving.conftest import chat_prompt
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,7 +36,7 @@ def _body(traces) -> dict:
 
 
 def _openrlhf(traces) -> dict:
-    prompts = [_prompt(t.question) for t in traces]
+    prompts = [chat_prompt(t.question) for t in traces]
     return {
         "query": [p + t.response for p, t in zip(prompts, traces, strict=True)],
         "prompts": prompts,
