@@ -34,12 +34,25 @@ def train(args: argparse.Namespace) -> int:
         return 0
     from stepgap.student.sft import train as run_training
 
-    metrics = run_training(cfg, resume=args.resume)
-    from stepgap.student.sft import process_state
+    try:
+        metrics = run_training(cfg, resume=args.resume)
+        from stepgap.student.sft import process_state
 
-    if process_state().is_main_process:  # one report, not one per rank
-        print(json.dumps(metrics, indent=2, default=str))
+        if process_state().is_main_process:  # one report, not one per rank
+            print(json.dumps(metrics, indent=2, default=str))
+    finally:
+        _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """End the run's process group (`accelerate launch` with several processes) before the
+    interpreter exits: left to exit, gloo's threads were seen to abort a rank ("terminate
+    called without an active exception", exit -6) after a finished run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def mine(args: argparse.Namespace) -> int:
