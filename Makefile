@@ -54,8 +54,10 @@ demo-full: install
 	$(PYTHON) -m venv .venv-openrlhf
 	.venv-openrlhf/bin/python -m pip install -q torch==2.13.0 packaging
 	.venv-openrlhf/bin/python -m pip install -q --no-deps openrlhf==0.11.2
+	.venv-openrlhf/bin/python tools/requirements_of.py openrlhf --without flash-attn deepspeed \
+	  > .venv-openrlhf/openrlhf-requirements.txt
 	.venv-openrlhf/bin/python -m pip install -q -e ".[teacher,serve]" $(PEER_TEST_DEPS) \
-	  $$(.venv-openrlhf/bin/python tools/requirements_of.py openrlhf --without flash-attn deepspeed)
+	  -r .venv-openrlhf/openrlhf-requirements.txt
 	touch $@
 
 test-peers: .venv-verl/.installed .venv-openrlhf/.installed

@@ -1,15 +1,15 @@
-"""Print the requirements of an installed distribution, less those named after --without, one
-shell word each: what `make test-peers` installs beside OpenRLHF, whose flash-attn and DeepSpeed
-are source builds that need CUDA (and torch before pip can read their metadata).
+"""Print the requirements of an installed distribution, less those named after --without, as
+a requirements file (one a line): what `make test-peers` installs beside OpenRLHF, whose
+flash-attn and DeepSpeed are source builds that need CUDA (and torch before pip can read their
+metadata).
 
-    python tools/requirements_of.py openrlhf --without flash-attn deepspeed
+    python tools/requirements_of.py openrlhf --without flash-attn deepspeed > requirements.txt
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import shlex
 
 from packaging.requirements import Requirement
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("name", help="an installed distribution, e.g. openrlhf")
     parser.add_argument("--without", nargs="*", default=[], help="requirements to leave out")
     args = parser.parse_args()
-    print(" ".join(shlex.quote(r) for r in requirements_of(args.name, set(args.without))))
+    print("\n".join(requirements_of(args.name, set(args.without))))
 
 
 if __name__ == "__main__":
