@@ -152,7 +152,7 @@ def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bo
     axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names}
     with _without_exporter_notes(), torch.no_grad():
         torch.onnx.export(
-            _LogitsOnly(source, names),
+            _logits_only(source, names),
             tuple(sample[n] for n in names),
             str(out / ONNX_FILES["fp32"]),
             input_names=names,
@@ -175,7 +175,7 @@ def export_onnx(model: str, out_dir: str | Path, *, int8: bool = False, fp16: bo
     return out
 
 
-def _LogitsOnly(model: Any, names: Sequence[str]) -> Any:
+def _logits_only(model: Any, names: Sequence[str]) -> Any:
     """`model` as a module of positional tensors (in `names` order) that returns the logits."""
     import torch
 
