@@ -8,8 +8,7 @@ from stepgap.data_builders import iter_traces
 from stepgap.eval.baselines import NERQuoteChecker, flag_everything, nli_only
 from stepgap.schema import Snippet, Step
 from stepgap.teacher import HFNLI, ReplayJudge, ReplayNLI
-from tests.fixtures import models
-from tests.fixtures.models import nli_label_counts
+from tests.fixtures.models import build_deberta_nli, nli_label_counts
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +26,7 @@ def _entailing_half(tiny_nli, traces, folder):
     first = [v.nli[0].probs.entailment for v in nli_only(traces, HFNLI(str(tiny_nli)))]
     median = statistics.median(first)
     bias = math.log((1 - median) / median)  # moves the median call onto the 0.5 threshold
-    return models.build_deberta_nli(folder, permute_from=tiny_nli, class_bias={"entailment": bias})
+    return build_deberta_nli(folder, permute_from=tiny_nli, class_bias={"entailment": bias})
 
 
 def test_nli_only_uses_all_evidence_so_far_and_the_claim(traces, tiny_nli, tmp_path):

@@ -146,6 +146,20 @@ def test_attn_implementation_reaches_the_model(tiny_qwen2):
     assert model.config._attn_implementation == "eager"
 
 
+def _liger_recipe(tmp_path, tiny_qwen2, examples_dir, **keys):
+    """The tiny recipe on the tiny Qwen2 with `use_liger_kernel` on."""
+    return load_config(
+        "tiny",
+        {
+            "model": str(tiny_qwen2),
+            "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
+            "output_dir": str(tmp_path / "out"),
+            "use_liger_kernel": True,
+            **keys,
+        },
+    )
+
+
 def test_use_liger_kernel_reaches_the_trainer(tmp_path, tiny_qwen2, examples_dir):
     """Without liger-kernel installed, transformers' Trainer refuses the key by name: proof
     that train() passed it on (a dropped key would train without a word)."""
@@ -155,17 +169,8 @@ def test_use_liger_kernel_reaches_the_trainer(tmp_path, tiny_qwen2, examples_dir
 
     if importlib.util.find_spec("liger_kernel") is not None:
         pytest.skip("liger-kernel is installed: the Trainer would accept the key")
-    cfg = load_config(
-        "tiny",
-        {
-            "model": str(tiny_qwen2),
-            "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
-            "output_dir": str(tmp_path / "out"),
-            "max_train_examples": 2,
-            "max_steps": 1,  # a dropped key would train this one step and fail the test
-            "use_liger_kernel": True,
-        },
-    )
+    # a dropped key would train this one step and fail the test
+    cfg = _liger_recipe(tmp_path, tiny_qwen2, examples_dir, max_train_examples=2, max_steps=1)
     with pytest.raises(ImportError, match="liger-kernel"):
         train(cfg)
 
@@ -184,17 +189,8 @@ def test_use_liger_kernel_trains_a_step_on_a_gpu(tmp_path, tiny_qwen2, examples_
         pytest.skip("liger-kernel is not installed (pip install 'stepgap[liger]')")
     if not torch.cuda.is_available():
         pytest.skip("Liger's kernels are Triton GPU kernels: Triton has no CPU driver")
-    cfg = load_config(
-        "tiny",
-        {
-            "model": str(tiny_qwen2),
-            "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
-            "output_dir": str(tmp_path / "out"),
-            "max_train_examples": 4,
-            "max_steps": 2,
-            "use_liger_kernel": True,
-            "dtype": "bfloat16",
-        },
+    cfg = _liger_recipe(
+        tmp_path, tiny_qwen2, examples_dir, max_train_examples=4, max_steps=2, dtype="bfloat16"
     )
     metrics = train(cfg)
     assert metrics["train_loss"] > 0
