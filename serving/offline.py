@@ -51,6 +51,9 @@ class OfflineChecker(Checker):
         batch_size: int = 8,
         max_new_tokens: int = 768,
         nli_batch_size: int = 32,
+        engine: str = "auto",
+        online: bool = False,
+        kv_cache_gib: float | None = None,
         served_judge: Callable[[dict[str, Any]], JudgeBackend] | None = None,
     ) -> OfflineChecker:
         """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
@@ -59,7 +62,8 @@ class OfflineChecker(Checker):
         pairs are re-run on the provider and precision that will serve before the student
         loads: probabilities off the recorded PyTorch ones raise BundleError.
 
-        `served_judge(student_meta)`: the bundle's student as served elsewhere (an
+        `engine`: how the student decodes (`auto`, `vllm`, `hf`; see `HFJudge`), `online`: on
+        vLLM's async engine, for a server. `served_judge(student_meta)`: the bundle's student as served elsewhere (an
         OpenAI-compatible engine), used instead of loading the student here."""
         from stepgap.export.bundle import BundleError, read_bundle
         from stepgap.export.onnx_nli import ParityError, served_parity
@@ -103,6 +107,9 @@ class OfflineChecker(Checker):
                 dtype=dtype,
                 batch_size=batch_size,
                 max_new_tokens=max_new_tokens,
+                engine=engine,
+                online=online,
+                kv_cache_gib=kv_cache_gib,
             )
         checker = cls(judge, nli, TreeConfig(**bundle.tree))
         checker.manifest = bundle.manifest

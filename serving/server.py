@@ -585,10 +585,13 @@ def judge_limit_of(reward: StepGapReward) -> EngineLimit | None:
 
 def default_inflight(reward: StepGapReward) -> int:
     """Checker calls in flight by default: 8 when the judge is a server (an OpenAI-compatible
-    engine, or `stepgap serve` replicas), whose own concurrency does the work; 1 for a model in
-    this process, which a second call would only slow down and double in memory."""
+    engine, or `stepgap serve` replicas) or vLLM's async engine in this process, whose own
+    batching does the work across calls; 1 for a model decoded batch by batch in this process,
+    which a second call would only slow down and double in memory."""
     judge = getattr(reward.checker, "judge", None)
-    return 8 if judge is None or getattr(judge, "base_url", None) is not None else 1
+    if judge is None or getattr(judge, "base_url", None) is not None:
+        return 8
+    return 8 if getattr(getattr(judge, "engine", None), "online", False) else 1
 
 
 def create_app(
@@ -687,6 +690,18 @@ def create_app(
             registry=registry,
         )
         judge_in_flight.set_function(lambda: judge_limit.limit or 0)
+    engine = getattr(getattr(reward.checker, "judge", None), "engine", None)
+    if getattr(engine, "online", False):  # vLLM's async engine in this process
+        Gauge(
+            "stepgap_engine_requests",
+            "judge requests in the in-process engine now (running or waiting)",
+            registry=registry,
+        ).set_function(engine.unfinished)
+        Gauge(
+            "stepgap_engine_aborted",
+            "judge requests aborted inside the engine (deadline passed, client gone, shutdown)",
+            registry=registry,
+        ).set_function(lambda: engine.aborted)
     health_of_judge = batcher.health
 
     @contextlib.asynccontextmanager
@@ -932,11 +947,20 @@ def serve(
 
     class Server(uvicorn.Server):
         """uvicorn's server, which on SIGTERM/SIGINT also closes the batcher: the queued
-        requests are answered 503 at once instead of being checked for nobody."""
+        requests are answered 503 at once instead of being checked for nobody; and closes
+        the judge's engine last."""
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
             batcher.close_threadsafe(grace)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            # an engine in this process (vLLM) ends its own processes with the server; here,
+            # since uvicorn ends the process with the signal it caught once it returns
+            close = getattr(getattr(reward.checker, "judge", None), "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
 
     # uvicorn's own wait for open requests outlasts the batcher's grace by a little: by then
     # every request has its answer (verdicts or 503) and only the write is left

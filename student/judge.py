@@ -22,10 +22,11 @@ from stepgap.data_builders.student_target import (
     parse_student_answer,
     student_json_schema,
 )
-from stepgap.models import align_chat_eos, explain_load_errors, load_tokenizer
+from stepgap.models import explain_load_errors, model_identity
 from stepgap.schema import Judge
-from stepgap.teacher.judges.hf import HFJudge, load_causal_lm
+from stepgap.teacher.judges.hf import HFJudge, load_causal_lm, load_chat_tokenizer
 from stepgap.teacher.judges.openai_api import OpenAIJudge
+from stepgap.teacher.judges.vllm_engine import merged_folder
 
 log = logging.getLogger(__name__)
 
@@ -56,22 +57,23 @@ def load_student(
         return load_causal_lm(path, device, dtype)
     from peft import PeftModel
 
-    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    base = base or config.get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base model; pass base=ID_OR_PATH")
+    base = adapter_base(path, base)
     tokenizer, model = load_causal_lm(base, device, dtype, revision=base_revision)
     if (Path(path) / "tokenizer_config.json").is_file():  # the trained chat template wins
-        with explain_load_errors(path, "student tokenizer"):
-            tokenizer = load_tokenizer(path)
-        align_chat_eos(tokenizer)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        tokenizer.padding_side = "left"
+        tokenizer = load_chat_tokenizer(path)
     with explain_load_errors(path, "adapter"):
         model = PeftModel.from_pretrained(model, path).merge_and_unload()
     model.eval()
     return tokenizer, model
+
+
+def adapter_base(path: str | Path, base: str | None = None) -> str:
+    """The base model of an adapter: `base` when given, else the one its config names."""
+    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    base = base or config.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base model; pass base=ID_OR_PATH")
+    return base
 
 
 class StudentJudge(HFJudge):
@@ -97,6 +99,20 @@ class StudentJudge(HFJudge):
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
         return load_student(model, self.base, device, dtype, self.base_revision)
 
+    def vllm_folder(self, model: str, dtype: str | None) -> tuple[str, str | None]:
+        """An adapter is merged into its base once, into a folder vLLM loads."""
+        if not is_adapter(model):
+            return super().vllm_folder(model, dtype)
+        base = adapter_base(model, self.base)
+        revision = f"@{self.base_revision}" if self.base_revision else ""
+        identity = f"{model_identity(model)}-{model_identity(base)}{revision}-{dtype or 'float32'}"
+        return str(
+            merged_folder(
+                f"student-{identity}",
+                lambda: load_student(model, self.base, "cpu", dtype, self.base_revision),
+            )
+        ), None
+
     def schema(self) -> dict[str, Any]:
         return student_json_schema(self.target)
 
@@ -107,7 +123,7 @@ class StudentJudge(HFJudge):
 def load_student_judge(model: str, **options: Any) -> StudentJudge:
     known = {
         "base", "base_revision", "device", "dtype", "batch_size", "max_new_tokens", "constrained",
-        "max_string_chars", "cache", "meter", "on_result",
+        "max_string_chars", "cache", "meter", "on_result", "engine", "online", "kv_cache_gib",
     }  # fmt: skip
     return StudentJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})
 

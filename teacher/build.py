@@ -132,7 +132,19 @@ class CheckerConfig(BaseModel):
     no_logprobs: bool = _option(False, "do not request token log-probabilities", JUDGE)
     judge_device: str | None = _option(None, "hf judge device (default auto)", JUDGE)
     judge_dtype: str | None = _option(None, "hf judge dtype (float32, bfloat16, ...)", JUDGE)
-    judge_batch_size: int = _option(8, "hf judge generation batch", JUDGE)
+    judge_batch_size: int = _option(8, "hf judge generation batch (HF engine)", JUDGE)
+    engine: Literal["auto", "vllm", "hf"] = _option(
+        "auto",
+        "local judges (hf:, student:, --bundle): decode on vLLM's engine in this process or on "
+        "transformers; auto: vLLM where it is installed and runs on the judge's device",
+        JUDGE,
+    )
+    kv_cache_gib: float | None = _option(
+        None,
+        "vllm engine: GiB of KV cache (default: vLLM's share of the GPU; 2 on CPU)",
+        JUDGE,
+        metavar="GIB",
+    )
     max_string_chars: int | None = _option(
         None, "hf judge: cap every free-text field at this many characters", JUDGE
     )
@@ -196,6 +208,8 @@ class CheckerConfig(BaseModel):
             "device": self.judge_device,
             "dtype": self.judge_dtype,
             "batch_size": self.judge_batch_size,
+            "engine": self.engine,
+            "kv_cache_gib": self.kv_cache_gib,
             "max_string_chars": self.max_string_chars,
             "constrained": not self.unconstrained,
             "base": self.student_base,
@@ -207,10 +221,14 @@ class CheckerConfig(BaseModel):
         """A ValueError unless this names a checker: a judge and an NLI model, or a bundle."""
         require_specs(self.judge, self.nli, self.bundle)
 
-    def build(self) -> Checker:
-        """The checker this configuration describes (`build_checker`)."""
+    def build(self, *, online: bool = False) -> Checker:
+        """The checker this configuration describes (`build_checker`); `online`: for a server
+        (a local judge on vLLM runs its async engine, fed request by request)."""
         from .nli.onnx import parse_providers
 
+        options = self.judge_options()
+        if online:
+            options["online"] = True
         return build_checker(
             self.judge,
             self.nli,
@@ -219,7 +237,7 @@ class CheckerConfig(BaseModel):
             nli_providers=parse_providers(self.nli_provider),
             tree=self.tree,
             device=self.device,
-            judge_options=self.judge_options(),
+            judge_options=options,
         )
 
 
@@ -241,7 +259,8 @@ def build_checker(
     bundle still gives the schema, prompt version, NLI model and thresholds.
 
     `device` places the NLI model; `judge_options` go to `build_judge` (for a bundle: the
-    student's `device`, `dtype`, `batch_size` and `max_tokens`). `nli_providers`: the bundle's
+    student's `device`, `dtype`, `batch_size`, `max_tokens`, `engine`, `online` and
+    `kv_cache_gib`). `nli_providers`: the bundle's
     ONNX Runtime execution providers (`OfflineChecker.from_bundle`).
     """
     options = dict(judge_options or {})
@@ -274,6 +293,9 @@ def build_checker(
             dtype=options.get("dtype"),
             batch_size=options.get("batch_size") or 8,
             max_new_tokens=options.get("max_tokens") or 768,
+            engine=options.get("engine") or "auto",
+            online=bool(options.get("online")),
+            kv_cache_gib=options.get("kv_cache_gib"),
             served_judge=served,
         )
     require_specs(judge, nli, bundle)

@@ -132,6 +132,12 @@ def add_judge_options(
             _flag(g, name)
 
 
+def add_engine_options(p: Any) -> None:
+    """`--engine` and `--kv-cache-gib` alone, for a command with a student judge of its own."""
+    _flag(p, "engine")
+    _flag(p, "kv_cache_gib")
+
+
 def add_nli_options(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_argument_group(NLI)
     for name in _group(NLI):
@@ -202,12 +208,13 @@ def join_ray(args: argparse.Namespace, config: CheckerConfig) -> Any:
     return connect(args.ray or None, env_vars={config.api_key_env: key} if key else None)
 
 
-def checker(args: argparse.Namespace) -> Checker:
-    """The checker the flags describe (`CheckerConfig.build`), or with `--ray` a pool of them
-    on a Ray cluster (`RayChecker`; the judge's API key variable reaches its workers)."""
+def checker(args: argparse.Namespace, *, online: bool = False) -> Checker:
+    """The checker the flags describe (`CheckerConfig.build`; `online` for a server), or with
+    `--ray` a pool of them on a Ray cluster (`RayChecker`; the judge's API key variable reaches
+    its workers)."""
     config = checker_config(args)
     if getattr(args, "ray", None) is None:
-        return config.build()
+        return config.build(online=online)
     from stepgap.teacher.ray_checker import RayChecker
 
     join_ray(args, config)

@@ -78,7 +78,7 @@ def serve(args: argparse.Namespace) -> int:
     from stepgap.serving.server import serve as run_server
 
     run_server(
-        reward_options(args).reward(checker(args)),
+        reward_options(args).reward(checker(args, online=True)),
         host=args.host,
         port=args.port,
         max_batch=args.max_batch,

@@ -8,7 +8,13 @@ import json
 import sys
 
 from stepgap.cli import Command
-from stepgap.cli.options import add_errors_option, add_nli_options, finish, tree_config
+from stepgap.cli.options import (
+    add_engine_options,
+    add_errors_option,
+    add_nli_options,
+    finish,
+    tree_config,
+)
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,6 +87,8 @@ def mine(args: argparse.Namespace) -> int:
             "dtype": args.judge_dtype,
             "batch_size": args.judge_batch_size,
             "max_new_tokens": args.max_tokens,
+            "engine": args.engine,
+            "kv_cache_gib": args.kv_cache_gib,
         },
         report=report,
     )
@@ -126,6 +134,7 @@ def mine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--judge-dtype", default=None, help="dtype (float32, bfloat16, ...)")
     g.add_argument("--judge-batch-size", type=int, default=8, help="generation batch")
     g.add_argument("--max-tokens", type=int, default=None, help="answer token budget")
+    add_engine_options(g)
     add_nli_options(p)  # the shipped checker is compared: the tree needs stages D-E
     add_errors_option(p)
 

@@ -6,6 +6,7 @@ confidences are read from."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,15 +30,44 @@ def build_index(tokenizer: Any, regex: str) -> Any:
     """An outlines-core index of `regex` over the tokenizer's vocabulary (special tokens out)."""
     from outlines_core import Index, Vocabulary
 
+    return Index(regex, Vocabulary(tokenizer.eos_token_id, token_bytes(tokenizer)))
+
+
+_LLAMA_BYTE = re.compile(r"^<0x[0-9A-F]{2}>$")
+_REPLACEMENT = re.compile(r"^.{0,6}\ufffd+.{0,6}$")
+
+
+def token_bytes(tokenizer: Any) -> dict[bytes, list[int]]:
+    """The bytes each token writes (special tokens out): a token that is part of a multi-byte
+    character is that byte (`<0xE2>`, or a byte-level BPE symbol), not a replacement character
+    that would count as a whole character of the schema. The same reading as vLLM's and
+    outlines' own, so a schema allows the same tokens on the HF path as on vLLM."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    to_byte = {v: k for k, v in bytes_to_unicode().items()}
     special = set(tokenizer.all_special_ids)
-    tokens: dict[str, list[int]] = {}
+    out: dict[bytes, list[int]] = {}
     for token, tid in tokenizer.get_vocab().items():
         if tid in special:
             continue
         text = tokenizer.convert_tokens_to_string([token])
-        if text:
-            tokens.setdefault(text, []).append(tid)
-    return Index(regex, Vocabulary(tokenizer.eos_token_id, tokens))
+        if token.startswith("\u2581") or token == "<0x20>":  # SentencePiece's leading space
+            text = " " + text
+        if not text:
+            continue
+        if (text == "\ufffd" and token != "\ufffd") or (
+            "\ufffd" in text and not _REPLACEMENT.match(text)
+        ):
+            if _LLAMA_BYTE.match(token):
+                data = bytes([int(token[3:5], 16)])
+            elif all(c in to_byte for c in token):
+                data = bytes(to_byte[c] for c in token)
+            else:
+                continue  # neither spelling of a byte: not a token the schema can use
+        else:
+            data = text.encode("utf-8")
+        out.setdefault(data, []).append(tid)
+    return out
 
 
 class TokenMasks:

