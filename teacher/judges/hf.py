@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -117,10 +117,7 @@ class HFJudge:
     decoder (`fast=True`) is a greedy loop over the KV cache that drops finished rows and, when
     the schema allows exactly one token, appends it (and the run of such tokens after it) in the
     next forward pass instead of spending a pass on each; its tokens equal plain `generate`
-    with the same constraint up to floating-point ties (`fast=False` is that plain path). With
-    `share_prefix`, the tokens all prompts of a batch begin with (the chat template and the
-    system prompt; batches are formed per system prompt) are run once and their KV cache is
-    copied to every row, instead of once per row.
+    with the same constraint up to floating-point ties (`fast=False` is that plain path).
 
     `engine="vllm"` decodes on vLLM's engine instead (`vllm_engine.py`): the same prompts,
     schema and parsing, every pending request in one engine call (`online=True`: vLLM's async
@@ -140,7 +137,6 @@ class HFJudge:
         constrained: bool = True,
         max_string_chars: int | None = None,
         fast: bool = True,
-        share_prefix: bool = True,
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
@@ -174,7 +170,6 @@ class HFJudge:
         self.constrained = constrained
         self.max_string_chars = max_string_chars
         self.fast = fast
-        self.share_prefix = share_prefix
         self.regexes: dict[type | None, str] = {}  # per answer schema (None: this judge's)
         self.answer_indexes: dict[type | None, Any] = {}  # their outlines-core indexes (HF)
         self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
@@ -271,17 +266,15 @@ class HFJudge:
             else:
                 todo.append(i)
         prompts = {i: self.prompt_ids(requests[i]) for i in todo}
-        systems = {i: _system_text(requests[i]) for i in todo}
-        # all steps of all traces at once: per system prompt (a prefix the batch computes
-        # once), then similar lengths sharing a batch (less padding)
-        todo.sort(key=lambda i: (systems[i], -len(prompts[i])))
+        # all steps of all traces at once, similar lengths sharing a batch (less padding)
+        todo.sort(key=lambda i: -len(prompts[i]))
         if self.engine is not None:  # the engine batches (and shares prefixes) by itself
             size = max(1, len(todo))
         else:
             longest = max((len(p) for p in prompts.values()), default=1)
             size = self.batch_size or auto_batch_size(self.model, longest + self.max_new_tokens)
         bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
-        for batch in self._batches(todo, size, [systems[i] for i in todo]):
+        for batch in (todo[k : k + size] for k in range(0, len(todo), size)):
             if stop is not None and stop.is_set():
                 raise JudgeStopped("the judge call was stopped")
             answers = [requests[i].answer for i in batch]
@@ -302,21 +295,6 @@ class HFJudge:
             bar.update(len(batch))
         bar.close()
         return results  # type: ignore[return-value]
-
-    def _batches(self, todo: list[int], size: int, systems: list[str]) -> Iterator[list[int]]:
-        """`todo` in order, `size` at a time; with prefix sharing, a new batch also starts where
-        the system prompt changes, so each batch shares its whole system prompt."""
-        batch: list[int] = []
-        current: str | None = None
-        for i, system in zip(todo, systems, strict=True):
-            shares = self.fast and self.share_prefix and self.engine is None
-            if batch and (len(batch) == size or (shares and system != current)):
-                yield batch
-                batch = []
-            batch.append(i)
-            current = system
-        if batch:
-            yield batch
 
     def prompt_ids(self, request: JudgeRequest) -> list[int]:
         """The token ids of a request's chat prompt, ready for the answer."""
@@ -361,12 +339,7 @@ class HFJudge:
             self.tokenizer,
             self.max_new_tokens,
             fast=self.fast,
-            share_prefix=self.share_prefix,
         )
-
-    def prefix_length(self, prompts: Sequence[Sequence[int]]) -> int:
-        """Tokens of a batch's prompts that are run once for all rows (0: none)."""
-        return self.decoder().prefix_length(prompts)
 
     def _result(self, decoded: Decoded, prompt_tokens: int, answer: type | None) -> JudgeResult:
         """The judge object (or the failure) of one decoded answer, with stage confidences."""
@@ -402,14 +375,9 @@ def _config(folder: str, revision: str | None) -> Any:
         return AutoConfig.from_pretrained(folder, revision=revision)
 
 
-def _system_text(request: JudgeRequest) -> str:
-    first = request.messages[0] if request.messages else {}
-    return first.get("content", "") if first.get("role") == "system" else ""
-
-
 def load_hf_judge(model: str, **options: Any) -> HFJudge:
     known = {
         "device", "dtype", "batch_size", "max_new_tokens", "constrained", "max_string_chars",
-        "fast", "share_prefix", "cache", "meter", "on_result", "engine", "online", "kv_cache_gib",
+        "fast", "cache", "meter", "on_result", "engine", "online", "kv_cache_gib",
     }  # fmt: skip
     return HFJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})

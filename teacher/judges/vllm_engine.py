@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 ENGINES = ("auto", "vllm", "hf")
 MODELS_ENV = "STEPGAP_MODELS"
 CPU_KV_CACHE_GIB = 2.0  # vLLM's CPU backend otherwise reserves 92% of the machine's memory
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _announced: set[str] = set()  # engine choices printed already (once per process)
 
 
@@ -149,10 +150,14 @@ def engine_args(
     kv_cache_gib: float | None,
     revision: str | None = None,
 ) -> dict[str, Any]:
-    """vLLM engine arguments of a judge: greedy answers need no seed; prefix caching on."""
+    """vLLM engine arguments of a judge: greedy answers need no seed; prefix caching on. The
+    dtype is the judge's (`fp32`, `bf16`, ... as the HF path names them); unset, vLLM's own
+    choice on a GPU (the checkpoint's), float32 on a CPU (as the HF path there)."""
+    device = vllm_device()
+    dtype = DTYPES.get(dtype or "", dtype) or ("float32" if device == "cpu" else "auto")
     args: dict[str, Any] = {
         "model": folder,
-        "dtype": dtype or "auto",
+        "dtype": dtype,
         "enable_prefix_caching": True,
         "max_logprobs": 1,
         "disable_log_stats": True,
@@ -161,7 +166,6 @@ def engine_args(
         args["revision"] = revision
     if max_model_len:
         args["max_model_len"] = max_model_len
-    device = vllm_device()
     if kv_cache_gib is None and device == "cpu":
         kv_cache_gib = CPU_KV_CACHE_GIB
     if kv_cache_gib is not None:

@@ -12,7 +12,7 @@ import pytest
 from stepgap.schema import Judge
 from stepgap.teacher.judges import JudgeCache, load_judge
 from stepgap.teacher.judges.constrained import judge_regex
-from stepgap.teacher.judges.decoding import MIN_SHARED_PREFIX, auto_batch_size, shared_prefix
+from stepgap.teacher.judges.decoding import auto_batch_size
 from stepgap.teacher.judges.hf import HFJudge
 from stepgap.teacher.prompt import build_requests
 from tests.fixtures.models import smollm2_gguf
@@ -57,39 +57,17 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
     same judge objects, with the same confidences up to float rounding."""
     judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300)
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
-    assert judge.prefix_length(prompts) >= MIN_SHARED_PREFIX  # so the prefix is computed once
     judge.fast = False
     plain = [judge.generate_ids([p])[0] for p in prompts]
     judge.fast = True
     fast = judge.generate_ids(prompts)
     assert [d.tokens for d in fast] == [d.tokens for d in plain]
-    judge.share_prefix = False
-    assert [d.tokens for d in judge.generate_ids(prompts)] == [d.tokens for d in plain]
     assert all(d.forward_passes < len(d.tokens) for d in fast)  # forced tokens rode along
     assert all(d.forward_passes == len(d.tokens) for d in plain)
     for f, p, n in zip(fast, plain, prompts, strict=True):
         rf, rp = judge._result(f, len(n), None), judge._result(p, len(n), None)
         assert rf.judge is not None and rf.judge == rp.judge and rf.usage == rp.usage
         assert rf.confidences == pytest.approx(rp.confidences, rel=1e-4)
-
-
-def test_shared_prefix_leaves_every_row_a_token_of_its_own():
-    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
-    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the shorter row keeps its last token
-    assert shared_prefix([[7, 2], [1, 2]]) == 0
-    assert shared_prefix([[1, 2, 3]]) == 0  # nothing to share in a batch of one
-
-
-def test_batches_are_cut_where_the_system_prompt_changes_when_the_prefix_is_shared():
-    from types import SimpleNamespace
-
-    systems = ["inference", "inference", "inference", "conclusion", "conclusion"]
-    shared = SimpleNamespace(fast=True, share_prefix=True)
-    assert list(HFJudge._batches(shared, [4, 0, 1, 2, 3], 2, systems)) == [[4, 0], [1], [2, 3]]
-    for judge in (SimpleNamespace(fast=True, share_prefix=False), SimpleNamespace(fast=False)):
-        judge.share_prefix = getattr(judge, "share_prefix", True)
-        batches = list(HFJudge._batches(judge, [4, 0, 1, 2, 3], 2, systems))
-        assert batches == [[4, 0], [1, 2], [3]]
 
 
 def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
