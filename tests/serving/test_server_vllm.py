@@ -11,11 +11,10 @@ ends it, so it comes last. The work that must be cut short is 200 rollouts (600 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.fixtures.live_server import _free_port  # noqa: E402
+from tests.fixtures.live_server import StepgapServe  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -35,31 +34,17 @@ GRACE = 2.0
 ROLLOUTS = 200  # 600 steps
 
 
-class EngineServer:
+class EngineServer(StepgapServe):
     """`stepgap serve --bundle B --engine vllm` in a process of its own."""
 
+    start_s = 300.0  # the adapter merged once, the engine started
+
     def __init__(self, bundle: Path, log: Path, models: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable, "-m", "stepgap.cli", "serve", "--port", str(self.port),
+        args = [
             "--bundle", str(bundle), "--engine", "vllm", "--judge-dtype", "float32",
             "--client-timeout", str(CLIENT_TIMEOUT), "--grace", str(GRACE),
         ]  # fmt: skip
-        self.log = open(log, "wb")
-        env = {**__import__("os").environ, "STEPGAP_MODELS": str(models)}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-
-    def wait_ready(self) -> EngineServer:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "stepgap serve exited at start"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        raise TimeoutError("stepgap serve did not start")
+        super().__init__(args, log, env={**os.environ, "STEPGAP_MODELS": str(models)})
 
     def metric(self, name: str) -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=5).text
@@ -74,23 +59,14 @@ class EngineServer:
             time.sleep(0.1)
         return time.monotonic() - start
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
-        self.log.close()
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     bundle = Path(shutil.copytree(MADE_BEFORE, root / "bundle"))
-    srv = EngineServer(bundle, root / "serve.log", root / "models")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.close()
-        print((root / "serve.log").read_text()[-3000:])
+    with EngineServer(bundle, root / "serve.log", root / "models") as srv:
+        yield srv
+    print((root / "serve.log").read_text()[-3000:])
 
 
 def _body(traces, n: int) -> dict:
