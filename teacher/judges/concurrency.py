@@ -19,7 +19,9 @@ several at once), and it is set only where there is evidence for it:
   limit is full and the mean latency stays within a tenth of `T`, it grows back by one at a
   time.
 
-Everything here runs on the judge's own event loop (one thread), so it needs no lock.
+The limit itself runs on the judge's own event loop (one thread). The latencies are also read
+from other threads (a reward server's pacing asks `throughput()` from its own loop), so they
+change and are copied under a lock.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 from collections import deque
 from statistics import median_high as _median  # the upper middle: an actual sample
 from typing import Any
@@ -53,6 +56,7 @@ class EngineLimit:
         self.latencies: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (c, seconds)
         self.alone: deque[float] = deque(maxlen=WINDOW // 4)  # latencies of lone requests
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._lock = threading.Lock()  # over `latencies`, which other threads read
 
     # ------------------------------------------------------------------ the limit itself
     def _full(self) -> bool:
@@ -95,7 +99,8 @@ class EngineLimit:
     def observe(self, position: int, seconds: float) -> None:
         """A request sent as the `position`-th in flight was answered in `seconds`."""
         seconds = max(seconds, 1e-6)
-        self.latencies.append((position, seconds))
+        with self._lock:
+            self.latencies.append((position, seconds))
         if position == 1:
             self.alone.append(seconds)
         if not self.adapt or self.slots is not None or not self.alone:
@@ -109,7 +114,8 @@ class EngineLimit:
             if self.limit is None or served + self.margin < self.limit:
                 self.source = "latency"
                 self._set(served + self.margin)
-                self.latencies.clear()  # what the new limit gives is measured afresh
+                with self._lock:  # what the new limit gives is measured afresh
+                    self.latencies.clear()
                 log.info("judge latencies show about %d request(s) served at once: %d in "
                          "flight at most", served, self.limit)  # fmt: skip
         elif self.limit is not None and position >= self.limit:
@@ -117,18 +123,24 @@ class EngineLimit:
             if mean < 1.1 * service:  # full, and answered as fast as alone: there is room
                 self._set(self.limit + 1)
 
+    def recent(self) -> list[tuple[int, float]]:
+        """A copy of the recent (position, seconds) answers, safe from any thread."""
+        with self._lock:
+            return list(self.latencies)
+
     def typical_latency(self) -> float | None:
         """The median latency of the recent answers (None before any)."""
-        return _median([s for _, s in self.latencies]) if self.latencies else None
+        recent = self.recent()
+        return _median([s for _, s in recent]) if recent else None
 
     def throughput(self) -> float | None:
         """Requests answered per second (Little's law: in flight over latency), from the recent
         answers; None before any."""
-        latency = self.typical_latency()
-        if latency is None:
+        recent = self.recent()
+        if not recent:
             return None
-        in_flight = self.limit or _median([c for c, _ in self.latencies])
-        return in_flight / latency
+        in_flight = self.limit or _median([c for c, _ in recent])
+        return in_flight / _median([s for _, s in recent])
 
     def _set(self, limit: int) -> None:
         self.limit = max(1, limit)

@@ -4,6 +4,7 @@ the latencies show; a trace's deadline bounds its requests, and a cancel closes 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -67,6 +68,37 @@ def test_a_hosted_api_is_not_adapted():
     limit = EngineLimit(adapt=False)
     simulate(limit, slots=2, durations=[0.02], requests=40, per_call=8)
     assert limit.limit is None
+
+
+def test_another_thread_reads_the_throughput_while_the_judge_records_answers():
+    """A reward server's pacing reads `throughput()` from its own loop while the judge's loop
+    records answers: the reading never meets the window mid-change (it raised "deque mutated
+    during iteration", a 500 under load)."""
+    limit = EngineLimit(adapt=False)
+    limit.observe(1, 0.01)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def judge_loop() -> None:
+        k = 0
+        while not done.is_set():
+            limit.observe(1 + k % 8, 0.01 + (k % 5) / 100)
+            k += 1
+
+    writer = threading.Thread(target=judge_loop)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    writer.start()
+    try:
+        for _ in range(20_000):
+            assert limit.throughput() is not None and limit.typical_latency() is not None
+    except RuntimeError as exc:
+        errors.append(exc)
+    finally:
+        done.set()
+        writer.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors
 
 
 def _requests(example_traces, copies: int = 1):
