@@ -215,8 +215,12 @@ def main() -> None:
               f"{r['steps_per_s']:>8} {r['answer_tokens_per_s']:>8} "
               f"{r['answer_tokens_per_step']:>8} {r['failed']:>6} "
               f"{r['judges_equal_best_plain']:>19}")  # fmt: skip
-    pairs = {f"hf / best plain ({best})": "hf_vs_best_plain", "vllm / best plain":
-             "vllm_vs_best_plain", "vllm / hf": "vllm_vs_hf", "vllm / served": "vllm_vs_served"}
+    pairs = {
+        f"hf / best plain ({best})": "hf_vs_best_plain",
+        "vllm / best plain": "vllm_vs_best_plain",
+        "vllm / hf": "vllm_vs_hf",
+        "vllm / served": "vllm_vs_served",
+    }
     print("; ".join(f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None)
           + (f" ({vllm_note})" if vllm_note else ""))  # fmt: skip
     out = Path(args.out)
