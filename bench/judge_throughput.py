@@ -153,7 +153,14 @@ def main() -> None:
     if vllm_note:
         print(f"  vllm: {vllm_note}", file=sys.stderr)
     if args.served:
+        import httpx
+
         from stepgap.teacher.judges import load_judge
+
+        try:  # a server that is not up fails here, in one line, not as the judge's API errors
+            httpx.get(f"{args.served.rstrip('/')}/models", timeout=10).raise_for_status()
+        except httpx.HTTPError as exc:
+            sys.exit(f"--served {args.served}: no OpenAI-compatible server answers there ({exc})")
 
         served = load_judge(
             f"openai:{args.served_model}",

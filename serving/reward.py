@@ -262,6 +262,17 @@ class StepGapReward:
         return None if result.unavailable is not None else result.reward
 
 
+def default_inflight(reward: StepGapReward) -> int:
+    """Checker calls in flight by default: 8 when the judge is a server (an OpenAI-compatible
+    engine, or `stepgap serve` replicas) or vLLM's async engine in this process, whose own
+    batching does the work across calls; 1 for a model decoded batch by batch in this process,
+    which a second call would only slow down and double in memory."""
+    judge = getattr(reward.checker, "judge", None)
+    if judge is None or getattr(judge, "base_url", None) is not None:
+        return 8
+    return 8 if getattr(getattr(judge, "engine", None), "online", False) else 1
+
+
 def reward_file(
     input_path: str | Path,
     verdicts_path: str | Path,

@@ -67,7 +67,7 @@ from .api import (
     segmented_traces,
 )
 from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward import RewardUnavailable, StepGapReward
+from .reward import RewardUnavailable, StepGapReward, default_inflight
 
 log = logging.getLogger(__name__)
 
@@ -581,17 +581,6 @@ def judge_limit_of(reward: StepGapReward) -> EngineLimit | None:
     a URL); None for a judge in this process."""
     limit = getattr(getattr(reward.checker, "judge", None), "limit", None)
     return limit if isinstance(limit, EngineLimit) else None
-
-
-def default_inflight(reward: StepGapReward) -> int:
-    """Checker calls in flight by default: 8 when the judge is a server (an OpenAI-compatible
-    engine, or `stepgap serve` replicas) or vLLM's async engine in this process, whose own
-    batching does the work across calls; 1 for a model decoded batch by batch in this process,
-    which a second call would only slow down and double in memory."""
-    judge = getattr(reward.checker, "judge", None)
-    if judge is None or getattr(judge, "base_url", None) is not None:
-        return 8
-    return 8 if getattr(getattr(judge, "engine", None), "online", False) else 1
 
 
 def create_app(

@@ -178,12 +178,14 @@ class Checker:
 
     def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
         """Stages A-C for every step of every trace, in one call to the judge backend."""
-        requests = [r for t in traces for r in self._judge_requests(t)]
+        requests = [r for t in traces for r in self.judge_requests(t)]
         results = iter(self.judge.judge(requests))
         return [[next(results) for _ in t.steps] for t in traces]  # type: ignore[union-attr]
 
-    def _judge_requests(self, trace: Trace) -> list[JudgeRequest]:
-        """The judge requests of a trace's steps (with NLI features for a judge that wants them)."""
+    def judge_requests(self, trace: Trace) -> list[JudgeRequest]:
+        """The judge requests of a trace's steps (with NLI features for a judge that wants them).
+        Step i's request reads only steps 0..i, so a rollout's step can be asked about before
+        the rollout ends (`serving.streaming`)."""
         if trace.steps is None:
             raise ValueError(f"trace {trace.id!r} is not segmented; run segment_trace first")
         features = (
@@ -198,6 +200,17 @@ class Checker:
             features,
             earlier_evidence_chars=getattr(self.judge, "earlier_evidence_chars", None),
         )
+
+    def decide(self, trace: Trace, judged: Sequence[JudgeResult]) -> list[Verdict]:
+        """Stages D-E and the tree for a segmented trace whose judge answers (one per step, in
+        step order) are in: the verdicts `check` would give with those answers."""
+        return _decide_batch(
+            [(trace.id, trace.question, trace.steps or [], judged)],
+            self.nli,
+            self.config,
+            PROMPT_VERSION,
+            self.provenance,  # type: ignore[arg-type]
+        )[0]
 
     def check_stream(
         self,
@@ -364,7 +377,7 @@ class _JudgeStream:
             if trace is None:
                 self.exhausted = True
                 break
-            own = self.checker._judge_requests(trace)
+            own = self.checker.judge_requests(trace)
             if self.deadlines is not None:
                 for request in own:
                     request.deadline = self.deadlines[self.position]

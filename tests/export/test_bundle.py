@@ -86,20 +86,33 @@ INT8_ATOL = 5e-2
 
 
 def _same_verdicts(a, b, atol: float = 1e-5) -> None:
-    """Same labels, paths, judge objects and NLI calls; NLI probabilities up to `atol`
-    (ONNX fp32 vs PyTorch is float noise; the int8 graph moves most pairs of the trained
-    stand-in by under 2e-3 and the odd pair by a few hundredths, measured up to 0.035)."""
+    """Same labels, paths, judge decisions and quotes, and NLI calls; NLI probabilities up to
+    `atol` (ONNX fp32 vs PyTorch is float noise; the int8 graph moves most pairs of the trained
+    stand-in by under 2e-3 and the odd pair by a few hundredths, measured up to 0.035).
+
+    The reasoning strings, free text that the tiny student writes from near-random weights
+    after its trained decisions, are equal on all steps but at most one: greedy decoding there
+    meets near-ties that float summation order can flip, and CPU GEMM does not promise one
+    order from run to run (a bundle run once in eight gave one other reasoning token)."""
+    from stepgap.data_builders.student_target import judge_decisions
+
     assert len(a) == len(b)
+    other_text = 0
     for x, y in zip(a, b, strict=True):
-        assert (x.trace_id, x.step, x.label, x.path, x.judge, x.error) == (
-            y.trace_id, y.step, y.label, y.path, y.judge, y.error,
+        assert (x.trace_id, x.step, x.label, x.path, x.error) == (
+            y.trace_id, y.step, y.label, y.path, y.error,
         )  # fmt: skip
+        assert (x.judge is None) == (y.judge is None)
+        if x.judge is not None:
+            assert judge_decisions(x.judge) == judge_decisions(y.judge), (x.trace_id, x.step)
+            other_text += x.judge != y.judge
         assert [(c.premise, c.hypothesis) for c in x.nli] == [
             (c.premise, c.hypothesis) for c in y.nli
         ]
         for cx, cy in zip(x.nli, y.nli, strict=True):
             assert cx.probs.entailment == pytest.approx(cy.probs.entailment, abs=atol)
             assert cx.label == cy.label
+    assert other_text <= 1, f"{other_text} steps with other reasoning text"
 
 
 def test_manifest_lists_every_file_with_its_checksum(bundles):

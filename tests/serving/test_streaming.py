@@ -1,0 +1,155 @@
+"""Checking each step as its evidence arrives (`serving/streaming.py`): the reward at the end is
+the post-hoc one, the judge is asked about each step once, and only the end is left to ask."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from stepgap.reward import VARIANTS
+from stepgap.schema import Trace
+from stepgap.serving.reward import StepGapReward
+from stepgap.serving.streaming import StreamingReward
+from stepgap.teacher.checker import Checker
+from stepgap.teacher.judges.replay import ReplayJudge
+from stepgap.teacher.nli.replay import ReplayNLI
+
+
+class CountingJudge:
+    """The stored answers of the example steps, counting what is asked (and when)."""
+
+    name = "counting"
+
+    def __init__(self, inner: ReplayJudge, delay: float = 0.0) -> None:
+        self.inner = inner
+        self.delay = delay
+        self.asked: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+
+    def judge(self, requests):
+        time.sleep(self.delay)
+        with self.lock:
+            self.asked += [(r.trace_id, r.step) for r in requests]
+        return self.inner.judge(requests)
+
+
+@pytest.fixture
+def checker(examples_dir):
+    return Checker(
+        CountingJudge(ReplayJudge.from_file(examples_dir / "judge_replay.jsonl")),
+        ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"),
+    )
+
+
+def prefixes(response: str) -> list[str]:
+    """The rollout's text as a search tool sees it: up to each search result's end."""
+    return [response[: m.end()] for m in re.finditer(r"</(information|tool_response)>", response)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """Token spans: the dense variant's per-token rewards."""
+    from tests.fixtures.models import qwen_tokenizer
+
+    return qwen_tokenizer()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_inline_rewards_equal_the_post_hoc_ones_for_every_variant(
+    checker, example_traces, tokenizer, variant
+):
+    post_hoc = StepGapReward(checker, variant, lam=0.7, tokenizer=tokenizer)
+    expected = post_hoc.score_traces(example_traces)
+    checker.judge.asked.clear()
+    with StreamingReward(StepGapReward(checker, variant, lam=0.7, tokenizer=tokenizer)) as s:
+        for t in example_traces:
+            for text in prefixes(t.response):
+                s.submit_response(t.id, t.question, text)
+        got = [
+            s.finalize(Trace(id=t.id, question=t.question, golden_answers=t.golden_answers,
+                             response=t.response))
+            for t in example_traces
+        ]  # fmt: skip
+        stats = dict(s.stats)
+    for g, e in zip(got, expected, strict=True):
+        assert g.reward == pytest.approx(e.reward, abs=1e-9)
+        assert g.as_dict() == e.as_dict()  # labels, brackets, token spans, dense rewards
+    if variant == "search_only":
+        return
+    steps = sum(len(t.steps) for t in example_traces)
+    # every step asked exactly once; all but the conclusions during the rollout
+    assert sorted(checker.judge.asked) == sorted(
+        (t.id, s.index) for t in example_traces for s in t.steps
+    )
+    conclusions = sum(s.type == "conclusion" for t in example_traces for s in t.steps)
+    assert stats["reused"] == steps - conclusions and stats["asked_at_end"] == conclusions
+
+
+def test_a_step_whose_text_changed_is_asked_again_at_the_end(checker, example_traces):
+    t = next(t for t in example_traces if len(prefixes(t.response)) >= 2)
+    reward = StepGapReward(checker)
+    (expected,) = reward.score_traces([t])
+    *before, last = prefixes(t.response)
+    opened = last.rindex("<information>")
+    other = last[:opened] + last[opened:].replace("(Title: ", "(Title: Not ", 1)  # another result
+    assert other != last
+    with StreamingReward(reward) as s:
+        for text in [*before, other]:
+            s.submit_response(t.id, t.question, text)
+        got = s.finalize(t)
+        assert s.stats["asked_at_end"] == 2  # the changed step and the conclusion
+    assert got.reward == pytest.approx(expected.reward, abs=1e-9)
+
+
+def test_steps_out_of_order_are_refused_and_a_repeat_is_ignored(checker, example_traces):
+    t = next(t for t in example_traces if len(t.steps) >= 3)
+    with StreamingReward(StepGapReward(checker)) as s:
+        s.submit(t.id, t.question, t.steps[0])
+        s.submit(t.id, t.question, t.steps[0])  # a retried tool call
+        with pytest.raises(ValueError, match=rf"rollout '{t.id}': step 2 submitted after 1"):
+            s.submit(t.id, t.question, t.steps[2])
+        assert s.stats["submitted"] == 1
+
+
+def test_a_dropped_rollouts_unsent_steps_are_never_asked(examples_dir, example_traces):
+    judge = CountingJudge(ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"), 0.3)
+    checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
+    a, b = example_traces[:2]
+    with StreamingReward(StepGapReward(checker), workers=1, max_batch=1) as s:
+        s.submit(a.id, a.question, a.steps[0])  # the worker takes this one at once
+        time.sleep(0.05)
+        for step in b.steps[:-1]:
+            s.submit(b.id, b.question, step)
+        dropped = s.drop(b.id)
+        assert s.unfinished() == 1
+    assert dropped == len(b.steps) - 1
+    assert all(trace_id != b.id for trace_id, _ in judge.asked)
+
+
+def test_a_rollout_never_finalized_is_forgotten(checker, example_traces):
+    a, b = example_traces[:2]
+    with StreamingReward(StepGapReward(checker), forget_after=0.2) as s:
+        s.submit(a.id, a.question, a.steps[0])
+        time.sleep(0.3)
+        s.submit(b.id, b.question, b.steps[0])
+        assert s.unfinished() == 1  # a's was dropped when b's step came
+
+
+def test_a_judge_fault_gives_no_reward_never_an_exception(examples_dir, example_traces):
+    class Broken:
+        name = "broken"
+
+        def judge(self, requests):
+            raise RuntimeError("judge is down")
+
+    checker = Checker(Broken(), ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
+    t = example_traces[0]
+    reward = StepGapReward(checker)
+    with StreamingReward(reward) as s:
+        s.submit(t.id, t.question, t.steps[0])
+        result = s.finalize(t)
+    assert result.unavailable is not None and "judge is down" in result.unavailable
+    assert reward.failures["failed_checks"] == len(t.steps)
