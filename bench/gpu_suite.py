@@ -551,7 +551,7 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # installed; where not, the run says so), the first 24 for the transformers runs (plain
 # `generate` at batch 24, the package's HF path), whose rate is ~0.7 steps/s on an H200.
 JUDGE_ARGS = ("--steps", "512", "--hf-steps", "24", "--batches", "24")
-TINY_JUDGE_ARGS = ("--steps", "32", "--hf-steps", "4", "--batches", "4", "--max-new-tokens", "64")
+TINY_JUDGE_ARGS = ("--steps", "16", "--hf-steps", "2", "--batches", "2", "--max-new-tokens", "32")
 
 
 def section_judge(sizes: Sizes, work: Path) -> dict[str, Any]:

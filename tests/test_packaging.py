@@ -7,6 +7,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,19 +180,42 @@ def _beside(peer: str) -> list[str]:
     return module.requirements_of(name, set(skipped))
 
 
+def _resolve(peer: str, folder: Path) -> tuple[subprocess.CompletedProcess, Path] | str:
+    """pip's dry run of stepgap beside `peer` (or why it is skipped)."""
+    try:
+        beside = _beside(peer)
+    except pytest.skip.Exception as exc:
+        return str(exc)
+    report = folder / f"report-{peer}.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+         "--report", str(report), f"{REPO}[teacher,train,serve]", *beside],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return run, report
+
+
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory) -> dict[str, Any]:
+    """Every peer's resolution, run side by side (each is mostly waiting on metadata)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = tmp_path_factory.mktemp("pip")
+    with ThreadPoolExecutor(len(PEERS)) as pool:
+        return dict(zip(PEERS, pool.map(lambda p: _resolve(p, folder), PEERS), strict=True))
+
+
 @pytest.mark.parametrize("peer", sorted(PEERS))
-def test_pip_resolves_stepgap_beside_each_trainer(peer, tmp_path):
+def test_pip_resolves_stepgap_beside_each_trainer(peer, resolutions):
     """`pip install "stepgap[teacher,train,serve]" PEER` as in a new environment (pip's own
     resolver, metadata only): a range of ours that excludes a peer's shows here, with pip's
     reason."""
     import json
 
-    report = tmp_path / "report.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
-         "--report", str(report), f"{REPO}[teacher,train,serve]", *_beside(peer)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    resolved = resolutions[peer]
+    if isinstance(resolved, str):
+        pytest.skip(resolved)
+    run, report = resolved
     reason = "\n".join(
         line for line in run.stderr.splitlines() if not line.startswith("WARNING: Location")
     )

@@ -101,11 +101,11 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tiny_nli):
-    """A real 135M chat model through `stepgap label`, on three example traces (7 steps: one
+    """A real 135M chat model through `stepgap label`, on two example traces (4 steps: one
     generation batch; all 28 take four and about 7 minutes on two cores)."""
     gguf = smollm2_gguf()
     assert gguf.is_file()
-    keep = {"case1-whitehorse", "case3-peter-paul-fortress", "case4-whiplash"}
+    keep = {"case1-whitehorse", "case3-peter-paul-fortress"}
     lines = (examples_dir / "traces.jsonl").read_text(encoding="utf-8").splitlines()
     traces = tmp_path / "traces.jsonl"
     traces.write_text("".join(x + "\n" for x in lines if json.loads(x)["id"] in keep))
@@ -121,7 +121,7 @@ def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tin
     # loading the GGUF file says nothing for a user: no dequantisation bar, no "legacy" note
     assert "de-quantizing" not in done.stderr and "legacy" not in done.stderr, done.stderr
     verdicts = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(verdicts) == 7 and {v["trace_id"] for v in verdicts} == keep
+    assert len(verdicts) == 4 and {v["trace_id"] for v in verdicts} == keep
     for v in verdicts:  # every step: a schema-valid judge object and a label, or a stated error
         assert (v["judge"] is not None and v["label"] is not None) or v["error"]
-    assert sum(v["label"] is not None for v in verdicts) >= 5
+    assert sum(v["label"] is not None for v in verdicts) >= 3

@@ -75,11 +75,13 @@ def test_the_student_on_vllm_gives_the_hf_answers_on_every_example_step(
 @pytest.mark.slow
 def test_smollm2_on_vllm_gives_the_hf_labels(tmp_path, models_dir, example_traces, bundle):
     """SmolLM2-135M (real weights, dequantized from its GGUF into a folder once) as an `hf:`
-    judge in fp32: equal labels and judge objects on the first three example traces (its free
-    text capped at 24 characters, to keep the HF side within a few minutes on CPU)."""
+    judge in fp32: equal labels and judge objects on two example traces of two steps each (its
+    free text capped at 24 characters, to keep the HF side within a minute on CPU)."""
     from tests.fixtures.models import smollm2_gguf
 
-    traces = example_traces[:3]
+    traces = [
+        t for t in example_traces if t.id in {"case1-whitehorse", "case3-peter-paul-fortress"}
+    ]
     options = {"dtype": "float32", "max_string_chars": 24, "batch_size": 8}
     nli = OfflineChecker.from_bundle(bundle, engine="hf").nli
     judge = HFJudge(str(smollm2_gguf()), engine="vllm", **options)
@@ -91,6 +93,6 @@ def test_smollm2_on_vllm_gives_the_hf_labels(tmp_path, models_dir, example_trace
     on_hf = Checker(HFJudge(str(folder), engine="hf", **options), nli).check(traces)
     a = [v for t in on_hf for v in t]
     b = [v for t in on_vllm for v in t]
-    assert len(a) >= 8
+    assert len(a) == 4
     assert [v.label for v in a] == [v.label for v in b]
     assert [v.judge for v in a] == [v.judge for v in b]
