@@ -1,5 +1,5 @@
 """The typed GRPO process reward in training (its arithmetic, docs/contract.md section 4, is
-`stepgap.reward`, re-exported here), its adapters for TRL, veRL and OpenRLHF, the reward server,
+`stepgap.reward`, re-exported here), steps checked while the rollout runs, its adapters for TRL, veRL and OpenRLHF, the reward server,
 and the offline checker loaded from an exported bundle."""
 
 from stepgap.reward import (
@@ -16,6 +16,7 @@ from stepgap.reward import (
 
 from .offline import OfflineChecker
 from .reward import StepGapReward, reward_file
+from .streaming import StreamingReward
 
 __all__ = [
     "OfflineChecker",
@@ -23,6 +24,7 @@ __all__ = [
     "RewardResult",
     "StepGapReward",
     "StepReward",
+    "StreamingReward",
     "compute_reward",
     "exact_match",
     "is_near_duplicate",

@@ -87,6 +87,7 @@ def test_every_python_api_example_runs_and_prints_what_it_says(tmp_path, tiny_nl
     assert float(sf1) == pytest.approx(report["checkers"]["StepGap"]["sF1"])
     assert "report.json" in files and "report.md" in files
     assert at("reward.score_traces(") == ["1.4"]  # case 1: EM 1 + 1.0 x (0.20 + 0.20)
+    assert at("inline.finalize(") == ["1.4 1"]  # the same reward, one step left at the end
     assert at("write_view(") == ["out/view.html 10 28"]
     training, agreement, short_circuit = at("mine(")[-1].split(" ", 2)  # after the Trainer logs
     trained_on = json.loads((out / "student" / "stepgap_student.json").read_text())

@@ -350,8 +350,17 @@ def test_sigterm_answers_what_is_queued_and_exits_within_the_grace_period(
         for th in threads:
             th.start()
         deadline = time.monotonic() + 30
-        while httpx.get(f"{server.url}/health").json()["in_flight"] == 0:
-            assert time.monotonic() < deadline, "no checker call started"
+        # every request read by the server (a connection still in the kernel's backlog when
+        # the listening socket closes is reset, never read: no answer could be owed to it),
+        # and a checker call under way
+        while (
+            _metric(
+                httpx.get(f"{server.url}/metrics").text, 'stepgap_requests_total{route="reward"}'
+            )
+            < 40
+            or httpx.get(f"{server.url}/health").json()["in_flight"] == 0
+        ):
+            assert time.monotonic() < deadline, "the requests did not all arrive"
             time.sleep(0.1)
         start = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
