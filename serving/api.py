@@ -75,6 +75,26 @@ class RewardRequest(BaseModel):
     golden_answers: list[Any] = Field(
         description="per rollout: a string, a list of strings or veRL's {'target': [...]}"
     )
+    trace_ids: list[str] | None = Field(
+        None,
+        description="per rollout, the id its steps were sent to /steps under while it ran: the "
+        "answers already made are reused and only the rest is checked",
+    )
+
+
+class StepsRequest(BaseModel):
+    """A rollout's text so far, sent each time a search result comes back: its complete steps
+    not sent before are checked from now on, while the rollout goes on."""
+
+    trace_id: str = Field(min_length=1, description="the rollout's id, the same in /reward")
+    question: str
+    response: str = Field(description="the rollout's text so far, search results included")
+
+
+class StepsResponse(BaseModel):
+    trace_id: str
+    submitted: int = Field(description="steps of this call queued for checking")
+    rollouts: int = Field(description="rollouts with steps sent and no reward asked yet")
 
 
 class StepRewardOut(BaseModel):

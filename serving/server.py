@@ -24,8 +24,13 @@ fails. At start, `serve` probes the judge and prints what it can answer in a cli
 SIGTERM (`serve`) stops taking requests, answers 503 to the queued and held ones, lets the checks
 in flight finish for up to `grace` seconds, answers 503 to what is left, and exits.
 
-Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/health`,
-`/metrics` (Prometheus), `/view` (an HTML page of the last `view_keep` checked traces).
+Steps while the rollout runs (`serving.streaming`): `POST /steps` takes a rollout's text so far
+and answers at once while its complete steps are checked; `/reward` with `trace_ids` then reuses
+those answers, under the same deadline rules; `DELETE /steps/{trace_id}` drops an abandoned one.
+
+Routes: `/check`, `/reward`, `/get_reward` (OpenRLHF's remote reward protocol), `/steps`,
+`/health`, `/metrics` (Prometheus), `/view` (an HTML page of the last `view_keep` checked
+traces).
 """
 
 from __future__ import annotations
@@ -62,12 +67,16 @@ from .api import (
     OpenRLHFResponse,
     RewardRequest,
     RewardResponse,
+    StepsRequest,
+    StepsResponse,
     reward_response,
     rollout_traces,
     segmented_traces,
 )
+from .inputs import golden_list
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .reward import RewardUnavailable, StepGapReward, default_inflight
+from .streaming import StreamingReward
 
 log = logging.getLogger(__name__)
 
@@ -693,11 +702,20 @@ def create_app(
         ).set_function(lambda: engine.aborted)
     health_of_judge = batcher.health
 
+    # steps checked while the rollout runs (/steps), where the checker can check them one by one
+    inline = (
+        StreamingReward(reward)
+        if reward.variant != "search_only" and StreamingReward.supports(reward.checker)
+        else None
+    )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
         batcher.start()
         yield
         await batcher.stop()
+        if inline is not None:  # the steps not yet sent are dropped: nobody waits for them
+            inline.close(wait=False)
 
     from stepgap import __version__
 
@@ -769,12 +787,88 @@ def create_app(
             recent.add(t, vs, None)
         return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
 
+    async def finalized(body: RewardRequest, request: Request) -> list[Any]:
+        """`/reward` for rollouts whose steps came to `/steps`: each finalized, reusing the
+        answers made while it ran; the deadline and a gone client hold as for `/reward`."""
+        assert inline is not None and body.trace_ids is not None
+        requests_total.labels("reward").inc()
+        if (
+            not len(body.responses)
+            == len(body.questions)
+            == len(body.golden_answers)
+            == len(body.trace_ids)
+        ):
+            raise HTTPException(
+                422, "responses, questions, golden_answers and trace_ids must have equal lengths"
+            )
+        traces = [
+            reward.trace(r, q, golden_list(g), tid)
+            for r, q, g, tid in zip(
+                body.responses, body.questions, body.golden_answers, body.trace_ids, strict=True
+            )
+        ]
+        seconds = _timeout_of(request) or client_timeout
+        deadline = TraceDeadline.after(seconds)
+        work = asyncio.ensure_future(
+            asyncio.gather(*(asyncio.to_thread(inline.finalize, t, deadline) for t in traces))
+        )
+        gone = asyncio.ensure_future(_until_disconnected(request))
+        done, _ = await asyncio.wait({work, gone}, timeout=seconds, return_when=FIRST)
+        gone.cancel()
+        if work not in done:
+            deadline.cancel()  # the judge sends nothing more for these rollouts
+            if gone in done:
+                rejected.labels("client_gone").inc()
+                raise HTTPException(499, "client disconnected")
+            rejected.labels("deadline").inc()
+            raise HTTPException(
+                503,
+                f"not checked within the request's {seconds:g} s deadline",
+                headers={"Retry-After": "1"},
+            )
+        results = work.result()
+        for t, r in zip(traces, results, strict=True):
+            recent.add(t, [], r)
+        failed_traces.inc(sum(r.failed_checks > 0 for r in results))
+        return results
+
     @app.post("/reward", response_model=RewardResponse, summary="rewards for rollouts")
     async def reward_route(body: RewardRequest, request: Request) -> dict[str, Any]:
+        if body.trace_ids is not None and inline is not None:
+            return reward_response(await finalized(body, request))
         results = await rewards(
             body.responses, body.questions, body.golden_answers, "reward", request
         )
         return reward_response(results)
+
+    @app.post(
+        "/steps",
+        response_model=StepsResponse,
+        summary="a rollout's text so far: its complete steps are checked while it goes on",
+    )
+    async def steps(body: StepsRequest) -> dict[str, Any]:
+        requests_total.labels("steps").inc()
+        if inline is None:
+            raise HTTPException(
+                404,
+                "this server checks whole rollouts only: its checker cannot check steps one by "
+                "one (the search_only variant, or a checker without its own judge)",
+            )
+        try:
+            n = await asyncio.to_thread(
+                inline.submit_response, body.trace_id, body.question, body.response
+            )
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return {"trace_id": body.trace_id, "submitted": n, "rollouts": inline.unfinished()}
+
+    @app.delete("/steps/{trace_id}", summary="forget a rollout whose reward will not be asked")
+    async def drop_steps(trace_id: str) -> dict[str, Any]:
+        requests_total.labels("steps").inc()
+        dropped_now = inline.drop(trace_id) if inline is not None else 0
+        if dropped_now:
+            dropped.labels("abandoned").inc(dropped_now)
+        return {"trace_id": trace_id, "dropped": dropped_now}
 
     @app.post(
         "/get_reward", response_model=OpenRLHFResponse, summary="OpenRLHF's remote reward protocol"

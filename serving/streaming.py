@@ -30,7 +30,7 @@ from typing import Any
 from stepgap.reward import RewardResult
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
-from stepgap.teacher.judges.base import JudgeRequest
+from stepgap.teacher.judges.base import JudgeRequest, TraceDeadline
 from stepgap.tree import JudgeResult
 
 from .reward import StepGapReward, _complete, default_inflight, failed_verdicts
@@ -81,7 +81,7 @@ class StreamingReward:
         forget_after: float = 1800.0,
     ) -> None:
         checker = reward.checker
-        if not all(hasattr(checker, a) for a in ("judge", "judge_requests", "decide")):
+        if not self.supports(checker):
             raise TypeError(
                 f"{type(checker).__name__} cannot check steps one by one: inline checking needs "
                 "a checker with its own judge (a teacher Checker or an offline bundle's)"
@@ -105,6 +105,11 @@ class StreamingReward:
         ]
         for t in self.threads:
             t.start()
+
+    @staticmethod
+    def supports(checker: Any) -> bool:
+        """Whether `checker` can check a rollout's steps one by one (it has its own judge)."""
+        return all(hasattr(checker, a) for a in ("judge", "judge_requests", "decide"))
 
     # ------------------------------------------------------------------ during the rollout
     def submit(self, trace_id: str, question: str, step: Step) -> None:
@@ -158,13 +163,14 @@ class StreamingReward:
         if rollout is None:
             return 0
         cancelled = sum(a.answer.cancel() for a in rollout.steps)
-        self.stats["dropped"] += cancelled
+        self._count("dropped", cancelled)
         return cancelled
 
     # ------------------------------------------------------------------ at the end
-    def finalize(self, trace: Trace) -> RewardResult:
+    def finalize(self, trace: Trace, deadline: TraceDeadline | None = None) -> RewardResult:
         """The rollout's reward: its steps (segmented from `trace.response` when `trace.steps`
-        is unset) checked, reusing each answer already made for the same prompt."""
+        is unset) checked, reusing each answer already made for the same prompt. `deadline`
+        goes with the requests asked now and bounds the wait for those still being asked."""
         with self.lock:
             rollout = self.rollouts.pop(trace.id, None)
         if trace.steps is None:
@@ -182,12 +188,15 @@ class StreamingReward:
             for i, request in enumerate(requests):
                 asked = earlier.get(_prompt_key(request))
                 if asked is not None and not asked.answer.cancelled():
-                    judged[i] = asked.answer.result()  # waits if it is still being checked
-                    self.stats["reused"] += 1
+                    wait = deadline.remaining() if deadline is not None else None
+                    judged[i] = asked.answer.result(wait)  # waits if it is still being checked
+                    self._count("reused")
                 else:
                     missing.append(i)
             if missing:
-                self.stats["asked_at_end"] += len(missing)
+                self._count("asked_at_end", len(missing))
+                for i in missing:
+                    requests[i].deadline = deadline
                 answers = self.checker.judge.judge([requests[i] for i in missing])
                 for i, answer in zip(missing, answers, strict=True):
                     judged[i] = answer
@@ -242,20 +251,31 @@ class StreamingReward:
                      self.forget_after)  # fmt: skip
             self.drop(trace_id)
 
+    def _count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.stats[what] += n
+
     def unfinished(self) -> int:
         """Rollouts submitted and not yet finalized or dropped."""
         with self.lock:
             return len(self.rollouts)
 
-    def close(self) -> None:
-        """Stop the workers once the steps already queued are asked."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers once the steps already queued are asked (`wait=False`: the steps
+        not yet sent are dropped, and the judge calls under way are not waited for)."""
         if self.closed:
             return
         self.closed = True
+        if not wait:
+            with self.lock:
+                ids = list(self.rollouts)
+            for trace_id in ids:
+                self.drop(trace_id)
         for _ in self.threads:
             self.pending.put(None)
-        for t in self.threads:
-            t.join()
+        if wait:
+            for t in self.threads:
+                t.join()
 
     def __enter__(self) -> StreamingReward:
         return self

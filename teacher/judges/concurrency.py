@@ -9,6 +9,10 @@ several at once), and it is set only where there is evidence for it:
 
 - the engine's own number, where the engine says it: llama.cpp's server answers `GET /props`
   with `total_slots` (else `GET /slots` lists them): the limit is that plus the margin;
+- no limit for an engine that batches continuously (vLLM, SGLang: `GET /v1/models` names
+  them as the models' owner): its latency grows with its running batch by design, which the
+  latency estimate below would read as queueing and throttle to a request or two, so each
+  call's `concurrency` alone bounds what is sent;
 - else, for a server of its own (not a hosted API), what the latencies it measures show
   (Little's law): with `S` slots serving requests of `T` seconds and `C > S` requests in
   flight, a request waits for the ones ahead, and the typical latency is about `C * T / S`.
@@ -172,4 +176,21 @@ async def engine_slots(http: Any, base_url: str) -> tuple[int, str] | None:
             return len(listed), "llama-server /slots"
     except Exception as exc:  # noqa: BLE001 - an engine that does not answer says nothing
         log.debug("judge server slots not known: %s", exc)
+    return None
+
+
+CONTINUOUS_BATCHING = ("vllm", "sglang")  # `owned_by` of the models such an engine serves
+
+
+async def continuous_batching(http: Any, base_url: str) -> str | None:
+    """The engine's name where the server at `base_url` batches continuously (its `/models`
+    lists models owned by vLLM or SGLang), else None; every failure means None."""
+    try:
+        listed = await http.get(f"{base_url.rstrip('/')}/models", timeout=5.0)
+        if listed.status_code == 200:
+            for model in listed.json().get("data") or []:
+                if (owner := str(model.get("owned_by", "")).lower()) in CONTINUOUS_BATCHING:
+                    return owner
+    except Exception as exc:  # noqa: BLE001 - a server that does not answer says nothing
+        log.debug("judge server models not listed: %s", exc)
     return None

@@ -48,7 +48,7 @@ from .base import (
     response_format,
 )
 from .cache import JudgeCache, cache_key
-from .concurrency import EngineLimit, engine_slots
+from .concurrency import EngineLimit, continuous_batching, engine_slots
 from .confidence import stage_confidences
 from .cost import CostMeter
 
@@ -175,6 +175,13 @@ class OpenAIJudge:
             self._probed = True
             if (said := await engine_slots(self._loop.http, self.base_url or "")) is not None:
                 self.limit.learned(*said)
+            elif self.limit.adapt and (
+                engine := await continuous_batching(self._loop.http, self.base_url or "")
+            ):
+                self.limit.adapt = False
+                log.info("judge server is %s, which batches continuously: no limit is learned "
+                         "from its latencies; %d requests in flight at most a call",
+                         engine, self.concurrency)  # fmt: skip
 
         call = asyncio.Semaphore(self.concurrency)  # this call's own; `self.limit` is all calls'
 

@@ -4,7 +4,6 @@ the post-hoc one, the judge is asked about each step once, and only the end is l
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import pytest
@@ -16,24 +15,7 @@ from stepgap.serving.streaming import StreamingReward
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.replay import ReplayJudge
 from stepgap.teacher.nli.replay import ReplayNLI
-
-
-class CountingJudge:
-    """The stored answers of the example steps, counting what is asked (and when)."""
-
-    name = "counting"
-
-    def __init__(self, inner: ReplayJudge, delay: float = 0.0) -> None:
-        self.inner = inner
-        self.delay = delay
-        self.asked: list[tuple[str, int]] = []
-        self.lock = threading.Lock()
-
-    def judge(self, requests):
-        time.sleep(self.delay)
-        with self.lock:
-            self.asked += [(r.trace_id, r.step) for r in requests]
-        return self.inner.judge(requests)
+from tests.fixtures.judges import CountingJudge
 
 
 @pytest.fixture

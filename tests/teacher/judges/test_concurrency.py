@@ -140,6 +140,24 @@ def test_the_judge_never_oversubscribes_an_engine_and_cancels_nothing(
         server.stop()
 
 
+def test_an_engine_that_batches_continuously_is_not_throttled_by_its_latencies(
+    example_answers, example_traces
+):
+    """vLLM's latency grows with its running batch by design: read as queueing, it brought the
+    limit to a request or two (on a CPU, 25 answer tokens/s where the engine gives 137). A
+    server whose models vLLM owns keeps no limit: the call's concurrency alone."""
+    server = FakeOpenAI(answers=dict(example_answers), slots=2, latency=0.2, owned_by="vllm")
+    server.start()
+    try:
+        judge = OpenAIJudge("m", base_url=server.base_url, concurrency=8, timeout=5.0)
+        results = judge.judge(_requests(example_traces))
+        assert all(r.judge is not None for r in results)
+        assert judge.limit.limit is None and not judge.limit.adapt
+        assert server.max_open == 8
+    finally:
+        server.stop()
+
+
 def test_a_request_past_its_deadline_is_not_sent_and_a_cancel_closes_those_in_flight(
     example_answers, example_traces
 ):

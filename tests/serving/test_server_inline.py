@@ -1,0 +1,104 @@
+"""`stepgap serve`'s steps while the rollout runs: `/steps` takes a rollout's text so far and
+returns at once, `/reward` with the rollouts' `trace_ids` reuses what was checked meanwhile;
+a deadline still gets 503 + Retry-After, and a dropped rollout's steps are never asked."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+from stepgap.serving import StepGapReward
+from stepgap.serving.server import create_app
+from stepgap.teacher import Checker, ReplayNLI
+from stepgap.teacher.judges.replay import ReplayJudge
+from tests.fixtures.judges import CountingJudge
+from tests.fixtures.live_server import LiveServer
+
+
+def _prefixes(response: str) -> list[str]:
+    return [response[: m.end()] for m in re.finditer(r"</(information|tool_response)>", response)]
+
+
+def _reward(examples_dir, delay: float = 0.0, variant: str = "typed_shape"):
+    judge = CountingJudge(ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"), delay)
+    checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
+    return StepGapReward(checker, variant), judge
+
+
+def _final(traces) -> dict:
+    return {
+        "responses": [t.response for t in traces],
+        "questions": [t.question for t in traces],
+        "golden_answers": [t.golden_answers for t in traces],
+        "trace_ids": [t.id for t in traces],
+    }
+
+
+def test_steps_sent_while_rolling_out_give_the_post_hoc_rewards(
+    examples_dir, example_traces, expected_rewards
+):
+    reward, judge = _reward(examples_dir, delay=0.05)
+    with LiveServer(create_app(reward)) as url:
+        for t in example_traces:
+            for text in _prefixes(t.response):
+                started = time.monotonic()
+                r = httpx.post(f"{url}/steps", json={"trace_id": t.id, "question": t.question,
+                                                      "response": text})  # fmt: skip
+                assert r.status_code == 200 and r.json()["submitted"] == 1, r.text
+                assert time.monotonic() - started < 0.5  # returns at once, not after the judge
+        r = httpx.post(f"{url}/reward", json=_final(example_traces), timeout=60)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert r.status_code == 200, r.text
+    assert r.json()["rewards"] == pytest.approx([expected_rewards[t.id] for t in example_traces])
+    # each step asked once: all but the answer steps while the rollouts ran
+    assert sorted(judge.asked) == sorted((t.id, s.index) for t in example_traces for s in t.steps)
+    assert 'stepgap_requests_total{route="steps"}' in metrics
+
+
+def test_a_finalize_past_its_deadline_gets_503_with_retry_after(examples_dir, example_traces):
+    reward, _ = _reward(examples_dir, delay=3.0)
+    t = example_traces[0]
+    with LiveServer(create_app(reward)) as url:
+        started = time.monotonic()
+        r = httpx.post(f"{url}/reward", json=_final([t]), headers={"X-Stepgap-Timeout": "0.5"},
+                       timeout=30)  # fmt: skip
+        took = time.monotonic() - started
+        metrics = httpx.get(f"{url}/metrics").text
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+    assert took < 2.0
+    assert 'stepgap_rejected_total{reason="deadline"} 1.0' in metrics
+
+
+def test_a_dropped_rollouts_steps_are_never_asked(examples_dir, example_traces):
+    reward, judge = _reward(examples_dir, delay=0.5)  # a judge in this process: one worker
+    first, other = example_traces[0], next(t for t in example_traces if len(t.steps) >= 3)
+    with LiveServer(create_app(reward)) as url:
+
+        def send(t) -> None:
+            for text in _prefixes(t.response):
+                httpx.post(f"{url}/steps", json={"trace_id": t.id, "question": t.question,
+                                                 "response": text})  # fmt: skip
+
+        send(first)
+        time.sleep(0.2)  # the judge is busy with the first rollout's step
+        send(other)
+        gone = httpx.delete(f"{url}/steps/{other.id}").json()
+        time.sleep(0.6)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert gone["dropped"] == len(other.steps) - 1  # every step it sent: none was under way
+    assert [trace_id for trace_id, _ in judge.asked] == [first.id]
+    assert f'stepgap_traces_dropped_total{{reason="abandoned"}} {len(other.steps) - 1}.0' in metrics
+
+
+def test_a_server_that_checks_no_steps_says_so(examples_dir, example_traces):
+    reward, _ = _reward(examples_dir, variant="search_only")
+    t = example_traces[0]
+    with LiveServer(create_app(reward)) as url:
+        r = httpx.post(f"{url}/steps", json={"trace_id": t.id, "question": t.question,
+                                             "response": t.response})  # fmt: skip
+        final = httpx.post(f"{url}/reward", json=_final([t]))
+    assert r.status_code == 404 and "whole rollouts only" in r.json()["detail"]
+    assert final.status_code == 200  # trace ids are no error: the rollouts are scored as ever
