@@ -11,9 +11,9 @@ step whose text changed), so the reward comes sooner than a check of the whole f
 `StreamingReward.submit(trace_id, question, step)` returns at once: the step's judge request (the
 prompt a post-hoc check of the finished trace would send for it, which sees only the steps before
 it) goes to a pool of workers on the checker's own judge, with its cache and concurrency limits.
-`finalize(trace)` segments nothing anew: it builds the finished trace's requests, takes the answer
-of each one already asked (the same prompt, so the same answer), asks the rest, and decides the
-whole trace with the NLI stages and the tree as `Checker.check` does. The reward is the post-hoc
+`finalize(trace)` builds the finished trace's requests, takes the answer of each one already
+asked (the same prompt, so the same answer), asks the rest, and decides the whole trace with the
+NLI stages and the tree as `Checker.check` does. The reward is the post-hoc
 one (tests/serving/test_streaming.py).
 """
 
