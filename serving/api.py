@@ -257,15 +257,27 @@ def segmented_traces(traces: Sequence[Trace]) -> list[Trace]:
 
 
 def rollout_traces(
-    reward: Any, responses: list[str], questions: list[str], golden: list[Any], route: str
+    reward: Any,
+    responses: list[str],
+    questions: list[str],
+    golden: list[Any],
+    route: str,
+    ids: list[str] | None = None,
 ) -> list[Trace]:
     """The rollouts of a `/reward` or `/get_reward` body as segmented traces (`reward.trace`:
-    one that cannot be segmented is scored on EM alone), ids `ROUTE-i`."""
-    if not len(responses) == len(questions) == len(golden):
-        raise ValueError("responses, questions and golden_answers must have equal lengths")
+    one that cannot be segmented is scored on EM alone), ids `ids` (the client's) or
+    `ROUTE-i`."""
+    if ids is None:
+        if not len(responses) == len(questions) == len(golden):
+            raise ValueError("responses, questions and golden_answers must have equal lengths")
+        ids = [f"{route}-{i}" for i in range(len(responses))]
+    elif not len(responses) == len(questions) == len(golden) == len(ids):
+        raise ValueError(
+            "responses, questions, golden_answers and trace_ids must have equal lengths"
+        )
     return [
-        reward.trace(r, q, golden_list(g), f"{route}-{i}")
-        for i, (r, q, g) in enumerate(zip(responses, questions, golden, strict=True))
+        reward.trace(r, q, golden_list(g), tid)
+        for r, q, g, tid in zip(responses, questions, golden, ids, strict=True)
     ]
 
 

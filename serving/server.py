@@ -73,7 +73,6 @@ from .api import (
     rollout_traces,
     segmented_traces,
 )
-from .inputs import golden_list
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .reward import RewardUnavailable, StepGapReward, default_inflight
 from .streaming import StreamingReward
@@ -792,21 +791,11 @@ def create_app(
         answers made while it ran; the deadline and a gone client hold as for `/reward`."""
         assert inline is not None and body.trace_ids is not None
         requests_total.labels("reward").inc()
-        if (
-            not len(body.responses)
-            == len(body.questions)
-            == len(body.golden_answers)
-            == len(body.trace_ids)
-        ):
-            raise HTTPException(
-                422, "responses, questions, golden_answers and trace_ids must have equal lengths"
-            )
-        traces = [
-            reward.trace(r, q, golden_list(g), tid)
-            for r, q, g, tid in zip(
-                body.responses, body.questions, body.golden_answers, body.trace_ids, strict=True
-            )
-        ]
+        try:
+            traces = rollout_traces(reward, body.responses, body.questions, body.golden_answers,
+                                    "reward", body.trace_ids)  # fmt: skip
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
         seconds = _timeout_of(request) or client_timeout
         deadline = TraceDeadline.after(seconds)
         work = asyncio.ensure_future(
