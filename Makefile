@@ -58,7 +58,7 @@ demo-full: install
 	.venv-openrlhf/bin/python -m pip install -q --no-deps openrlhf==0.11.2
 	.venv-openrlhf/bin/python tools/requirements_of.py openrlhf --without flash-attn deepspeed \
 	  > .venv-openrlhf/openrlhf-requirements.txt
-	.venv-openrlhf/bin/python -m pip install -q -e ".[teacher,serve]" $(PEER_TEST_DEPS) \
+	.venv-openrlhf/bin/python -m pip install -q -e ".[teacher,serve,retrieval,demo]" $(PEER_TEST_DEPS) \
 	  -r .venv-openrlhf/openrlhf-requirements.txt
 	touch $@
 
@@ -79,7 +79,8 @@ VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server
 test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
 	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
 	  tests/serving/test_interop_verl_agent.py
-	.venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py
+	.venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
+	  tests/serving/test_interop_openrlhf_agent.py
 	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
 test: install $(VENV)/.interop

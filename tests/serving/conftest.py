@@ -7,10 +7,15 @@ the reward computed from the example's stored verdicts.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from stepgap.serving import StepGapReward, compute_reward
-from stepgap.teacher import Checker, ReplayJudge, ReplayNLI, load_judge
+from stepgap.teacher import Checker, ReplayJudge, ReplayNLI, load_judge, load_nli
+from tests.fixtures.judges import CountingJudge
+from tests.fixtures.live_server import LiveServer
+from tests.fixtures.openai_server import FakeOpenAI
 
 
 @pytest.fixture
@@ -38,7 +43,6 @@ def served(reward):
     """A live `stepgap serve` app (openai judge on the fake server, replayed NLI)."""
     from stepgap.serving import configured
     from stepgap.serving.server import create_app
-    from tests.fixtures.live_server import LiveServer
 
     configured.reset()
     with LiveServer(create_app(reward, max_batch=16, max_wait_ms=5)) as url:
@@ -49,3 +53,45 @@ def served(reward):
 def chat_prompt(question: str) -> str:
     """A rollout's prompt as the tiny Qwen2's chat template writes it."""
     return f"<|im_start|>user\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# --------------------------------------------------------------- rollouts checked as they run
+@pytest.fixture(scope="module")
+def retriever_url(example_traces, tmp_path_factory):
+    """`stepgap retrieval serve` over a BM25 index of the example traces' evidence: a search
+    agent's tool asks it as it would ask Search-R1's retriever."""
+    pytest.importorskip("bm25s", reason="the retrieval extra")
+    from stepgap.data_builders.retrieval import LocalIndex, build_index, create_app, make_contents
+
+    folder = tmp_path_factory.mktemp("retriever")
+    passages = {(e.title, e.text) for t in example_traces for s in t.steps for e in s.evidence}
+    rows = [{"id": str(i), "contents": make_contents(title, text)}
+            for i, (title, text) in enumerate(sorted(passages))]  # fmt: skip
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    build_index(corpus, folder / "index", kind="bm25", progress=False)
+    with LiveServer(create_app(LocalIndex(folder / "index"))) as url:
+        yield f"{url}/retrieve"
+
+
+@pytest.fixture(scope="module")
+def any_judge_server(example_answers):
+    """An OpenAI-compatible judge on 127.0.0.1 that answers any prompt with a stored judge
+    object (new rollouts' steps have prompts no example has)."""
+    server = FakeOpenAI(answers=dict(example_answers), answer_any=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def inline_reward(any_judge_server, tiny_nli):
+    """A reward for new rollouts: that judge (counting what it is asked) and the tiny NLI.
+    This process's configured reward and inline checkers are reset around each test."""
+    from stepgap.serving import configured, inline
+
+    judge = load_judge("openai:gpt-4.1-mini", base_url=any_judge_server.base_url, max_retries=0)
+    inline.reset()
+    configured.reset()
+    yield StepGapReward(Checker(CountingJudge(judge), load_nli(str(tiny_nli))))
+    inline.reset()
+    configured.reset()

@@ -25,9 +25,7 @@ if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a f
     import verl  # noqa: F401
 verl = pytest.importorskip("verl", reason="the interop extra (make test installs it)")
 
-from tests.fixtures.judges import CountingJudge  # noqa: E402
 from tests.fixtures.live_server import LiveServer  # noqa: E402
-from tests.fixtures.openai_server import FakeOpenAI  # noqa: E402
 
 SERVING = Path(stepgap.serving.__file__).parent
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -62,44 +60,6 @@ def rollouts(example_traces) -> list[dict]:
         if turns and turns[-1].count("<answer>"):
             out.append({"trace": t, "turns": turns})
     return out[:4]
-
-
-@pytest.fixture(scope="module")
-def retriever_url(example_traces, tmp_path_factory):
-    """`stepgap retrieval serve` over a BM25 index of the example traces' evidence."""
-    pytest.importorskip("bm25s", reason="the retrieval extra")
-    from stepgap.data_builders.retrieval import LocalIndex, build_index, create_app, make_contents
-
-    folder = tmp_path_factory.mktemp("retriever")
-    seen, rows = set(), []
-    for t in example_traces:
-        for s in t.steps:
-            for e in s.evidence:
-                if (e.title, e.text) not in seen:
-                    seen.add((e.title, e.text))
-                    rows.append({"id": str(len(rows)), "contents": make_contents(e.title, e.text)})
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    build_index(corpus, folder / "index", kind="bm25", progress=False)
-    with LiveServer(create_app(LocalIndex(folder / "index"))) as url:
-        yield f"{url}/retrieve"
-
-
-@pytest.fixture(scope="module")
-def judge_server(example_answers):
-    """An OpenAI-compatible judge on 127.0.0.1: a stored judge object for every prompt."""
-    server = FakeOpenAI(answers=dict(example_answers), answer_any=True).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def reward(judge_server, tiny_nli):
-    from stepgap.serving import StepGapReward
-    from stepgap.teacher import Checker, load_judge, load_nli
-
-    judge = load_judge("openai:gpt-4.1-mini", base_url=judge_server.base_url, max_retries=0)
-    return StepGapReward(Checker(CountingJudge(judge), load_nli(str(tiny_nli))))
 
 
 class ScriptedServer:
@@ -199,22 +159,12 @@ def post_hoc(reward, tokenizer, rollouts, outputs) -> list[float]:
     return [r.reward for r in results]
 
 
-@pytest.fixture(autouse=True)
-def fresh_checkers():
-    from stepgap.serving import configured, inline
-
-    inline.reset()
-    configured.reset()
-    yield
-    inline.reset()
-    configured.reset()
-
-
 def test_the_agent_loop_checks_each_step_as_its_search_returns(
-    reward, tokenizer, rollouts, retriever_url, monkeypatch
+    inline_reward, tokenizer, rollouts, retriever_url, monkeypatch
 ):
     from stepgap.serving import configured, inline
 
+    reward = inline_reward
     configured.configure(reward)
     outputs = run_agent_loops(tokenizer, rollouts, retriever_url, monkeypatch)
     (checker,) = inline._CHECKERS.values()
@@ -238,12 +188,13 @@ def test_the_agent_loop_checks_each_step_as_its_search_returns(
 
 
 def test_through_stepgap_serve_the_loop_sends_steps_and_gets_the_same_rewards(
-    reward, tokenizer, rollouts, retriever_url, monkeypatch
+    inline_reward, tokenizer, rollouts, retriever_url, monkeypatch
 ):
     import httpx
 
     from stepgap.serving.server import create_app
 
+    reward = inline_reward
     with LiveServer(create_app(reward)) as url:
         outputs = run_agent_loops(tokenizer, rollouts, retriever_url, monkeypatch, stepgap_url=url)
         metrics = httpx.get(f"{url}/metrics").text
@@ -266,13 +217,13 @@ def test_the_search_tool_config_needs_the_retrievers_address(monkeypatch, tmp_pa
 
 
 def test_a_finished_trace_of_the_loop_segments_into_its_scripted_steps(
-    reward, tokenizer, rollouts, retriever_url, monkeypatch
+    inline_reward, tokenizer, rollouts, retriever_url, monkeypatch
 ):
     """The steps the checker saw are the scripted ones: one per search, then the answer."""
     from stepgap.segment import segment_trace
     from stepgap.serving import configured
 
-    configured.configure(reward)
+    configured.configure(inline_reward)
     outputs = run_agent_loops(tokenizer, rollouts[:1], retriever_url, monkeypatch)
     text = tokenizer.decode(outputs[0].response_ids, skip_special_tokens=True)
     steps = segment_trace(Trace(id="x", question="q", response=text)).steps

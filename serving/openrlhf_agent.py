@@ -1,0 +1,147 @@
+"""OpenRLHF's multi-turn agent as Search-R1's search loop, with each step checked while it runs.
+
+`--train.agent_func_path <site-packages>/stepgap/serving/openrlhf_agent.py`: OpenRLHF (0.11)
+loads this file and runs `AgentExecutor` (its `MultiTurnAgentExecutor` over
+`SearchAgentInstance`) for each prompt. Each turn of the policy stops at `</search>` or
+`</answer>`, as in Search-R1:
+
+- a search: the query goes to the retriever, its passages come back in `<information>`, and
+  the rollout's text so far goes to the checker, which checks the step while the next turn is
+  generated;
+- an answer (or the turn limit): the rollout's reward, reusing those answers, is the step's
+  reward and ends the rollout;
+- neither: Search-R1's note on an invalid action, and the rollout goes on.
+
+Settings come from the environment, since OpenRLHF builds both classes without arguments:
+`STEPGAP_RETRIEVER_URL` (the retriever's `/retrieve`, default http://127.0.0.1:8000/retrieve),
+`STEPGAP_RETRIEVER_TOPK` (3), `STEPGAP_MAX_TURNS` (4 searches), and the checker as for the
+reward: `STEPGAP_REWARD_URL` (`stepgap serve`) or `STEPGAP_REWARD_CONFIG` (a reward config
+file; the check then runs in the rollout worker). The label is the golden answers.
+
+This module is loaded by file path, so it uses absolute imports only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from typing import Any
+from uuid import uuid4
+
+import torch
+from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+
+from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, format_passages
+from stepgap.data_builders.rollout_formats import INFORMATION, INVALID_ACTION, cut_turn
+from stepgap.serving.inline import inline_checker
+from stepgap.serving.inputs import golden_list, question_from_prompt
+from stepgap.serving.reward import available
+from stepgap.tags import first_block
+
+STOPS = ("</search>", "</answer>")
+_RETRIEVERS: dict[str, HttpRetriever] = {}
+
+
+def _retriever() -> HttpRetriever:
+    url = os.environ.get("STEPGAP_RETRIEVER_URL", "http://127.0.0.1:8000/retrieve")
+    if url not in _RETRIEVERS:
+        _RETRIEVERS[url] = HttpRetriever(url)
+    return _RETRIEVERS[url]
+
+
+class SearchAgentInstance(AgentInstanceBase):
+    """One rollout: Search-R1's turns, its steps sent to the checker as their results come."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.trace_id = uuid4().hex
+        self.checker = inline_checker()
+        self.topk = int(os.environ.get("STEPGAP_RETRIEVER_TOPK", "3"))
+        self.max_turns = int(os.environ.get("STEPGAP_MAX_TURNS", "4"))
+        self.prompt = ""
+        self.question = ""
+        self.searches = 0
+
+    async def reset(self, states: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        self.prompt = states["observation"]
+        self.question = question_from_prompt(self.prompt)
+        return states
+
+    def response_of(self, text: str) -> str:
+        """The rollout's response: its text after the prompt, without the notes on invalid
+        actions (the environment's words, whose literal `<search>` would read as a search)."""
+        text = text[len(self.prompt) :] if text.startswith(self.prompt) else text
+        return text.replace(INVALID_ACTION, "")
+
+    async def step(self, states: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        action, _ = cut_turn(states["action_text"], STOPS)
+        so_far = states["observation_text"] + states["action_text"]
+        block = first_block(action, ("search", "answer"))
+        if block is not None and block[0] == "search" and self.searches < self.max_turns:
+            self.searches += 1
+            try:
+                (hits,) = await asyncio.to_thread(
+                    _retriever().search, [block[1].strip()], self.topk
+                )
+                feedback = INFORMATION.format(format_passages(hits).strip())
+            except RetrievalError as exc:
+                feedback = INFORMATION.format(f"search failed: {exc}")
+            await self.checker.send(
+                self.trace_id, self.question, self.response_of(so_far + feedback)
+            )
+            return self._going_on(feedback)
+        if block is None and self.searches < self.max_turns and not _ended(states):
+            return self._going_on(INVALID_ACTION)
+        return await self._finished(so_far, states["label"])
+
+    @staticmethod
+    def _going_on(feedback: str) -> dict[str, Any]:
+        return {
+            "rewards": torch.tensor(0.0),
+            "scores": 0.0,
+            "environment_feedback": feedback,
+            "done": False,
+        }
+
+    async def _finished(self, text: str, label: Any) -> dict[str, Any]:
+        result = await self.checker.finalize(
+            self.trace_id, self.question, self.response_of(text), golden_list(label)
+        )
+        reward = available(result)
+        return {
+            "rewards": torch.tensor(reward, dtype=torch.float64),  # summed with .item()
+            "scores": reward,
+            "environment_feedback": "",
+            "done": True,
+            "extra_logs": {k: v for k, v in result.scalars().items() if k != "score"},
+        }
+
+
+def _ended(states: dict[str, Any]) -> bool:
+    """The policy stopped for good (no stop string reached: end of sequence or no budget)."""
+    return not any(states["action_text"].rstrip().endswith(s) for s in STOPS)
+
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    """OpenRLHF's multi-turn executor over `SearchAgentInstance`, each turn stopping at
+    `</search>` or `</answer>` (Search-R1's stops)."""
+
+    def __init__(self) -> None:
+        super().__init__(SearchAgentInstance)
+
+    async def execute(
+        self,
+        prompt: Any,
+        label: Any,
+        sampling_params: Any,
+        max_length: int,
+        hf_tokenizer: Any,
+        llm_engine: Any,
+        images: Any = None,
+    ) -> dict[str, Any]:
+        params = copy.deepcopy(sampling_params)
+        params.stop = sorted({*(getattr(params, "stop", None) or []), *STOPS})
+        params.include_stop_str_in_output = True
+        return await super().execute(
+            prompt, label, params, max_length, hf_tokenizer, llm_engine, images
+        )

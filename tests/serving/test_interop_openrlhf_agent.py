@@ -1,0 +1,172 @@
+"""Steps checked while OpenRLHF 0.11.2's own multi-turn agent executor runs
+(`serving/openrlhf_agent.py`, loaded as `--train.agent_func_path` loads it).
+
+The policy is scripted (each example trace's Search-R1 turns, as vLLM would return them); the
+search asks a local BM25 index behind the retrieval server; the judge is an OpenAI-compatible
+server on 127.0.0.1 and the NLI the tiny DeBERTa. Each rollout's reward must be the post-hoc
+reward OpenRLHF's reward path would give its finished text, with every search step asked while
+the rollout ran.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib.util
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import stepgap.serving
+from stepgap.data_builders.rollout_formats import SEARCH_R1_TEMPLATE
+
+if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
+    import openrlhf  # noqa: F401
+pytest.importorskip("openrlhf", reason="the interop extra (make test installs it)")
+
+from tests.fixtures.live_server import LiveServer  # noqa: E402
+
+SERVING = Path(stepgap.serving.__file__).parent
+pytestmark = pytest.mark.timeout(600)
+TURN_SECONDS = 0.3
+
+
+def load_agent_executor(path: Path):
+    """OpenRLHF's own `_load_agent_executor` (`openrlhf/trainer/ray/vllm_engine.py`), run as
+    written: that module imports vLLM, which the interop extra leaves out, so the function's
+    source is taken from it and run beside the one import it uses."""
+    from openrlhf.utils.agent import AgentExecutorBase
+
+    package = Path(importlib.util.find_spec("openrlhf").origin).parent
+    source = package / "trainer" / "ray" / "vllm_engine.py"  # not imported: its package is
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    (func,) = [n for n in tree.body if getattr(n, "name", None) == "_load_agent_executor"]
+    namespace = {"AgentExecutorBase": AgentExecutorBase}
+    exec(compile(ast.Module([func], []), str(source), "exec"), namespace)
+    return namespace["_load_agent_executor"](str(path))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tests.fixtures.models import qwen_tokenizer
+
+    return qwen_tokenizer()
+
+
+def prompt_of(question: str) -> str:
+    """Search-R1's prompt in the chat template, as OpenRLHF's dataset renders it."""
+    content = SEARCH_R1_TEMPLATE.format(question=question)
+    return f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def scripts(example_traces) -> list[dict]:
+    """Each example trace's turns: its text up to each `</search>` and to its `</answer>`."""
+    out = []
+    for t in example_traces:
+        model_text = re.sub(r"\s*<information>.*?</information>\s*", "\n", t.response, flags=re.S)
+        turns = [m.group(0) for m in re.finditer(r".*?</(search|answer)>", model_text, re.S)]
+        if turns and turns[-1].endswith("</answer>") and len(turns) >= 2:
+            out.append({"trace": t, "turns": turns})
+    return out[:4]
+
+
+class ScriptedEngine:
+    """vLLM's engine for a scripted policy: the next turn of the rollout (by its question and
+    the search results it has had), after `TURN_SECONDS`; it checks the turns stop as
+    Search-R1's do."""
+
+    def __init__(self, tokenizer, scripts) -> None:
+        self.tokenizer = tokenizer
+        self.turns = {s["trace"].question: s["turns"] for s in scripts}
+
+    async def generate(self, prompt_ids, sampling_params, multi_modal_data=None):
+        assert {"</search>", "</answer>"} <= set(sampling_params.stop)
+        await asyncio.sleep(TURN_SECONDS)
+        text = self.tokenizer.decode(prompt_ids)
+        question = next(q for q in self.turns if q in text)
+        turn = self.turns[question][text.count("</information>\n\n")]
+        ids = self.tokenizer(turn, add_special_tokens=False)["input_ids"]
+        output = SimpleNamespace(token_ids=ids, text=turn, finish_reason="stop", logprobs=None)
+        return SimpleNamespace(outputs=[output])
+
+
+def run_rollouts(tokenizer, scripts, retriever_url, monkeypatch):
+    monkeypatch.setenv("STEPGAP_RETRIEVER_URL", retriever_url)
+    executor = load_agent_executor(SERVING / "openrlhf_agent.py")
+    engine = ScriptedEngine(tokenizer, scripts)
+
+    async def all_of_them():
+        return await asyncio.gather(
+            *(
+                executor.execute(
+                    prompt_of(s["trace"].question),
+                    s["trace"].golden_answers,
+                    SimpleNamespace(max_tokens=None, logprobs=None, stop=None),
+                    4096,
+                    tokenizer,
+                    engine,
+                )  # fmt: skip
+                for s in scripts
+            )
+        )
+
+    return asyncio.run(all_of_them())
+
+
+def post_hoc(reward, tokenizer, outputs) -> list[float]:
+    """The rewards OpenRLHF's reward path gives the finished texts, checked after the fact."""
+    from stepgap.serving.openrlhf import openrlhf_batch
+
+    queries = [tokenizer.decode(o["observation_tokens"]) for o in outputs]
+    responses, questions, golden = openrlhf_batch(
+        queries, [o["prompt"] for o in outputs], [o["label"] for o in outputs]
+    )
+    return [r.reward for r in reward.score(responses, questions, golden)]
+
+
+def test_openrlhfs_executor_checks_each_step_as_its_search_returns(
+    inline_reward, tokenizer, scripts, retriever_url, monkeypatch
+):
+    from stepgap.serving import configured, inline
+
+    configured.configure(inline_reward)
+    outputs = run_rollouts(tokenizer, scripts, retriever_url, monkeypatch)
+    (checker,) = inline._CHECKERS.values()
+    stats = dict(checker.streaming.stats)
+    judge = inline_reward.checker.judge
+
+    searches = sum(len(s["turns"]) - 1 for s in scripts)
+    assert stats["submitted"] == searches and stats["reused"] == searches
+    assert stats["asked_at_end"] == len(scripts)
+    assert len(judge.asked) == searches + len(scripts)
+    for o in outputs:
+        text = tokenizer.decode(o["observation_tokens"])
+        assert text.count("<information>Doc 1(Title: ") == len(o["action_ranges"]) - 1
+        assert o["reward"] == o["scores"] and set(o["extra_logs"]) >= {"em", "rate_CC"}
+
+    judge.asked.clear()
+    expected = post_hoc(inline_reward, tokenizer, outputs)
+    assert [o["reward"] for o in outputs] == pytest.approx(expected, abs=1e-9)
+
+
+def test_through_stepgap_serve_the_executor_gets_the_same_rewards(
+    inline_reward, tokenizer, scripts, retriever_url, monkeypatch
+):
+    import httpx
+
+    from stepgap.serving.server import create_app
+
+    with LiveServer(create_app(inline_reward)) as url:
+        monkeypatch.setenv("STEPGAP_REWARD_URL", url)
+        outputs = run_rollouts(tokenizer, scripts, retriever_url, monkeypatch)
+        metrics = httpx.get(f"{url}/metrics").text
+    searches = sum(len(s["turns"]) - 1 for s in scripts)
+    assert f'stepgap_requests_total{{route="steps"}} {float(searches)}' in metrics
+    assert len(inline_reward.checker.judge.asked) == searches + len(scripts)
+    inline_reward.checker.judge.asked.clear()
+    expected = post_hoc(inline_reward, tokenizer, outputs)
+    assert [o["reward"] for o in outputs] == pytest.approx(expected, abs=1e-9)
