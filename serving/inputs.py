@@ -2,23 +2,55 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from stepgap.data_builders.rollout_formats import question_line
 
 
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # multimodal content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _tool_call(call: dict[str, Any]) -> str:
+    """A tool call as Qwen2.5's chat template writes it (Hermes: JSON inside `<tool_call>`)."""
+    function = call.get("function", call)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):  # OpenAI's wire form: a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
 def text_of(message_or_text: Any) -> str:
-    """Plain text, or the content of a conversational turn list (the last message's content)."""
+    """Plain text, or a completion's chat messages as one response text. A tool-calling
+    completion (TRL's, with `tools` or an environment) is written as Qwen2.5's chat template
+    writes it, without the role headers: each assistant turn's text and its `<tool_call>`s,
+    each tool message inside `<tool_response>`; so every search is a step. Otherwise the last
+    message's content."""
     if isinstance(message_or_text, str):
         return message_or_text
-    if isinstance(message_or_text, list) and message_or_text:
-        last = message_or_text[-1]
-        if isinstance(last, dict) and "content" in last:
-            content = last["content"]
-            if isinstance(content, list):  # multimodal content parts
-                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return str(content)
+    messages = message_or_text
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        if not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            return _content(messages[-1])
+        parts = []
+        for m in messages:
+            if m.get("role") == "tool":
+                parts.append(f"<tool_response>\n{_content(m)}\n</tool_response>")
+            else:  # TRL's parser moves a Qwen turn's <think> block into reasoning_content
+                think = m.get("reasoning_content")
+                think = f"<think>{think}</think>" if think else ""
+                calls = [_tool_call(c) for c in m.get("tool_calls") or []]
+                parts.append("\n".join(p for p in (think, _content(m), *calls) if p))
+        return "\n".join(parts)
     raise ValueError(
         f"expected a string or a list of chat messages, got {type(message_or_text).__name__}"
     )

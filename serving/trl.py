@@ -4,15 +4,25 @@ TRL calls it with `prompts`, `completions` (plain strings or conversational mess
 every dataset column as a keyword argument; the golden answers come from the `golden_answers`
 column (Search-R1's name; another column via `answers_column`). Per-label step rates and EM are
 logged through TRL's `log_metric` when it is passed.
+
+`SearchEnvironment` gives TRL's tool loop Search-R1's retriever as the `search` tool
+(`GRPOTrainer(environment_factory=SearchEnvironment, ...)`); a tool-calling completion is scored
+whole, each search a step (`inputs.text_of`). Its steps are checked when the reward function
+runs, after the rollouts: TRL hands a tool only its arguments and `get_reward()` nothing, so
+neither sees the assistant's text that holds a step's claim, and no step can be checked while
+TRL's rollout runs (veRL's agent loop and OpenRLHF's executor can: `verl_agent.py`,
+`openrlhf_agent.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stepgap.data_builders.retrieval import HttpRetriever, format_passages
 from stepgap.reward import RewardResult
 
 from .inputs import golden_list, question_from_prompt, text_of
@@ -93,3 +103,29 @@ def stepgap_async_reward_func(
 
     reward_func.__name__ = f"stepgap_{reward.variant}_async"
     return reward_func
+
+
+class SearchEnvironment:
+    """Search-R1's retriever as a TRL environment: one per rollout, its `search` method a tool.
+    The retriever's address: `url`, else `STEPGAP_RETRIEVER_URL` (default
+    http://127.0.0.1:8000/retrieve); `topk` passages a search."""
+
+    def __init__(self, url: str | None = None, topk: int = 3) -> None:
+        url = url or os.environ.get("STEPGAP_RETRIEVER_URL", "http://127.0.0.1:8000/retrieve")
+        self.retriever = HttpRetriever(url)
+        self.topk = topk
+        self.queries: list[str] = []
+
+    def reset(self, **example: Any) -> None:
+        """A new rollout (TRL passes the dataset row); the prompt stays as it is."""
+        self.queries = []
+
+    def search(self, query: str) -> str:
+        """Search the corpus and return the top documents for a query.
+
+        Args:
+            query: the search query
+        """
+        self.queries.append(query)
+        (hits,) = self.retriever.search([query], self.topk)
+        return format_passages(hits)

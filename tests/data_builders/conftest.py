@@ -70,4 +70,4 @@ def search_policy(tmp_path_factory, wiki_bm25) -> Path:
         )
         for _, q, title, answer in QUESTIONS
     ]
-    return build_search_policy(tmp_path_factory.mktemp("search-policy"), examples)
+    return build_search_policy(tmp_path_factory.mktemp("search-policy"), examples, steps=1000)

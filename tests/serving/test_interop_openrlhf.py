@@ -87,8 +87,11 @@ def readme_openrlhf_commands() -> list[str]:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     row = [line for line in text.splitlines() if line.startswith("| OpenRLHF |")]
     paragraph = [p for p in text.split("\n\n") if p.startswith("**OpenRLHF**")]
-    assert len(row) == 1 and len(paragraph) == 1, "README.md: the OpenRLHF row and paragraph"
-    spans = re.findall(r"`([^`]+)`", " ".join(row + paragraph).replace("\n", " "))
+    agent = [p for p in text.split("\n\n") if p.startswith("**In OpenRLHF's multi-turn agent**")]
+    assert len(row) == 1 and len(paragraph) == 1 and len(agent) == 1, (
+        "README.md: the OpenRLHF row and paragraphs"
+    )
+    spans = re.findall(r"`([^`]+)`", " ".join(row + paragraph + agent).replace("\n", " "))
     return [s for s in spans if s.startswith("--")]
 
 
@@ -98,6 +101,7 @@ def test_every_openrlhf_flag_in_the_readme_is_one_its_train_ppo_ray_takes():
     assert unknown, "the old flag must be refused, or this parser is not OpenRLHF's"
     commands = readme_openrlhf_commands()
     assert any("--reward.remote_url" in c for c in commands)
+    assert any("--train.agent_func_path" in c for c in commands)
     for command in commands:
         _, unknown = parser.parse_known_args(shlex.split(command))
         assert not unknown, f"README.md: OpenRLHF's train_ppo_ray does not take {unknown}"

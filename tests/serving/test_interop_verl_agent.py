@@ -28,6 +28,7 @@ verl = pytest.importorskip("verl", reason="the interop extra (make test installs
 from tests.fixtures.live_server import LiveServer  # noqa: E402
 
 SERVING = Path(stepgap.serving.__file__).parent
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 pytestmark = pytest.mark.timeout(600)
 
@@ -231,3 +232,21 @@ def test_a_finished_trace_of_the_loop_segments_into_its_scripted_steps(
     assert [s.type for s in steps] == [s.type for s in scripted]
     assert [s.query for s in steps] == [s.query for s in scripted]
     assert all(s.evidence for s in steps if s.type != "conclusion")
+
+
+def test_every_verl_override_in_the_readme_is_a_key_of_verls_trainer_config():
+    """The `key=value` overrides of README.md's agent-loop command name keys of veRL's own
+    PPO trainer config (a misspelt key fails veRL's start, far from the README)."""
+    import importlib.util
+    import re
+
+    from omegaconf import OmegaConf
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("python -m verl.trainer.main_ppo ...") :].split("```")[0]
+    overrides = re.findall(r"(actor_rollout_ref\.[\w.]+)=", block)
+    assert len(overrides) == 6, block
+    package = Path(importlib.util.find_spec("verl").origin).parent
+    config = OmegaConf.load(package / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    for key in overrides:
+        assert OmegaConf.select(config, key, default="missing") != "missing", key
