@@ -125,18 +125,14 @@ class OpenAIPolicy:
         max_retries: int = 6,
         seed: int | None = None,
     ) -> None:
-        import os
+        from stepgap.teacher.judges.openai_api import openai_client
 
-        from openai import OpenAI
-
-        key = os.environ.get(api_key_env) or ("EMPTY" if base_url else None)
-        if key is None:
-            raise ValueError(f"openai:{model}: set ${api_key_env} (or give --base-url)")
         self.name = f"openai:{model}"
         self.model = model
-        self.client = OpenAI(
-            api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries
-        )
+        self.client = openai_client(
+            f"the policy {self.name}", base_url=base_url, api_key_env=api_key_env,
+            timeout=timeout, max_retries=max_retries,
+        )  # fmt: skip
         self.concurrency = concurrency
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature

@@ -29,7 +29,6 @@ crash or a kill loses only the rollouts in flight. This module is the run loop; 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from stepgap.io import ErrorReport, JsonlWriter
+from stepgap.io import ErrorReport, JsonlWriter, resume_keys
 
 from .policies import Policy, load_policy
 from .qa import QAItem, iter_questions
@@ -70,22 +69,7 @@ class RolloutSummary:
 
 def finished_ids(path: str | Path) -> set[str]:
     """Ids of the traces already in `path`; a half-written last line is ignored."""
-    done: set[str] = set()
-    path = Path(path)
-    if not path.exists():
-        return done
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                done.add(str(json.loads(line)["id"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                if line.endswith("\n"):
-                    raise ValueError(
-                        f"{path}:{n}: not a trace line; refusing to append to this file"
-                    ) from None
-    return done
+    return set(resume_keys(path, "trace", lambda rec: str(rec["id"])))
 
 
 def trace_id(question_id: str, sample: int, n_per_question: int) -> str:

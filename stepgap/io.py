@@ -473,6 +473,32 @@ def write_text(output: str | Path, text: str, *inputs: str | Path) -> Path:
     return Path(output)
 
 
+K = TypeVar("K")
+
+
+def resume_keys(path: str | Path, what: str, key: Callable[[dict[str, Any]], K]) -> list[K]:
+    """`key(record)` of every record already in the JSON-lines file `path` (none if it does not
+    exist), for a run that appends to it (`JsonlWriter(append=True)`): a half-written last line,
+    from a killed run, is skipped; any other line `key` cannot read is a ValueError naming the
+    file and line (`what`: the record's name), so nothing is appended to a foreign file."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    keys: list[K] = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                keys.append(key(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                if line.endswith("\n"):
+                    raise ValueError(
+                        f"{path}:{n}: not a {what} line; refusing to append to this file"
+                    ) from None
+    return keys
+
+
 class JsonlWriter:
     """Writes JSON lines, flushing each one.
 

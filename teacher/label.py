@@ -20,7 +20,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from stepgap.io import ErrorReport, JsonlWriter, check_output, replacing, write_text
+from stepgap.io import (
+    ErrorReport,
+    JsonlWriter,
+    check_output,
+    replacing,
+    resume_keys,
+    write_text,
+)
 from stepgap.schema import LABELS, Trace, Verdict
 
 from .checker import Checker
@@ -49,23 +56,11 @@ def shard_of(trace_id: str, shards: int) -> int:
 def verdict_status(path: str | Path) -> dict[tuple[str, int], bool]:
     """(trace id, step) -> whether its verdict has a label, for every verdict in `path`; a
     half-written last line (a killed run) is ignored."""
-    status: dict[tuple[str, int], bool] = {}
-    path = Path(path)
-    if not path.exists():
-        return status
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                status[(str(rec["trace_id"]), int(rec["step"]))] = rec.get("label") is not None
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-                if line.endswith("\n"):
-                    raise ValueError(
-                        f"{path}:{n}: not a verdict line; refusing to append to this file"
-                    ) from None
-    return status
+
+    def status(rec: dict) -> tuple[tuple[str, int], bool]:
+        return (str(rec["trace_id"]), int(rec["step"])), rec.get("label") is not None
+
+    return dict(resume_keys(path, "verdict", status))
 
 
 def finished_steps(path: str | Path) -> set[tuple[str, int]]:

@@ -146,3 +146,26 @@ def test_a_validators_message_comes_without_pydantics_prefix(tmp_path):
     list(read_models(path, Trace, report))
     (error,) = report.errors
     assert error.reason.startswith("a trace needs") and "Value error" not in str(error)
+
+
+def test_resume_keys_skip_a_half_written_last_line_and_refuse_a_foreign_one(tmp_path):
+    """The resume reader of `label` and `rollouts`: what a killed run left is readable, and a
+    file that is not theirs is never appended to."""
+    from stepgap.data_builders.rollouts import finished_ids
+    from stepgap.io import resume_keys
+    from stepgap.teacher.label import verdict_status
+
+    assert resume_keys(tmp_path / "none.jsonl", "trace", lambda r: r["id"]) == []
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text('{"id": "a"}\n\n{"id": 7}\n{"id": "b", "resp', encoding="utf-8")
+    assert finished_ids(traces) == {"a", "7"}
+    verdicts = tmp_path / "verdicts.jsonl"
+    verdicts.write_text(
+        '{"trace_id": "a", "step": 0, "label": "CC"}\n{"trace_id": "a", "step": 1, "label": null}\n',
+        encoding="utf-8",
+    )
+    assert verdict_status(verdicts) == {("a", 0): True, ("a", 1): False}
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"trace_id": "a", "step": 0}\n{"id": "a"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"mixed\.jsonl:2: not a verdict line; refusing to append"):
+        verdict_status(mixed)

@@ -58,6 +58,41 @@ DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"  # the SDK's, when no base URL is given
 
 
+class MissingAPIKeyError(JudgeConfigError, ValueError):
+    """No API key in the environment for a server that needs one."""
+
+
+def server_and_key(who: str, base_url: str | None, api_key_env: str) -> tuple[str | None, str]:
+    """The server (`base_url`, else `$OPENAI_BASE_URL`, else OpenAI's) and its API key, read
+    from `$api_key_env` only, never from a flag or a file. A server given by URL (a local
+    engine) may need no key; OpenAI's does: `MissingAPIKeyError` naming the variable."""
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+    key = os.environ.get(api_key_env)
+    if not key and base_url is None:
+        raise MissingAPIKeyError(
+            f"{who} reads its API key from ${api_key_env}; set it in the environment (or "
+            "pass --base-url for a local server that needs none)"
+        )
+    return base_url, key or "not-needed"
+
+
+def openai_client(
+    who: str,
+    *,
+    base_url: str | None,
+    api_key_env: str = DEFAULT_API_KEY_ENV,
+    timeout: float,
+    max_retries: int,
+    asynchronous: bool = False,
+) -> Any:
+    """An OpenAI SDK client for `who` (the judge, a policy) on `server_and_key`'s server."""
+    import openai
+
+    base_url, key = server_and_key(who, base_url, api_key_env)
+    make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+    return make(api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries)
+
+
 class OpenAIJudge:
     name = "openai"
 
@@ -86,13 +121,8 @@ class OpenAIJudge:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.model = model
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        self.base_url, _ = server_and_key("the openai judge", base_url, api_key_env)
         self.api_key_env = api_key_env
-        if not os.environ.get(api_key_env) and self.base_url is None:
-            raise JudgeConfigError(
-                f"the openai judge reads its API key from ${api_key_env}; set it in the "
-                "environment (or pass --base-url for a local server that needs none)"
-            )
         self.concurrency = concurrency
         self.max_retries = max_retries
         self.timeout = timeout
@@ -202,14 +232,10 @@ class OpenAIJudge:
         return [*first, *rest]
 
     def _new_client(self) -> Any:
-        import openai
-
-        return openai.AsyncOpenAI(
-            api_key=os.environ.get(self.api_key_env) or "not-needed",
-            base_url=self.base_url,
-            max_retries=self.max_retries,
-            timeout=self.timeout,
-        )
+        return openai_client(
+            "the openai judge", base_url=self.base_url, api_key_env=self.api_key_env,
+            timeout=self.timeout, max_retries=self.max_retries, asynchronous=True,
+        )  # fmt: skip
 
     async def _judge_within_deadline(self, client: Any, request: JudgeRequest) -> JudgeResult:
         """`_judge_one`, unless the trace is past its deadline; a cancel of the deadline (its

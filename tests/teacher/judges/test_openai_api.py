@@ -246,3 +246,24 @@ def test_one_model_name_on_two_servers_shares_no_cache_and_check_prints_its_hits
         other.stop()
     assert len(fake_openai.answered()) == 28 and len(other.answered()) == 28
     assert "0 API call(s), 28 cache hit(s)" in again
+
+
+def test_the_judge_and_a_policy_read_their_key_from_the_environment_only(monkeypatch):
+    """One set-up for every OpenAI client: OpenAI's own server needs the key's variable set;
+    a server given by URL needs none; the message names the variable, never a value."""
+    from stepgap.data_builders.policies import OpenAIPolicy
+    from stepgap.teacher.judges.openai_api import MissingAPIKeyError, OpenAIJudge
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("MY_KEY", raising=False)
+    for make in (
+        lambda: OpenAIJudge("gpt-4.1-mini", api_key_env="MY_KEY"),
+        lambda: OpenAIPolicy("gpt-4.1-mini", api_key_env="MY_KEY"),
+    ):
+        with pytest.raises(MissingAPIKeyError, match=r"reads its API key from \$MY_KEY"):
+            make()
+    policy = OpenAIPolicy("m", base_url="http://127.0.0.1:9/v1", api_key_env="MY_KEY")
+    assert str(policy.client.base_url).startswith("http://127.0.0.1:9/v1")
+    monkeypatch.setenv("MY_KEY", "sk-test")
+    assert OpenAIPolicy("m", api_key_env="MY_KEY").client.api_key == "sk-test"
+    assert OpenAIJudge("m", api_key_env="MY_KEY")._new_client().api_key == "sk-test"
