@@ -26,7 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.io import ErrorReport, _iter_rows, read_records, refuse_other_format
 
-from .rollout_formats import question_line
+# The reader of the templates' last line (the reward and the data builders ask it).
+_QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|<\|im_end\|>|$)", re.DOTALL)
+
+
+def question_line(text: str) -> str | None:
+    """The question of a `Question: ...` line (Search-R1's templates end the prompt with one),
+    or None: a text without one has no question that can be told from the rest."""
+    m = _QUESTION.search(text)
+    return m.group(1).strip() if m else None
+
 
 FIELDS = ("id", "question", "answers", "data_source")
 

@@ -9,16 +9,14 @@ the formats read and write them, the policies and the run loop pass them along.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stepgap.tags import first_block
 
-if TYPE_CHECKING:  # qa.py reads the question line with this module
-    from .qa import QAItem
+from .qa import QAItem
 
 # Search-R1's prompt, verbatim (make_prefix, template_type="base").
 SEARCH_R1_TEMPLATE = (
@@ -33,17 +31,6 @@ SEARCH_R1_TEMPLATE = (
     "inside <answer> and </answer>, without detailed illustrations. For example, "
     "<answer> Beijing </answer>. Question: {question}\n"
 )
-# The reader of the templates' last line (the reward and the data builders ask it).
-_QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|<\|im_end\|>|$)", re.DOTALL)
-
-
-def question_line(text: str) -> str | None:
-    """The question of a `Question: ...` line (Search-R1's templates end the prompt with one),
-    or None: a text without one has no question that can be told from the rest."""
-    m = _QUESTION.search(text)
-    return m.group(1).strip() if m else None
-
-
 # execute_predictions: what Search-R1 appends after a turn with no valid action.
 INVALID_ACTION = (
     "\nMy previous action is invalid. "

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from stepgap.io import ErrorReport, UnreadableFileError, _progress, check_output, replacing
 
-from .rollout_formats import question_line
+from .qa import question_line
 
 QUESTION = pa.field("question", pa.string())
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stepgap.data_builders.rollout_formats import question_line
+from stepgap.data_builders.qa import question_line
 
 
 def _content(message: dict[str, Any]) -> str:

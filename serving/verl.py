@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stepgap.data_builders.rollout_formats import question_line
+from stepgap.data_builders.qa import question_line
 from stepgap.serving.configured import configure, get_reward
 from stepgap.serving.inputs import golden_list
 from stepgap.serving.reward import available

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 STUDENT_META = "stepgap_student.json"  # written by the trainer: how to prompt this student
+TRAIN_TRACES = "train_trace_ids"  # its key for the traces the student saw
 
 
 def meta_target(meta: dict[str, Any], where: str) -> str:

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 NO_GAP = "no_gap"
 SUMMARY = "summary.json"  # marks a `stepgap mine` folder, which a rerun replaces
-TRAIN_TRACES = "train_trace_ids"  # key of stepgap_student.json: the traces the student saw
 
 
 def nli_decision(path: Sequence[str] | None) -> tuple[str, ...]:
@@ -339,7 +338,7 @@ def held_out_pool(
 ) -> tuple[list[Verdict], dict[str, Any]]:
     """The pool without the traces the student was trained on (its `stepgap_student.json`
     lists them): disagreements on training traces measure memory, not the checker."""
-    from .judge import student_meta
+    from .judge import TRAIN_TRACES, student_meta
 
     trained = student_meta(student).get(TRAIN_TRACES)
     if trained is None or allow_training_traces:

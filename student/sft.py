@@ -341,8 +341,7 @@ def write_student_metadata(
     keep to held-out traces."""
     from stepgap.teacher.prompt import PROMPT_VERSION
 
-    from .judge import STUDENT_META, student_meta
-    from .mining import TRAIN_TRACES
+    from .judge import STUDENT_META, TRAIN_TRACES, student_meta
 
     if trained is not None and cfg.init_adapter:
         earlier = student_meta(cfg.init_adapter).get(TRAIN_TRACES)

@@ -52,6 +52,23 @@ def lint(layout: Path, repo: Path = REPO) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+_MUTUAL = (
+    "import grimp; g = grimp.build_graph('stepgap', cache_dir=None)\n"
+    "for a in sorted(g.modules):\n"
+    "    for b in sorted(g.find_modules_directly_imported_by(a)):\n"
+    "        if a < b and a in g.find_modules_directly_imported_by(b): print(a, '<->', b)\n"
+)
+
+
+def mutual_imports(layout: Path) -> list[str]:
+    """Pairs of modules that import each other (at any depth of the code, type-only imports
+    included): a circle the layers cannot see, inside one folder."""
+    env = {**os.environ, "PYTHONPATH": str(layout)}
+    done = subprocess.run([sys.executable, "-c", _MUTUAL], cwd=layout, env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.splitlines()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--show", action="store_true", help="print the report also when kept")
@@ -62,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        result = lint(installed_layout(Path(tmp)))
+        layout = installed_layout(Path(tmp))
+        result = lint(layout)
+        circles = mutual_imports(layout)
     if result.returncode or args.show:
         print(result.stdout + result.stderr, end="")
     print("layer contracts:", "kept" if result.returncode == 0 else "BROKEN", file=sys.stderr)
-    return result.returncode
+    for pair in circles:
+        print(f"modules that import each other: {pair}", file=sys.stderr)
+    return result.returncode or (1 if circles else 0)
 
 
 if __name__ == "__main__":

@@ -194,8 +194,8 @@ def test_gold_keeps_only_steps_next_to_a_step_the_teacher_got_right(pool, nli):
 
 
 def test_the_pool_leaves_out_the_traces_the_student_was_trained_on(pool, tmp_path):
-    from stepgap.student.judge import STUDENT_META
-    from stepgap.student.mining import TRAIN_TRACES, held_out_pool
+    from stepgap.student.judge import STUDENT_META, TRAIN_TRACES
+    from stepgap.student.mining import held_out_pool
 
     traces = sorted({v.trace_id for v in pool})
     student = tmp_path / "student"
@@ -249,8 +249,7 @@ def test_cli_mine_and_augment_with_the_tiny_student(
     """The trained tiny student as it ships (its judge objects through the tree and the NLI
     stand-in) over the pool's held-out traces, then augmentation at the recipe's rate / 10."""
     from stepgap.cli import main
-    from stepgap.student.judge import student_meta
-    from stepgap.student.mining import TRAIN_TRACES
+    from stepgap.student.judge import TRAIN_TRACES, student_meta
 
     from .conftest import TINY
 
