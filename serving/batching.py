@@ -1,0 +1,468 @@
+"""The micro-batcher behind `stepgap serve`: traces from many requests, queued and checked in
+batches, each answered as soon as its own steps are checked, within its request's deadline.
+
+`MicroBatcher.submit(traces, deadline)` (async) queues a request's traces and returns their
+verdicts. A worker thread takes up to `max_batch` traces (waiting at most `max_wait_ms` for
+more) per checker call, up to `max_inflight` calls at once. `Pace` measures how fast the checker
+answers (a judge behind a URL: its own `EngineLimit`), so a request the backlog cannot answer by
+its deadline is held until there is room, or refused at once (`Busy`, which the server answers
+503 with Retry-After). A cancelled request (its client left, its deadline passed) cancels its
+traces' `TraceDeadline`: the workers skip them, and the judge sends nothing more for them.
+Nothing here knows HTTP: the server (`server.py`) maps requests and `Busy` onto routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepgap.schema import Trace, Verdict
+from stepgap.teacher.judges.base import TraceDeadline
+from stepgap.teacher.judges.concurrency import EngineLimit
+
+from .api import JudgeHealth
+
+log = logging.getLogger(__name__)
+
+# OpenRLHF 0.11's remote reward client waits 180 s in all (aiohttp total=180), 5 tries 1 s apart
+OPENRLHF_TIMEOUT = 180.0
+HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits
+WHEN_OVERLOADED = ("hold", "refuse")  # what a request that does not fit now gets
+FIRST = asyncio.FIRST_COMPLETED
+
+Stream = Callable[
+    [Sequence[Trace], threading.Event, Sequence[TraceDeadline]], Iterator[tuple[int, list[Verdict]]]
+]
+
+
+class Busy(RuntimeError):
+    """The request cannot be answered in time: 503 with Retry-After. `reason` is what the
+    metrics count: queue_full, overloaded (the backlog outlasts the deadline), deadline (not
+    checked in time), shutdown."""
+
+    def __init__(self, reason: str, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = max(1, math.ceil(retry_after))
+
+
+@dataclass(eq=False)
+class _Item:
+    """A queued trace; its request cancels `future` when the client leaves or its deadline
+    passes, which cancels `deadline` too: the workers skip (or stop checking) cancelled items,
+    and the judge closes their requests in flight and sends no more."""
+
+    trace: Trace
+    future: asyncio.Future
+    deadline: TraceDeadline = field(default_factory=TraceDeadline)
+
+    @property
+    def steps(self) -> int:
+        return len(self.trace.steps or [])
+
+
+@dataclass
+class Pace:
+    """How fast this server checks steps: enough to tell a new request whether its traces can
+    come back before its deadline.
+
+    A judge that measures its own requests (one behind a URL: its `EngineLimit`) gives the rate
+    itself: its requests in flight over their latency (Little's law), measured on the requests
+    the engine served, never on time spent waiting in this server's queue. Any other judge (a
+    model in this process, one call at a time) is measured on whole calls: a call's steps over
+    its seconds. Either way, an estimate is only asked while work is queued or in flight: an
+    idle server admits what comes (the next request measures the judge again), so it never
+    keeps refusing on an old figure.
+    """
+
+    judge: EngineLimit | None = None  # the judge's own measure, when it keeps one
+    calls: float | None = None  # steps per second over whole calls (moving average)
+    weight: float = 0.3  # of the newest call in the moving average
+
+    def observe(self, seconds: float, steps: int) -> None:
+        """A whole call of `steps` steps took `seconds`."""
+        if steps <= 0 or seconds <= 0:
+            return
+        rate, w = steps / seconds, self.weight
+        self.calls = rate if self.calls is None else (1 - w) * self.calls + w * rate
+
+    def rate(self) -> tuple[float, float] | None:
+        """(steps per second, seconds of one step's own round trip), or None before anything
+        was measured."""
+        if self.judge is not None and (per_second := self.judge.throughput()) is not None:
+            return per_second, self.judge.typical_latency() or 0.0
+        if self.calls is not None:
+            return self.calls, 1 / self.calls
+        return None
+
+    def seconds_per_step(self) -> float | None:
+        rate = self.rate()
+        return None if rate is None else 1 / rate[0]
+
+    def estimate(self, ahead: int, steps: int) -> float | None:
+        """Seconds until `steps` more steps are checked behind `ahead` queued or in flight;
+        None before anything was measured."""
+        rate = self.rate()
+        if rate is None:
+            return None
+        per_second, round_trip = rate
+        return (ahead + steps) / per_second + round_trip
+
+
+@dataclass(eq=False)
+class _Call:
+    """One checker call in flight: its items and the event that stops it early."""
+
+    items: list[_Item]
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def maybe_stop(self, _: Any = None) -> None:
+        """Stop the call once none of its traces is still wanted: each one answered or dropped,
+        at least one dropped (its client hung up or its deadline passed)."""
+        futures = [i.future for i in self.items]
+        if all(f.done() for f in futures) and any(f.cancelled() for f in futures):
+            self.stop.set()
+
+
+class MicroBatcher:
+    """Collects traces from concurrent requests into micro-batches, runs up to `max_inflight`
+    checker calls at once, and answers each trace as soon as its own verdicts are in.
+
+    `check` is a plain `check(traces) -> verdicts per trace`, or `stream` yields
+    (position, verdicts) per trace as they finish (`StepGapReward.check_stream`)."""
+
+    def __init__(
+        self,
+        check: Callable[[Sequence[Trace]], list[list[Verdict]]] | None = None,
+        *,
+        stream: Stream | None = None,
+        max_batch: int = 32,
+        max_wait_ms: float = 10.0,
+        max_queue: int = 1024,
+        max_inflight: int = 1,
+        client_timeout: float = OPENRLHF_TIMEOUT,
+        on_batch: Callable[[int], None] | None = None,
+        on_drop: Callable[[str, int], None] | None = None,
+        judge_limit: EngineLimit | None = None,
+        when_overloaded: str = "hold",
+    ) -> None:
+        if (check is None) == (stream is None):
+            raise ValueError("give one of check or stream")
+        if max_inflight < 1 or max_batch < 1:
+            raise ValueError("max_inflight and max_batch must be at least 1")
+        if client_timeout <= 0:
+            raise ValueError(f"client_timeout must be positive, got {client_timeout}")
+        if when_overloaded not in WHEN_OVERLOADED:
+            raise ValueError(f"when_overloaded must be hold or refuse, got {when_overloaded!r}")
+        self.when_overloaded = when_overloaded
+        self.stream: Stream = stream or _stream_of(check)  # type: ignore[arg-type]
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000
+        self.max_queue = max_queue
+        self.max_inflight = max_inflight
+        self.client_timeout = client_timeout
+        self.on_batch = on_batch
+        self.on_drop = on_drop
+        self.pace = Pace(judge=judge_limit)
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.queued_steps = 0  # steps of the queued traces
+        self.held: list[tuple[object, int]] = []  # requests waiting to be admitted, in order
+        self.health = JudgeHealth()  # whether the judge works, from the last checked request
+        self.calls: set[_Call] = set()
+        self.closing = False
+        self._workers: list[asyncio.Task] = []  # the collector and the calls it started
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._workers = [asyncio.create_task(self._collect())]
+
+    def close(self, grace: float = 30.0) -> None:
+        """Stop taking traces: the queued ones are answered 503 now, the calls in flight may
+        finish for `grace` seconds, then what is left is answered 503 too (on the loop)."""
+        if self.closing:
+            return
+        self.closing = True
+        queued = 0
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            self.queued_steps -= item.steps
+            if not item.future.done():
+                queued += 1
+            _fail(item, Busy("shutdown", "the server is shutting down"))
+        log.warning(
+            "shutting down: %d queued trace(s) answered 503; %d checker call(s) in flight get "
+            "%g s to finish",
+            queued,
+            len(self.calls),
+            grace,
+        )
+        asyncio.get_running_loop().call_later(grace, self._stop_calls)
+
+    def close_threadsafe(self, grace: float = 30.0) -> None:
+        """`close` from a signal handler or another thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.close, grace)
+
+    def _stop_calls(self) -> None:
+        for call in list(self.calls):
+            call.stop.set()
+            for item in call.items:
+                _fail(item, Busy("shutdown", "the server is shutting down"))
+
+    async def stop(self) -> None:
+        """Close at once (no grace) and end the workers; checker threads are not waited for."""
+        self.close(grace=0)
+        self._stop_calls()
+        for task in list(self._workers):
+            task.cancel()
+        for task in list(self._workers):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ------------------------------------------------------------------ requests
+    async def submit(
+        self,
+        traces: Sequence[Trace],
+        until_gone: Callable[[], Awaitable[None]] | None = None,
+        timeout: float | None = None,
+    ) -> list[list[Verdict]] | None:
+        """Verdicts per trace, or None when the client hung up first (`until_gone` returns an
+        awaitable that finishes when it does). Raises `Busy` when they cannot come back within
+        `timeout` seconds (default `client_timeout`): at once for a client that gave its own
+        `timeout` (it can act on a refusal: another replica, Retry-After) or with
+        `when_overloaded="refuse"`, else once the request has been held as long as its deadline
+        allows (see `_admit`)."""
+        budget = self.client_timeout if timeout is None else timeout
+        if self.closing:
+            raise Busy("shutdown", "the server is shutting down")
+        if self.queue.qsize() + len(traces) > self.max_queue:
+            raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
+        # answer a little before the client's own timeout, so that a 503 reaches it first
+        usable = budget - min(2.0, 0.1 * budget)
+        until = time.monotonic() + usable
+        steps = sum(len(t.steps or []) for t in traces)
+        gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
+        try:
+            refuse = timeout is not None or self.when_overloaded == "refuse"
+            if not await self._admit(steps, until, budget, refuse, gone):
+                return None  # the client left while its request was held
+            return await self._answer(traces, until, budget, gone)
+        finally:
+            if gone is not None:
+                gone.cancel()
+
+    async def _admit(
+        self,
+        steps: int,
+        until: float,
+        budget: float,
+        refuse_at_once: bool,
+        gone: asyncio.Future | None,
+    ) -> bool:
+        """Whether a request of `steps` steps may join the queue: when the measured pace
+        answers it, behind what is queued, in flight or held before it, well inside its time
+        (the pace is an average). An idle server admits what comes (the request measures the
+        judge again), so an old figure never keeps it refusing. A request that does not fit is
+        refused at once (`refuse_at_once`), or else held, costing the judge nothing, until it
+        fits or its time runs out (`Busy`): a client that retries blindly, as OpenRLHF's does
+        (5 tries, 1 s apart), keeps its tries for when there is room. False: the client left
+        while held."""
+        ticket = object()
+        self.held.append((ticket, steps))
+        try:
+            while True:
+                position = next(i for i, (t, _) in enumerate(self.held) if t is ticket)
+                ahead = self.steps_ahead() + sum(s for _, s in self.held[:position])
+                left = until - time.monotonic()
+                expected = self.pace.estimate(ahead, steps) if ahead else None
+                if self.closing:
+                    raise Busy("shutdown", "the server is shutting down")
+                if expected is None or expected <= 0.8 * left:
+                    return True
+                if refuse_at_once or left <= HOLD_POLL_S:
+                    raise Busy(
+                        "overloaded",
+                        f"{ahead} steps queued or in flight: about {expected:.1f} s to answer, "
+                        f"past this request's {budget:g} s deadline",
+                        retry_after=min(expected - 0.8 * left, 60.0),
+                    )
+                if gone is not None:
+                    await asyncio.wait({gone}, timeout=HOLD_POLL_S)
+                    if gone.done():
+                        return False
+                else:
+                    await asyncio.sleep(HOLD_POLL_S)
+        finally:
+            self.held = [(t, s) for t, s in self.held if t is not ticket]
+
+    async def _answer(
+        self, traces: Sequence[Trace], until: float, budget: float, gone: asyncio.Future | None
+    ) -> list[list[Verdict]] | None:
+        """Queue the traces and wait for their verdicts until `until`; None if the client left."""
+        if self.closing:  # the queue was answered 503 already; nothing more joins it
+            raise Busy("shutdown", "the server is shutting down")
+        loop = asyncio.get_running_loop()
+        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]
+        for item in items:
+            # a trace nobody waits for any more (deadline, client gone): its judge requests end
+            item.future.add_done_callback(_cancel_deadline_of(item))
+            self.queue.put_nowait(item)
+            self.queued_steps += item.steps
+        answers = asyncio.gather(*(i.future for i in items))
+        answers.add_done_callback(_retrieve)
+        waiting: set[asyncio.Future] = {answers}
+        if gone is not None:
+            waiting.add(gone)
+        try:
+            await asyncio.wait(
+                waiting, timeout=max(0.0, until - time.monotonic()), return_when=FIRST
+            )
+        except asyncio.CancelledError:  # the request's task itself (a forced shutdown)
+            for item in items:
+                item.future.cancel()
+            raise
+        if answers.done():
+            error = answers.exception()
+            if error is None:
+                return list(answers.result())
+            for item in items:  # Busy (the server closed) or a fault: the rest is not wanted
+                item.future.cancel()
+            raise error
+        reason = "client_gone" if gone is not None and gone.done() else "deadline"
+        dropped = sum(1 for i in items if not i.future.done())
+        for item in items:
+            item.future.cancel()  # the workers skip them; a call with none left stops
+        if self.on_drop is not None and dropped:
+            self.on_drop(reason, dropped)
+        if reason == "client_gone":
+            return None
+        raise Busy("deadline", f"not checked within its {budget:g} s deadline")
+
+    def steps_ahead(self) -> int:
+        """Steps queued or in flight and still wanted: what a new request waits behind."""
+        running = sum(i.steps for c in self.calls for i in c.items if not i.future.done())
+        return self.queued_steps + running
+
+    # ------------------------------------------------------------------ workers
+    async def _get(self) -> _Item:
+        item = await self.queue.get()
+        self.queued_steps -= item.steps
+        return item
+
+    async def _next_batch(self) -> list[_Item]:
+        loop = asyncio.get_running_loop()
+        batch = [await self._get()]
+        until = loop.time() + self.max_wait
+        while len(batch) < self.max_batch:
+            timeout = until - loop.time()
+            if timeout <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._get(), timeout))
+            except asyncio.TimeoutError:
+                break
+        # a client that hung up or timed out cancelled its items: they are not checked
+        return [i for i in batch if not i.future.done()]
+
+    async def _collect(self) -> None:
+        """One collector forms every batch, so traces that arrive together share a call. It
+        waits for a free call slot first: while all `max_inflight` calls run, traces queue and
+        the next batch takes up to `max_batch` of them at once."""
+        slots = asyncio.Semaphore(self.max_inflight)
+        while True:
+            await slots.acquire()
+            batch = await self._next_batch()
+            if not batch:
+                slots.release()
+                continue
+            task = asyncio.create_task(self._run(batch))
+            self._workers.append(task)
+            task.add_done_callback(lambda t: (slots.release(), self._workers.remove(t)))
+
+    async def _run(self, batch: list[_Item]) -> None:
+        """One checker call in a thread of its own; each trace answered as it comes."""
+        loop = asyncio.get_running_loop()
+        call = _Call(batch)
+        for item in batch:
+            item.future.add_done_callback(call.maybe_stop)
+        finished = loop.create_future()
+        started = time.monotonic()
+        answered = 0
+
+        def deliver(position: int, verdicts: list[Verdict]) -> None:
+            nonlocal answered
+            answered += 1
+            future = batch[position].future
+            if not future.done():
+                future.set_result(verdicts)
+
+        def end(error: BaseException | None) -> None:
+            if answered == len(batch):  # a whole call: what the next requests can expect
+                self.pace.observe(time.monotonic() - started, sum(i.steps for i in batch))
+            for item in batch:  # a trace the call never answered (a fault in the call itself)
+                _fail(item, error or RuntimeError("the checker gave no verdicts for this trace"))
+            if not finished.done():
+                finished.set_result(None)
+
+        def work() -> None:
+            error: BaseException | None = None
+            try:
+                traces, deadlines = [i.trace for i in batch], [i.deadline for i in batch]
+                for position, verdicts in self.stream(traces, call.stop, deadlines):
+                    _call_soon(loop, deliver, position, verdicts)
+            except BaseException as exc:  # noqa: BLE001 - every waiting request learns of it
+                log.exception("checker failed on a batch of %d", len(batch))
+                error = exc
+            _call_soon(loop, end, error)
+
+        if self.on_batch is not None:
+            self.on_batch(len(batch))
+        self.calls.add(call)
+        try:
+            threading.Thread(target=work, name="stepgap-serve-check", daemon=True).start()
+            await finished
+        finally:
+            self.calls.discard(call)
+
+
+def _stream_of(check: Callable[[Sequence[Trace]], list[list[Verdict]]]) -> Stream:
+    """A plain `check` as a stream: every trace of a call comes back when the call returns."""
+
+    def stream(
+        traces: Sequence[Trace], stop: threading.Event, deadlines: Sequence[TraceDeadline]
+    ) -> Iterator[tuple[int, list[Verdict]]]:
+        yield from enumerate(check(traces))
+
+    return stream
+
+
+def _cancel_deadline_of(item: _Item) -> Callable[[asyncio.Future], None]:
+    def cancel(future: asyncio.Future) -> None:
+        if future.cancelled():
+            item.deadline.cancel()
+
+    return cancel
+
+
+def _fail(item: _Item, error: BaseException) -> None:
+    if not item.future.done():
+        item.future.set_exception(error)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting any more
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
