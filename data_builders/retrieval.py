@@ -5,7 +5,8 @@ PeterGriffinJin/Search-R1): `POST /retrieve` with `{"queries": [...], "topk": k,
 "return_scores": bool}` answers `{"result": [[{"document": {"id", "contents"}, "score"}, ...],
 ...]}` (without scores, each inner list holds the documents alone), where a document's
 `contents` is `"Title"\\ntext`. So an existing E5/FAISS server plugs into `stepgap rollouts`
-as `--retriever http://HOST:PORT/retrieve`, and `serve_index` serves a local index the same way.
+as `--retriever http://HOST:PORT/retrieve`, and `stepgap serve-index` serves a local index the
+same way (`serving/retrieval_server.py`).
 
 A local index (`stepgap index CORPUS -o DIR`) is a folder: `stepgap_index.json` (kind, model,
 source, attribution), `corpus.jsonl` (Search-R1 corpus rows `{"id", "contents", ...}`), and
@@ -25,8 +26,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-from pydantic import BaseModel
 
 from stepgap.io import ErrorReport, JsonlWriter, read_records, refuse_other_format, replacing
 
@@ -365,46 +364,6 @@ def parse_response(body: Any, n_queries: int, where: str = "retriever") -> list[
             hits.append(Hit(doc, float(score) if score is not None else None))
         out.append(hits)
     return out
-
-
-class QueryRequest(BaseModel):
-    """`POST /retrieve`'s body: retrieval_server.py's request model, field for field."""
-
-    queries: list[str]
-    topk: int | None = None
-    return_scores: bool = False
-
-
-def create_app(retriever: Retriever, default_topk: int = 3) -> Any:
-    """A FastAPI app answering Search-R1's `POST /retrieve` (and `GET /health`)."""
-    from fastapi import FastAPI
-
-    app = FastAPI(title="stepgap retrieval server (Search-R1 protocol)")
-
-    @app.post("/retrieve")
-    def retrieve(request: QueryRequest) -> dict[str, Any]:
-        hits = retriever.search(request.queries, request.topk or default_topk)
-        if request.return_scores:
-            return {
-                "result": [[{"document": h.document, "score": h.score} for h in r] for r in hits]
-            }
-        return {"result": [[h.document for h in r] for r in hits]}
-
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        meta = getattr(retriever, "meta", {})
-        return {"status": "ok", "documents": meta.get("documents"), "kind": meta.get("kind")}
-
-    return app
-
-
-def serve_index(
-    index: str | Path, *, host: str = "127.0.0.1", port: int = 8000, topk: int = 3
-) -> None:
-    """Serve a local index over HTTP with Search-R1's protocol until interrupted."""
-    import uvicorn
-
-    uvicorn.run(create_app(LocalIndex(index), topk), host=host, port=port, log_level="warning")
 
 
 def load_retriever(spec: str, *, device: str | None = None, timeout: float = 60.0) -> Retriever:

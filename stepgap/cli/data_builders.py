@@ -139,7 +139,7 @@ def index_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve_index(args: argparse.Namespace) -> int:
-    from stepgap.data_builders.retrieval import serve_index as serve
+    from stepgap.serving.retrieval_server import serve_index as serve
 
     print(
         f"stepgap serve-index: POST http://{args.host}:{args.port}/retrieve (Search-R1 protocol)",

@@ -17,7 +17,7 @@ import pytest
 from stepgap.data_builders import segment_response
 from stepgap.data_builders.policies import HFPolicy
 from stepgap.data_builders.qa import iter_questions, parse_columns
-from stepgap.data_builders.retrieval import LocalIndex, create_app, format_passages
+from stepgap.data_builders.retrieval import LocalIndex, format_passages
 from stepgap.data_builders.rollout_formats import (
     INVALID_ACTION,
     SEARCH_R1_TEMPLATE,
@@ -25,6 +25,7 @@ from stepgap.data_builders.rollout_formats import (
     Rollout,
 )
 from stepgap.data_builders.rollouts import run_rollouts
+from stepgap.serving.retrieval_server import create_app
 from tests.data_builders.conftest import QUESTIONS, TOPK, LiveServer
 
 pytestmark = pytest.mark.timeout(300)

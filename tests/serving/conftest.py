@@ -61,7 +61,8 @@ def retriever_url(example_traces, tmp_path_factory):
     """`stepgap retrieval serve` over a BM25 index of the example traces' evidence: a search
     agent's tool asks it as it would ask Search-R1's retriever."""
     pytest.importorskip("bm25s", reason="the retrieval extra")
-    from stepgap.data_builders.retrieval import LocalIndex, build_index, create_app, make_contents
+    from stepgap.data_builders.retrieval import LocalIndex, build_index, make_contents
+    from stepgap.serving.retrieval_server import create_app
 
     folder = tmp_path_factory.mktemp("retriever")
     passages = {(e.title, e.text) for t in example_traces for s in t.steps for e in s.evidence}
