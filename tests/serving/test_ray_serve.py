@@ -23,6 +23,9 @@ from stepgap.teacher import CheckerConfig
 from tests.fixtures.live_server import _free_port
 from tests.fixtures.openai_server import FakeOpenAI
 
+# heavy: Ray Serve on a two-node local cluster (`-m "not slow"` skips it locally; CI runs it)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

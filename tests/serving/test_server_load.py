@@ -78,6 +78,7 @@ def _hammer(url: str, traces, expected, seconds: float, *, hang_up_every: int = 
     return outcomes, wrong
 
 
+@pytest.mark.slow  # 64 clients for 20 s
 def test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat(
     fake_openai, examples_dir, example_traces, expected_rewards, tmp_path
 ):

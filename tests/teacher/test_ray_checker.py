@@ -14,10 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
+import pytest
 
 from stepgap.cli import main
 from stepgap.teacher.label import finished_steps
 from tests.fixtures.openai_server import FakeOpenAI
+
+# heavy: actors on a two-node local Ray cluster (`-m "not slow"` skips it locally; CI runs it)
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 VOLATILE = ("created", "seconds", "latency")
