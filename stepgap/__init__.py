@@ -1,8 +1,13 @@
 """stepgap: step-level evidence-gap detection for search agents, and a typed process reward.
 
-Subpackages: `stepgap.data_builders` (contracts, segmentation, datasets), `stepgap.teacher`
-(the hybrid checker), `stepgap.eval` (metrics and reports). Import them directly; this module
-stays light so `stepgap --help` is instant.
+Subpackages, from the top layer down (docs/architecture.md): `stepgap.cli` (the command),
+`stepgap.serving` (the reward in training, its servers, the offline checker), `stepgap.export`
+(ONNX NLI, the bundle, the Hub), `stepgap.student` (distillation, the student judge, mining),
+`stepgap.eval` (reports, baselines, the view), `stepgap.data_builders` (QA sets, retrieval,
+rollouts, SFT data), `stepgap.teacher` (the hybrid checker); the root modules hold the method
+(`segment`, `tree`, `reward`, `metrics`) and what everything reads (`schema`, `io`, `tags`,
+`hub`, `models`, `registry`, `redact`, `cluster`). Import them directly; this module stays
+light so `stepgap --help` is instant.
 """
 
 __version__ = "0.1.0"
