@@ -38,6 +38,13 @@ def _many_traces(verdicts: list[Verdict], copies: int) -> list[Verdict]:
 
 
 def test_shipped_teacher_verdicts_are_what_the_replay_teacher_says(examples_dir, verdicts):
+    """The SFT tests read the shipped verdicts. Their oracle is outside the checker: the hand
+    labels, which they match but on the teacher's two documented errors; and the replayed
+    checker gives them back exactly (so they are the teacher's, not edited by hand)."""
+    hand = {(g["trace_id"], g["step"]): g["label"]
+            for g in map(json.loads, (examples_dir / "gold_steps.jsonl").open())}  # fmt: skip
+    wrong = [(v.trace_id, v.step) for v in verdicts if v.label != hand[(v.trace_id, v.step)]]
+    assert len(verdicts) == len(hand) and len(wrong) == 2, wrong
     traces = list(iter_traces(examples_dir / "traces.jsonl"))
     checker = Checker(
         ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"),

@@ -27,7 +27,12 @@ def reward(fake_openai, examples_dir):
 
 @pytest.fixture(scope="session")
 def expected_rewards(example_traces, examples_dir) -> dict[str, float]:
-    """trace id -> reward from the stored (replayed) verdicts of the example traces."""
+    """trace id -> reward from the stored (replayed) verdicts of the example traces.
+
+    The adapters' oracle is the reward computed without them, by `compute_reward` on the same
+    verdicts: an adapter only carries inputs in and rewards out, and must change nothing. The
+    reward's arithmetic has its own oracle, the contract's hand-computed cases
+    (tests/test_reward.py)."""
     checker = Checker(
         ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"),
         ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"),

@@ -105,6 +105,9 @@ def test_nli_decision_is_the_stage_d_e_part():
 
 
 def test_the_teachers_judge_objects_through_the_shipped_tree_give_the_teachers_verdicts(pool, nli):
+    """A student that answers exactly as the teacher did must disagree nowhere: the expected
+    result (nothing mined) holds by construction, whatever the teacher said. The tests below
+    script disagreements of their own and check each is mined with its reason."""
     student = ScriptedStudent(pool, {})
     comparisons = compare(student, pool, nli)
     labeled = [v for v in pool if v.label is not None]
