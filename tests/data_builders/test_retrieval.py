@@ -14,11 +14,11 @@ from stepgap.data_builders.retrieval import (
     LocalIndex,
     RetrievalError,
     build_index,
-    create_app,
     format_passages,
     load_retriever,
 )
 from stepgap.segment import parse_snippets
+from stepgap.serving.retrieval_server import create_app
 from tests.data_builders.conftest import WIKI, LiveServer, needs_wiki
 
 pytestmark = pytest.mark.timeout(300)
