@@ -99,12 +99,10 @@ MUTATIONS = [
     ),
     Mutation(
         "server/admission-recovers",
-        "serving/server.py",
+        "serving/batching.py",
         "                expected = self.pace.estimate(ahead, steps) if ahead else None",
         "                expected = self.pace.estimate(ahead, steps)",
-        (
-            "tests/serving/test_server_deadlines.py::test_admission_recovers_once_the_server_is_idle",
-        ),
+        ("tests/serving/test_batching.py::test_admission_recovers_once_the_server_is_idle",),
     ),
     Mutation(
         "long-trace/linear",
@@ -243,7 +241,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/flat-memory",
-        "serving/server.py",
+        "serving/batching.py",
         "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]",
         "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]\n"
         '        self.__dict__.setdefault("kept", []).append(items)',
@@ -254,7 +252,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/hang-up-dropped",
-        "serving/server.py",
+        "serving/batching.py",
         "        gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None",
         "        gone = None",
         (
@@ -264,7 +262,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/no-lost-request",
-        "serving/server.py",
+        "serving/batching.py",
         "            if not future.done():\n                future.set_result(verdicts)",
         "            if not future.done() and position:\n                future.set_result(verdicts)",
         (
@@ -274,7 +272,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/answer-as-finished",
-        "serving/server.py",
+        "serving/batching.py",
         "for position, verdicts in self.stream(traces, call.stop, deadlines):",
         "for position, verdicts in list(self.stream(traces, call.stop, deadlines)):",
         (
@@ -284,7 +282,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/several-in-flight",
-        "serving/server.py",
+        "serving/batching.py",
         "slots = asyncio.Semaphore(self.max_inflight)",
         "slots = asyncio.Semaphore(1)",
         (
@@ -293,11 +291,11 @@ MUTATIONS = [
     ),
     Mutation(
         "server/arrive-together",
-        "serving/server.py",
+        "serving/batching.py",
         "self._workers = [asyncio.create_task(self._collect())]",
         "self._workers = [asyncio.create_task(self._collect()) for _ in range(self.max_inflight)]",
         (
-            "tests/serving/test_server_deadlines.py::"
+            "tests/serving/test_batching.py::"
             "test_traces_that_arrive_together_share_one_call_and_calls_never_exceed_max_inflight",
         ),
     ),
@@ -310,7 +308,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/deadline-503",
-        "serving/server.py",
+        "serving/batching.py",
         "                waiting, timeout=max(0.0, until - time.monotonic()), return_when=FIRST",
         "                waiting, timeout=None, return_when=FIRST",
         (
@@ -322,21 +320,23 @@ MUTATIONS = [
     ),
     Mutation(
         "server/dropped-work-stops",
-        "serving/server.py",
+        "serving/batching.py",
         "        if all(f.done() for f in futures) and any(f.cancelled() for f in futures):",
         "        if False:",
         (
             "tests/serving/test_server_deadlines.py::"
             "test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped",
+            "tests/serving/test_batching.py::"
+            "test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace",
         ),
     ),
     Mutation(
         "server/admission",
-        "serving/server.py",
+        "serving/batching.py",
         "if expected is None or expected <= 0.8 * left:",
         "if expected is None or expected <= 1e9:",
         (
-            "tests/serving/test_server_deadlines.py::"
+            "tests/serving/test_batching.py::"
             "test_admission_refuses_at_once_what_the_measured_pace_cannot_answer_in_time",
         ),
     ),

@@ -213,3 +213,34 @@ def test_the_batcher_imports_without_the_web_framework():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace(example_traces):
+    """The call's own stop, apart from the judge's deadlines: a checker that ignores deadlines
+    but looks at the stop event between traces (as `StepGapReward.check_stream` does) checks
+    no trace after its request's deadline has passed and every trace of the call is gone."""
+    checked: list[int] = []
+
+    def stream(traces, stop, deadlines):
+        for i, _ in enumerate(traces):
+            if stop.is_set():
+                return
+            time.sleep(0.4)
+            checked.append(i)
+            yield i, []
+
+    async def run():
+        batcher = MicroBatcher(stream=stream, max_batch=8, max_wait_ms=50, max_inflight=1)
+        batcher.start()
+        try:
+            with pytest.raises(Busy) as refused:
+                await batcher.submit(list(example_traces[:4]), timeout=0.6)
+            assert refused.value.reason == "deadline"
+            await asyncio.sleep(2.0)  # time for the rest, were the call not stopped
+        finally:
+            await batcher.stop()
+
+    asyncio.run(run())
+    # what was under way when the deadline passed ends (on a busy machine, one trace or none);
+    # no trace starts after it
+    assert 1 <= len(checked) <= 2 and checked == list(range(len(checked))), checked
