@@ -21,8 +21,9 @@ QWEN25 = (FIXTURES / "qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
 
 @pytest.fixture(scope="module")
 def conversations(example_traces, retriever_url):
-    """Two example traces as tool-calling conversations: each search a `search` tool call whose
-    response is what the local retriever answers, then the answer."""
+    """The first example trace that searches, as a tool-calling conversation: each search a
+    `search` tool call whose response is what the local retriever answers, then the answer
+    (one trace keeps the policy's training to seconds)."""
     from stepgap.serving.trl import SearchEnvironment
 
     env = SearchEnvironment(retriever_url)
