@@ -15,10 +15,10 @@ the finished response, and the reward is the one `compute_score` would give it.
 
 The checker is `stepgap serve` (`stepgap_url` in the agent loop's config, or
 `STEPGAP_REWARD_URL`) or a `StreamingReward` in each agent-loop worker over the reward config
-file (`stepgap_config`, or `STEPGAP_REWARD_CONFIG`). Configs, beside this module: `verl_agent_loop.yaml`
-(`actor_rollout_ref.rollout.agent.agent_loop_config_path`) and `verl_search_tool.yaml`
-(`actor_rollout_ref.rollout.multi_turn.tool_config_path`); README "Checking while the rollout
-runs" has the whole command line.
+file (`stepgap_config`, or `STEPGAP_REWARD_CONFIG`). Configs, beside this module:
+`verl_agent_loop.yaml` (`actor_rollout_ref.rollout.agent.agent_loop_config_path`) and
+`verl_search_tool.yaml` (`actor_rollout_ref.rollout.multi_turn.tool_config_path`); README
+"Checking while the rollout runs" has the whole command line.
 """
 
 from __future__ import annotations
