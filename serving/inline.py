@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import threading
+import weakref
 import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -80,6 +81,8 @@ class ServedInline:
         self.urls = parse_urls(urls)
         self.timeout = timeout
         self.retries = retries
+        # one client (its connections kept open) per event loop: a client is bound to its loop
+        self._clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def url_of(self, trace_id: str) -> str:
         """The replica that keeps this rollout's answers (the same in every process)."""
@@ -88,15 +91,17 @@ class ServedInline:
     def _client(self) -> Any:
         import httpx
 
-        return httpx.AsyncClient(timeout=self.timeout)
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            self._clients[loop] = httpx.AsyncClient(timeout=self.timeout)
+        return self._clients[loop]
 
     async def send(self, trace_id: str, question: str, text: str) -> int:
         import httpx
 
         body = {"trace_id": trace_id, "question": question, "response": text}
         try:
-            async with self._client() as client:
-                resp = await client.post(f"{self.url_of(trace_id)}/steps", json=body)
+            resp = await self._client().post(f"{self.url_of(trace_id)}/steps", json=body)
             resp.raise_for_status()
             return int(resp.json()["submitted"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -112,30 +117,29 @@ class ServedInline:
         body = {"responses": [text], "questions": [question], "golden_answers": [list(golden)],
                 "trace_ids": [trace_id]}  # fmt: skip
         problem = ""
-        async with self._client() as client:
-            for attempt in range(self.retries + 1):
-                try:
-                    resp = await client.post(
-                        url, json=body, headers={"X-Stepgap-Timeout": f"{self.timeout:g}"}
-                    )
-                except httpx.TransportError as exc:
-                    problem = f"{type(exc).__name__}: {exc}"
-                    await asyncio.sleep(min(2.0**attempt, 30.0))
-                    continue
-                if resp.status_code == 503:  # busy or past the deadline: its Retry-After
-                    problem = "503"
-                    await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
-                    continue
-                resp.raise_for_status()
-                return result_of(resp.json()["results"][0])
+        client = self._client()
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await client.post(
+                    url, json=body, headers={"X-Stepgap-Timeout": f"{self.timeout:g}"}
+                )
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(min(2.0**attempt, 30.0))
+                continue
+            if resp.status_code == 503:  # busy or past the deadline: its Retry-After
+                problem = "503"
+                await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+                continue
+            resp.raise_for_status()
+            return result_of(resp.json()["results"][0])
         raise RuntimeError(f"{url} gave no reward for rollout {trace_id}: {problem}")
 
     async def drop(self, trace_id: str) -> None:
         import httpx
 
         try:
-            async with self._client() as client:
-                await client.delete(f"{self.url_of(trace_id)}/steps/{trace_id}")
+            await self._client().delete(f"{self.url_of(trace_id)}/steps/{trace_id}")
         except httpx.HTTPError as exc:  # the server forgets it after a while anyway
             log.info("rollout %s: could not drop its steps (%s)", trace_id, exc)
 
