@@ -76,6 +76,17 @@ def hermes_tools_prompt(tools: list[dict[str, Any]]) -> str:
     )
 
 
+def tool_call_text(name: Any, arguments: Any) -> str:
+    """A tool call in Hermes text form, as Qwen2.5's chat template writes it."""
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+def tool_response_text(body: str) -> str:
+    """A tool's answer as Hermes / Qwen2.5 chat templates render a tool message."""
+    return f"<tool_response>\n{body}\n</tool_response>"
+
+
 FORMATS = ("search-r1", "hermes")
 
 
@@ -204,11 +215,8 @@ class HermesFormat:
         text, _ = cut_turn(gen.text, self.stops)
         native = gen.tool_call
         if native is not None:  # an API's parsed tool call, written back in Hermes text form
-            call_text = json.dumps(
-                {"name": native["name"], "arguments": native["arguments"]}, ensure_ascii=False
-            )
-            text = (text.rstrip() + "\n" if text.strip() else "") + (
-                f"<tool_call>\n{call_text}\n</tool_call>"
+            text = (text.rstrip() + "\n" if text.strip() else "") + tool_call_text(
+                native["name"], native["arguments"]
             )
         r.response += text
         action = first_block(text, ("answer", "tool_call"))
@@ -233,14 +241,12 @@ class HermesFormat:
     def observe(self, r: Rollout, passages: str | None) -> None:
         if passages is not None:
             body = passages.strip()
-            r.response += f"\n<tool_response>\n{body}\n</tool_response>\n"
+            r.response += f"\n{tool_response_text(body)}\n"
             if r.tool_call is not None:
                 tool = {"role": "tool", "tool_call_id": r.tool_call["id"], "content": body}
                 r.messages.append(tool)
             else:  # what Hermes / Qwen2.5 chat templates render a tool message as
-                r.messages.append(
-                    {"role": "user", "content": f"<tool_response>\n{body}\n</tool_response>"}
-                )
+                r.messages.append({"role": "user", "content": tool_response_text(body)})
         r.pending_query = None
         r.tool_call = None
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepgap.data_builders.qa import question_line
+from stepgap.data_builders.rollout_formats import tool_call_text, tool_response_text
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -17,7 +18,6 @@ def _content(message: dict[str, Any]) -> str:
 
 
 def _tool_call(call: dict[str, Any]) -> str:
-    """A tool call as Qwen2.5's chat template writes it (Hermes: JSON inside `<tool_call>`)."""
     function = call.get("function", call)
     arguments = function.get("arguments")
     if isinstance(arguments, str):  # OpenAI's wire form: a JSON string
@@ -25,8 +25,7 @@ def _tool_call(call: dict[str, Any]) -> str:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             pass
-    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
-    return f"<tool_call>\n{body}\n</tool_call>"
+    return tool_call_text(function.get("name"), arguments)
 
 
 def text_of(message_or_text: Any) -> str:
@@ -44,7 +43,7 @@ def text_of(message_or_text: Any) -> str:
         parts = []
         for m in messages:
             if m.get("role") == "tool":
-                parts.append(f"<tool_response>\n{_content(m)}\n</tool_response>")
+                parts.append(tool_response_text(_content(m)))
             else:  # TRL's parser moves a Qwen turn's <think> block into reasoning_content
                 think = m.get("reasoning_content")
                 think = f"<think>{think}</think>" if think else ""
