@@ -366,6 +366,30 @@ def parse_response(body: Any, n_queries: int, where: str = "retriever") -> list[
     return out
 
 
+# The retriever the trainers' search tools ask (veRL's tool config, OpenRLHF's agent, TRL's
+# environment), unless told otherwise.
+RETRIEVER_URL_ENV = "STEPGAP_RETRIEVER_URL"
+DEFAULT_RETRIEVER_URL = "http://127.0.0.1:8000/retrieve"
+_SHARED: dict[str, HttpRetriever] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def tool_retriever(url: str | None = None) -> HttpRetriever:
+    """This process's client of the retriever at `url`, else `$STEPGAP_RETRIEVER_URL`, else
+    the local default: one per address, its connections shared by every rollout's tool."""
+    url = url or os.environ.get(RETRIEVER_URL_ENV, DEFAULT_RETRIEVER_URL)
+    with _SHARED_LOCK:
+        if url not in _SHARED:
+            _SHARED[url] = HttpRetriever(url)
+        return _SHARED[url]
+
+
+def search_passages(retriever: Retriever, query: str, topk: int) -> str:
+    """One search tool call: the top `topk` passages for `query`, as Search-R1 writes them."""
+    (hits,) = retriever.search([query], topk)
+    return format_passages(hits)
+
+
 def load_retriever(spec: str, *, device: str | None = None, timeout: float = 60.0) -> Retriever:
     """`http(s)://HOST:PORT[/retrieve]` (a Search-R1 retrieval server) or an index folder."""
     if spec.startswith(("http://", "https://")):

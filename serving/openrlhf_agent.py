@@ -32,22 +32,19 @@ from uuid import uuid4
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, format_passages
-from stepgap.data_builders.rollout_formats import INFORMATION, INVALID_ACTION, cut_turn
+from stepgap.data_builders.retrieval import RetrievalError, search_passages, tool_retriever
+from stepgap.data_builders.rollout_formats import (
+    INFORMATION,
+    INVALID_ACTION,
+    SearchR1Format,
+    cut_turn,
+)
 from stepgap.serving.inline import inline_checker
 from stepgap.serving.inputs import golden_list, question_from_prompt
 from stepgap.serving.reward import available
 from stepgap.tags import first_block
 
-STOPS = ("</search>", "</answer>")
-_RETRIEVERS: dict[str, HttpRetriever] = {}
-
-
-def _retriever() -> HttpRetriever:
-    url = os.environ.get("STEPGAP_RETRIEVER_URL", "http://127.0.0.1:8000/retrieve")
-    if url not in _RETRIEVERS:
-        _RETRIEVERS[url] = HttpRetriever(url)
-    return _RETRIEVERS[url]
+STOPS = SearchR1Format.stops
 
 
 class SearchAgentInstance(AgentInstanceBase):
@@ -80,10 +77,10 @@ class SearchAgentInstance(AgentInstanceBase):
         if block is not None and block[0] == "search" and self.searches < self.max_turns:
             self.searches += 1
             try:
-                (hits,) = await asyncio.to_thread(
-                    _retriever().search, [block[1].strip()], self.topk
+                passages = await asyncio.to_thread(
+                    search_passages, tool_retriever(), block[1].strip(), self.topk
                 )
-                feedback = INFORMATION.format(format_passages(hits).strip())
+                feedback = INFORMATION.format(passages.strip())
             except RetrievalError as exc:
                 feedback = INFORMATION.format(f"search failed: {exc}")
             await self.checker.send(

@@ -17,12 +17,11 @@ TRL's rollout runs (veRL's agent loop and OpenRLHF's executor can: `verl_agent.p
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stepgap.data_builders.retrieval import HttpRetriever, format_passages
+from stepgap.data_builders.retrieval import search_passages, tool_retriever
 from stepgap.reward import RewardResult
 
 from .inputs import golden_list, question_from_prompt, text_of
@@ -111,8 +110,7 @@ class SearchEnvironment:
     http://127.0.0.1:8000/retrieve); `topk` passages a search."""
 
     def __init__(self, url: str | None = None, topk: int = 3) -> None:
-        url = url or os.environ.get("STEPGAP_RETRIEVER_URL", "http://127.0.0.1:8000/retrieve")
-        self.retriever = HttpRetriever(url)
+        self.retriever = tool_retriever(url)
         self.topk = topk
         self.queries: list[str] = []
 
@@ -127,5 +125,4 @@ class SearchEnvironment:
             query: the search query
         """
         self.queries.append(query)
-        (hits,) = self.retriever.search([query], self.topk)
-        return format_passages(hits)
+        return search_passages(self.retriever, query, self.topk)

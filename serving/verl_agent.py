@@ -32,7 +32,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, format_passages
+from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, search_passages
 from stepgap.data_builders.rollout_formats import SEARCH_TOOL
 
 from .inline import inline_checker
@@ -66,10 +66,12 @@ class SearchTool(BaseTool):
         if not isinstance(query, str) or not query.strip():
             return ToolResponse(text="search needs a non-empty string 'query'"), 0.0, {}
         try:
-            (hits,) = await asyncio.to_thread(self.retriever.search, [query.strip()], self.topk)
+            passages = await asyncio.to_thread(
+                search_passages, self.retriever, query.strip(), self.topk
+            )
         except RetrievalError as exc:
             return ToolResponse(text=f"search failed: {exc}"), 0.0, {}
-        return ToolResponse(text=format_passages(hits)), 0.0, {"hits": len(hits)}
+        return ToolResponse(text=passages), 0.0, {}
 
 
 def _user_text(raw_prompt: Any) -> str | None:
