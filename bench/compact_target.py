@@ -72,7 +72,7 @@ def token_counts(pool: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
 
 def requests(pool: list[Any], held: bool, fraction: float) -> list[Any]:
     """Judge requests of the teacher-labeled steps on one side of the split."""
-    from stepgap.data_builders.sft import in_eval_split
+    from stepgap.data_builders.sft_data import in_eval_split
     from stepgap.student.mining import pool_traces
     from stepgap.teacher.prompt import build_requests
 
@@ -127,10 +127,10 @@ def train_and_judge(
 ) -> dict[str, dict[str, Any]]:
     """target -> the recipe trained on that target's data, judged on the held-out steps (and on
     the training steps: how much it memorised)."""
-    from stepgap.data_builders.sft import write_sft_data
-    from stepgap.student.config import load_config
+    from stepgap.data_builders.sft_data import write_sft_data
     from stepgap.student.judge import StudentJudge
-    from stepgap.student.sft import train
+    from stepgap.student.recipe import load_config
+    from stepgap.student.trainer import train
 
     fraction = load_config("tiny").eval_fraction  # the split tests/student/test_train.py uses
     teacher = {(v.trace_id, v.step): v for v in pool}

@@ -446,7 +446,7 @@ def _length_stats(data: Any) -> dict[str, Any]:
 def _recipe(name: str, sizes: Sizes, **overrides: Any) -> Any:
     """A packaged recipe with the suite's run lengths; the kernels and batches stay the
     recipe's unless named."""
-    from stepgap.student.config import load_config
+    from stepgap.student.recipe import load_config
 
     cuda = _cuda()
     run = {
@@ -632,8 +632,8 @@ def _plain_trl(sizes: Sizes, base: str, data: Any, out: Path) -> dict[str, Any]:
 
 
 def _project(sizes: Sizes, base: str, data_dir: Path, out: Path, levers: dict) -> dict[str, Any]:
-    """stepgap's own path: `stepgap.student.sft.train` with the 7B recipe and its kernel keys."""
-    from stepgap.student.sft import train
+    """stepgap's own path: `stepgap.student.trainer.train` with the 7B recipe and its kernel keys."""
+    from stepgap.student.trainer import train
 
     cfg = _recipe(
         "qwen2.5-7b-lora",
@@ -702,7 +702,7 @@ def section_qlora(sizes: Sizes, work: Path) -> dict[str, Any]:
     from datasets import DatasetDict
     from transformers import AutoTokenizer
 
-    from stepgap.student.sft import train
+    from stepgap.student.trainer import train
 
     base = str(work / "base")
     tokenizer = AutoTokenizer.from_pretrained(base)

@@ -83,7 +83,7 @@ def main() -> None:
     args = p.parse_args()
 
     from stepgap.data_builders import iter_traces
-    from stepgap.serving.reward import StepGapReward
+    from stepgap.serving.reward_function import StepGapReward
     from stepgap.serving.streaming import StreamingReward
     from stepgap.teacher.checker import Checker
     from stepgap.teacher.judges.replay import ReplayJudge

@@ -44,7 +44,7 @@ def start_judge(latency: float) -> tuple[Any, str]:
 
 
 def expected_rewards() -> dict[str, float]:
-    from stepgap.reward import compute_reward
+    from stepgap.reward_arithmetic import compute_reward
     from stepgap.segment import iter_traces
     from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
 

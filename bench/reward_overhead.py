@@ -32,7 +32,7 @@ def per_trajectory_us(fn, items, repeats: int) -> float:
 def main() -> None:
     from stepgap.data_builders import iter_traces
     from stepgap.io import read_models
-    from stepgap.reward import VARIANTS, compute_reward
+    from stepgap.reward_arithmetic import VARIANTS, compute_reward
     from stepgap.schema import Verdict
     from stepgap.teacher.checker import group_by_trace
     from tests.fixtures.models import qwen_tokenizer

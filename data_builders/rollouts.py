@@ -214,7 +214,7 @@ def rollouts_file(
     (one per line, or JSONL with `id` / `trace_id`, as `sft-data` reads them). Other options go
     to `run_rollouts`.
     """
-    from .sft import read_ids
+    from .sft_data import read_ids
 
     excluded = set().union(*(read_ids(p) for p in exclude_ids)) if exclude_ids else set()
     questions = iter_questions(qa, columns=columns, split=split, subset=subset, report=report)

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.reward import exact_match, final_answer
+from stepgap.reward_arithmetic import exact_match, final_answer
 from stepgap.schema import LABELS, Snippet, Trace, Verdict
 from stepgap.tree import (
     AccumulatedEvidence,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .bundle import BundleError, export_bundle, probe_pairs, summarize_eval_report, verify_bundle
-from .hub import push_bundle
 from .onnx_nli import ExportError, check_parity, export_onnx
+from .push import push_bundle
 
 __all__ = [
     "BundleError",

@@ -1,8 +1,8 @@
 """The typed GRPO process reward in training (its arithmetic, docs/contract.md section 4, is
-`stepgap.reward`, re-exported here), steps checked while the rollout runs, its adapters for TRL, veRL and OpenRLHF, the reward server,
+`stepgap.reward_arithmetic`, re-exported here), steps checked while the rollout runs, its adapters for TRL, veRL and OpenRLHF, the reward server,
 and the offline checker loaded from an exported bundle."""
 
-from stepgap.reward import (
+from stepgap.reward_arithmetic import (
     VARIANTS,
     RewardResult,
     StepReward,
@@ -15,7 +15,7 @@ from stepgap.reward import (
 )
 
 from .offline import OfflineChecker
-from .reward import StepGapReward, reward_file
+from .reward_function import StepGapReward, reward_file
 from .streaming import StreamingReward
 
 __all__ = [

@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stepgap.reward import RewardResult
+from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import GapLabel, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 
-from .inputs import golden_list
+from .framework_inputs import golden_list
 
 _RESPONSE = (
     "<think>I need the director of Whiplash.</think><search>Whiplash director</search>"

@@ -4,7 +4,7 @@ each time a search result comes back, and asks for the reward when the rollout e
 Two checkers answer the same three calls (all async, for the agent loops of veRL and OpenRLHF):
 
 - `LocalInline`: a `StreamingReward` in this process, over the process's reward
-  (`configured.get_reward`: a reward config file, or `configure(reward)`);
+  (`process_reward.get_reward`: a reward config file, or `configure(reward)`);
 - `ServedInline`: `stepgap serve` (`POST /steps`, `POST /reward` with the rollout's id,
   `DELETE /steps/{id}`); with several replicas each rollout always goes to the same one, where
   its answers are kept.
@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from stepgap.reward import RewardResult, StepReward
+from stepgap.reward_arithmetic import RewardResult, StepReward
 
 from .remote import parse_urls
 from .streaming import StreamingReward
@@ -166,7 +166,7 @@ def inline_checker(url: str | None = None, config: str | None = None) -> InlineC
             if url:
                 _CHECKERS[key] = ServedInline(url)
             else:
-                from .configured import get_reward
+                from .process_reward import get_reward
 
                 reward = get_reward({"config": config} if config else None)
                 _CHECKERS[key] = LocalInline(StreamingReward(reward))

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stepgap.reward import RewardResult
-from stepgap.serving.inputs import golden_list, question_from_prompt
-from stepgap.serving.reward import available
+from stepgap.reward_arithmetic import RewardResult
+from stepgap.serving.framework_inputs import golden_list, question_from_prompt
+from stepgap.serving.reward_function import available
 
 
 def openrlhf_batch(

@@ -39,9 +39,9 @@ from stepgap.data_builders.rollout_formats import (
     SearchR1Format,
     cut_turn,
 )
+from stepgap.serving.framework_inputs import golden_list, question_from_prompt
 from stepgap.serving.inline import inline_checker
-from stepgap.serving.inputs import golden_list, question_from_prompt
-from stepgap.serving.reward import available
+from stepgap.serving.reward_function import available
 from stepgap.tags import first_block
 
 STOPS = SearchR1Format.stops

@@ -39,7 +39,7 @@ from .api import (
     segmented_traces,
 )
 from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward import RewardOptions, RewardUnavailable
+from .reward_function import RewardOptions, RewardUnavailable
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_WAIT_S = 0.01
@@ -135,14 +135,14 @@ class RewardService:
 def build_app(args: dict[str, Any]) -> Any:
     """The application from `serve run`/`serve deploy` arguments (or `stepgap serve --ray`):
 
-    - `config`: a reward configuration JSON file (`stepgap.serving.configured.reward_config`:
+    - `config`: a reward configuration JSON file (`stepgap.serving.process_reward.reward_config`:
       `stepgap serve`'s checker flags by name, `variant`, `lam`), read here, on the driver;
     - `num_replicas` (default 1) or `autoscaling_config` (Ray Serve's: `min_replicas`,
       `max_replicas`, `target_ongoing_requests`, ...);
     - `ray_actor_options` per replica (`num_cpus`, `num_gpus`, `resources`);
     - `max_batch`, `batch_wait_s`: `@serve.batch`'s size and wait.
     """
-    from .configured import reward_config
+    from .process_reward import reward_config
 
     if "config" not in args:
         raise ValueError("give config=FILE.json: the reward configuration (see `stepgap serve`)")

@@ -51,7 +51,7 @@ try:  # the `serve` extra; at module level so FastAPI can resolve the routes' an
 except ImportError:  # pragma: no cover - without the extra, create_app says what to install
     Request = Any  # type: ignore[misc,assignment]
 
-from stepgap.reward import RewardResult
+from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
@@ -77,7 +77,7 @@ from .batching import (
     MicroBatcher,
 )
 from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward import RewardUnavailable, StepGapReward, default_inflight
+from .reward_function import RewardUnavailable, StepGapReward, default_inflight
 from .streaming import StreamingReward
 
 log = logging.getLogger(__name__)

@@ -27,13 +27,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepgap.reward import RewardResult
+from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.judges.base import JudgeRequest, TraceDeadline
 from stepgap.tree import JudgeResult
 
-from .reward import StepGapReward, _complete, default_inflight, failed_verdicts
+from .reward_function import StepGapReward, _complete, default_inflight, failed_verdicts
 
 log = logging.getLogger(__name__)
 

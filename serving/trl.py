@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepgap.data_builders.retrieval import search_passages, tool_retriever
-from stepgap.reward import RewardResult
+from stepgap.reward_arithmetic import RewardResult
 
-from .inputs import golden_list, question_from_prompt, text_of
-from .reward import StepGapReward
+from .framework_inputs import golden_list, question_from_prompt, text_of
+from .reward_function import StepGapReward
 
 
 def _rates(results: Sequence[RewardResult]) -> dict[str, float]:

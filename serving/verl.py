@@ -19,7 +19,7 @@ else from `configure(reward)`, else from the environment: `STEPGAP_REWARD_URL` (
 for replicas) or `STEPGAP_REWARD_CONFIG` (the JSON file). When veRL's reward model is enabled,
 it adds `reward_router_address` and `reward_model_tokenizer`: with a bundle in the JSON file,
 stages A-C are then asked of the bundle's student that veRL serves behind that router
-(`configured.served_by_router`; the served name is the tokenizer's path, veRL's `model_path`,
+(`process_reward.served_by_router`; the served name is the tokenizer's path, veRL's `model_path`,
 or `reward_kwargs.served_model`). Its `extra_info` fields are accepted.
 
 The question is read from `extra_info["question"]`: veRL gives a reward function the response
@@ -47,9 +47,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepgap.data_builders.qa import question_line
-from stepgap.serving.configured import configure, get_reward
-from stepgap.serving.inputs import golden_list
-from stepgap.serving.reward import available
+from stepgap.serving.framework_inputs import golden_list
+from stepgap.serving.process_reward import configure, get_reward
+from stepgap.serving.reward_function import available
 
 __all__ = [
     "PREPARE_COMMAND",

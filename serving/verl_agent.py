@@ -35,9 +35,9 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, search_passages
 from stepgap.data_builders.rollout_formats import SEARCH_TOOL
 
+from .framework_inputs import golden_list
 from .inline import inline_checker
-from .inputs import golden_list
-from .reward import available
+from .reward_function import available
 from .verl import question_of
 
 AGENT_NAME = "stepgap_tool_agent"

@@ -30,10 +30,10 @@ import torch
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
-from stepgap.reward import RewardResult
-from stepgap.serving.configured import get_reward
-from stepgap.serving.inputs import golden_list
-from stepgap.serving.reward import available
+from stepgap.reward_arithmetic import RewardResult
+from stepgap.serving.framework_inputs import golden_list
+from stepgap.serving.process_reward import get_reward
+from stepgap.serving.reward_function import available
 from stepgap.serving.verl import question_of
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ Subpackages, from the top layer down (docs/architecture.md): `stepgap.cli` (the 
 (ONNX NLI, the bundle, the Hub), `stepgap.student` (distillation, the student judge, mining),
 `stepgap.eval` (reports, baselines, the view), `stepgap.data_builders` (QA sets, retrieval,
 rollouts, SFT data), `stepgap.teacher` (the hybrid checker); the root modules hold the method
-(`segment`, `tree`, `reward`, `metrics`) and what everything reads (`schema`, `io`, `tags`,
-`hub`, `models`, `registry`, `redact`, `cluster`). Import them directly; this module stays
+(`segment`, `tree`, `reward_arithmetic`, `metrics`) and what everything reads (`schema`, `io`, `tags`,
+`hub_access`, `models`, `registry`, `redact`, `cluster`). Import them directly; this module stays
 light so `stepgap --help` is instant.
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stepgap.hub import hub_unreachable
+from stepgap.hub_access import hub_unreachable
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""The distilled student: LoRA/QLoRA SFT on teacher verdicts (`stepgap.student.sft.train`), the
+"""The distilled student: LoRA/QLoRA SFT on teacher verdicts (`stepgap.student.trainer.train`), the
 student as a judge, and hard-negative mining (`mine`)."""
 
-from .config import StudentTrainConfig, load_config
 from .mining import mine
+from .recipe import StudentTrainConfig, load_config
 
 __all__ = ["StudentTrainConfig", "load_config", "mine"]

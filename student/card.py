@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from stepgap.hub import CARD, LICENSE, template_section
+from stepgap.hub_access import CARD, LICENSE, template_section
 from stepgap.models import display_ref, stand_in_note
 
-from .config import StudentTrainConfig
+from .recipe import StudentTrainConfig
 
 TAGS = ["stepgap", "trl", "sft", "lora"]
 # The recipe keys a reader needs to judge or reproduce the run (the rest are bookkeeping).

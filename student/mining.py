@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.sft import build_sft_dataset, in_eval_split, save_sft_dataset
+from stepgap.data_builders.sft_data import build_sft_dataset, in_eval_split, save_sft_dataset
 from stepgap.io import JsonlWriter, replacing, write_text
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.checker import Checker, group_by_trace
@@ -291,7 +291,7 @@ AUGMENT_LR_DIVISOR = 10
 
 def augment_learning_rate(config: str | Path, overrides: Sequence[str] = ()) -> float:
     """The recipe's distillation rate divided by `AUGMENT_LR_DIVISOR` (the paper's protocol)."""
-    from .config import load_config, parse_overrides
+    from .recipe import load_config, parse_overrides
 
     return load_config(config, parse_overrides(list(overrides))).learning_rate / AUGMENT_LR_DIVISOR
 
@@ -312,9 +312,9 @@ def augment(
     augments an order of magnitude below the distillation rate, so as not to overfit the small
     mined set.
     """
-    from .config import load_config, parse_overrides
     from .judge import ADAPTER_CONFIG
-    from .sft import train
+    from .recipe import load_config, parse_overrides
+    from .trainer import train
 
     adapter_cfg = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     out = Path(mined_dir) / "augmented"

@@ -83,7 +83,7 @@ JUDGE, NLI, BUNDLE = "judge (stages A-C)", "NLI (stages D-E) and the tree", "off
 class CheckerConfig(BaseModel):
     """What `build_checker` is given, as data. The flags of `stepgap check`, `label`, `serve`
     and `baseline` are made from these fields (name, default, type, choices, help), and a reward
-    worker reads the same keys from a JSON file (`stepgap.serving.configured`), so both take the
+    worker reads the same keys from a JSON file (`stepgap.serving.process_reward`), so both take the
     same options with the same defaults. No field holds a secret: the API key is read from the
     variable `api_key_env` names."""
 

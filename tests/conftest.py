@@ -15,8 +15,8 @@ from hypothesis import settings
 from stepgap.data_builders import iter_traces
 from stepgap.io import read_models
 from stepgap.schema import Verdict
-from stepgap.student.config import load_config
-from stepgap.student.sft import train
+from stepgap.student.recipe import load_config
+from stepgap.student.trainer import train
 from tests.fixtures import models
 from tests.fixtures import ray_cluster as _ray_on_loopback  # noqa: F401  before Ray is imported
 from tests.fixtures.openai_server import FakeOpenAI, example_prompt_keys, stored_answers

@@ -43,11 +43,11 @@ def test_an_upward_import_from_the_root_layer_breaks_them(layout):
 
 def test_a_cycle_between_two_folders_breaks_them(layout):
     """The cycle this layering removed: the reward worker's configuration read by the CLI's flags."""
-    configured = layout / "stepgap" / "serving" / "configured.py"
-    configured.write_text(configured.read_text() + "\nfrom stepgap.cli.options import checker\n")
+    worker = layout / "stepgap" / "serving" / "process_reward.py"
+    worker.write_text(worker.read_text() + "\nfrom stepgap.cli.options import checker\n")
     result = lint_imports.lint(layout)
     assert result.returncode == 1
-    assert "stepgap.serving.configured -> stepgap.cli.options" in result.stdout
+    assert "stepgap.serving.process_reward -> stepgap.cli.options" in result.stdout
 
 
 def test_a_module_no_layer_names_breaks_them(layout):
@@ -62,7 +62,9 @@ def test_no_two_modules_import_each_other(layout):
 
 
 def test_a_module_importing_one_that_imports_it_is_a_circle(layout):
-    """The circle broken here: student/judge.py holds the key both mining and sft read."""
-    sft = layout / "stepgap" / "student" / "sft.py"
-    sft.write_text(sft.read_text() + "\n\ndef _again():\n    from .mining import mine\n")
-    assert lint_imports.mutual_imports(layout) == ["stepgap.student.mining <-> stepgap.student.sft"]
+    """The circle broken here: student/judge.py holds the key both mining and the trainer read."""
+    trainer = layout / "stepgap" / "student" / "trainer.py"
+    trainer.write_text(trainer.read_text() + "\n\ndef _again():\n    from .mining import mine\n")
+    assert lint_imports.mutual_imports(layout) == [
+        "stepgap.student.mining <-> stepgap.student.trainer"
+    ]

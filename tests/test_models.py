@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import stepgap.hub
+import stepgap.hub_access
 from stepgap import models
 from stepgap.models import align_chat_eos, check_model_ref, resolve_model_ref
 from stepgap.student.tiny import corpus_tokenizer
@@ -54,7 +54,7 @@ def test_an_unreachable_hub_fails_at_once_with_what_to_do(monkeypatch, tmp_path)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(stepgap.hub, "_HUB_PROBE", {})
+    monkeypatch.setattr(stepgap.hub_access, "_HUB_PROBE", {})
     start = time.monotonic()
     ref = "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli"
     assert check_model_ref(ref) == ref  # naming it is fine (a bundle may record it)

@@ -67,7 +67,7 @@ def test_installed_wheel_imports_outside_the_repo(wheel, tmp_path):
     assert not GENERIC & {p.name for p in target.iterdir()}
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = (
-        "import stepgap.teacher, stepgap.eval, stepgap.student, stepgap.export.hub as h, "
+        "import stepgap.teacher, stepgap.eval, stepgap.student, stepgap.export.push as h, "
         "stepgap.data_builders as d; assert 'stepgap' in h.TEMPLATE.read_text(); "
         "import stepgap.eval.view_page as v; assert 'textContent' in v._asset('view.js'); "
         "print(d.__file__)"

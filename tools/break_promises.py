@@ -83,7 +83,7 @@ MUTATIONS = [
     ),
     Mutation(
         "reward/no-fake-reward",
-        "serving/reward.py",
+        "serving/reward_function.py",
         '        if result.failed_checks and self.on_failed_check == "no_reward":',
         "        if False:",
         ("tests/serving/test_server_outage.py::test_a_dead_judge_gives_no_reward_anywhere",),
@@ -201,21 +201,21 @@ MUTATIONS = [
     ),
     Mutation(
         "reward/failed-check-0",
-        "stepgap/reward.py",
+        "stepgap/reward_arithmetic.py",
         'if label is None or variant == "search_only":',
         'if variant == "search_only":',
-        ("tests/test_reward.py::test_a_failed_check_earns_nothing_and_shapes_nothing",),
+        ("tests/test_reward_arithmetic.py::test_a_failed_check_earns_nothing_and_shapes_nothing",),
     ),
     Mutation(
         "reward/bracket-range",
-        "stepgap/reward.py",
+        "stepgap/reward_arithmetic.py",
         '"CC": 0.05}',
         '"CC": 0.5}',
-        ("tests/test_reward.py::test_every_bracket_lies_in_the_spec_range",),
+        ("tests/test_reward_arithmetic.py::test_every_bracket_lies_in_the_spec_range",),
     ),
     Mutation(
         "reward/checker-fault",
-        "serving/reward.py",
+        "serving/reward_function.py",
         "        except Exception as exc:  # a reward inside training must not raise\n"
         '            log.exception("checker failed on %d traces; their steps earn bracket 0", len(traces))',
         "        except ZeroDivisionError as exc:\n"
@@ -224,7 +224,7 @@ MUTATIONS = [
     ),
     Mutation(
         "reward/unsegmentable",
-        "serving/reward.py",
+        "serving/reward_function.py",
         "        except SegmentationError as exc:\n            self.failures",
         "        except ZeroDivisionError as exc:\n            self.failures",
         ("tests/serving/test_reward_faults.py",),
@@ -352,7 +352,7 @@ MUTATIONS = [
     ),
     Mutation(
         "reward/all-failed-warns",
-        "serving/reward.py",
+        "serving/reward_function.py",
         "if len(failed) == len(steps) and not self._warned_all_failed:",
         "if False:",
         (
@@ -391,12 +391,12 @@ MUTATIONS = [
     ),
     Mutation(
         "push/exact-files",
-        "export/hub.py",
+        "export/push.py",
         '    files = sorted([*manifest["files"], MANIFEST, CARD])',
         "    files = sorted(\n"
         "        [str(p.relative_to(bundle)) for p in Path(bundle).rglob('*') if p.is_file()] + [CARD]\n"
         "    )",
-        ("tests/export/test_hub.py::test_dry_run_lists_exactly_the_bundle_files_and_the_card",),
+        ("tests/export/test_push.py::test_dry_run_lists_exactly_the_bundle_files_and_the_card",),
     ),
     # Test power (issue 17): bugs that the suite's earlier fixtures could not see (a constant NLI
     # model, a student tested on its training steps, effects never asserted).
@@ -409,7 +409,7 @@ MUTATIONS = [
     ),
     Mutation(
         "tests/held-out-split-leaks",
-        "data_builders/sft.py",
+        "data_builders/sft_data.py",
         '        (held if in_eval_split(ex["trace_id"], eval_fraction, seed) else train).append(ex)',
         "        train.append(ex)\n"
         '        if in_eval_split(ex["trace_id"], eval_fraction, seed):\n'
@@ -432,7 +432,7 @@ MUTATIONS = [
     ),
     Mutation(
         "tests/loss-falls",
-        "student/sft.py",
+        "student/trainer.py",
         "        learning_rate=cfg.learning_rate,",
         "        learning_rate=0.0,",
         ("tests/student/test_train.py::test_accelerate_launch_from_the_repo_root",),
@@ -442,7 +442,7 @@ MUTATIONS = [
         "stepgap/tags.py",
         '_OPEN_ONE = {name: re.compile(rf"<\\s*{name}\\s*>", re.IGNORECASE) for name in TAG_NAMES}',
         '_OPEN_ONE = {name: re.compile(rf"<\\s*{name}\\s*>") for name in TAG_NAMES}',
-        ("tests/test_reward.py", "tests/test_tags.py"),
+        ("tests/test_reward_arithmetic.py", "tests/test_tags.py"),
     ),
     Mutation(
         "tests/ba-contract-formula",

@@ -4,7 +4,7 @@ The commands of each folder live in one module here, named after it (`stepgap.cl
 `check`, `label`, `relabel`; ...): each declares its flags, calls one library function and
 prints. This is the top layer: nothing below imports it (docs/architecture.md).
 This package collects them, adds the shared `--config FILE.yaml` / `--print-config` layer
-(`stepgap.cli.config`) and turns user errors into one line on stderr and exit code 2.
+(`stepgap.cli.config_files`) and turns user errors into one line on stderr and exit code 2.
 Heavy imports happen inside the commands, so `stepgap --help` stays instant.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from stepgap import __version__
 from stepgap.redact import install_redaction, redact
 
-from .config import (
+from .config_files import (
     ConfigParser,
     DefaultsFormatter,
     add_config_options,
@@ -162,7 +162,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from stepgap.cluster import ClusterError
     from stepgap.export.bundle import BundleError
     from stepgap.export.onnx_nli import ExportError
-    from stepgap.hub import HubUploadError
+    from stepgap.hub_access import HubUploadError
     from stepgap.teacher.judges.base import JudgeConfigError
 
     return (

@@ -30,7 +30,7 @@ def segment_arguments(p: argparse.ArgumentParser) -> None:
 
 def sft_data(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
-    from stepgap.data_builders.sft import write_sft_data
+    from stepgap.data_builders.sft_data import write_sft_data
 
     report = ErrorReport()
     data, stats = write_sft_data(

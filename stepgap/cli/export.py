@@ -74,7 +74,7 @@ def export_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def push(args: argparse.Namespace) -> int:
-    from stepgap.export.hub import push_bundle
+    from stepgap.export.push import push_bundle
 
     plan = push_bundle(
         args.bundle,

@@ -18,7 +18,7 @@ from stepgap.teacher.build import BUNDLE, JUDGE, NLI, CheckerConfig
 from stepgap.tree import TreeConfig
 
 if TYPE_CHECKING:
-    from stepgap.serving.reward import RewardOptions
+    from stepgap.serving.reward_function import RewardOptions
     from stepgap.teacher import Checker
 
 
@@ -235,7 +235,7 @@ def checker(args: argparse.Namespace, *, online: bool = False) -> Checker:
 def add_reward_options(p: argparse.ArgumentParser, training: bool = True) -> None:
     """The fields of `RewardOptions`; without `training` (stored verdicts), the variant and lam
     only."""
-    from stepgap.serving.reward import RewardOptions
+    from stepgap.serving.reward_function import RewardOptions
 
     g = p.add_argument_group("the reward")
     for name in RewardOptions.model_fields:
@@ -245,6 +245,6 @@ def add_reward_options(p: argparse.ArgumentParser, training: bool = True) -> Non
 
 def reward_options(args: argparse.Namespace) -> RewardOptions:
     """The `RewardOptions` of the reward flags."""
-    from stepgap.serving.reward import RewardOptions
+    from stepgap.serving.reward_function import RewardOptions
 
     return RewardOptions(**{n: getattr(args, n) for n in RewardOptions.model_fields})

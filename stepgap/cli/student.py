@@ -30,7 +30,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from stepgap.student.config import load_config, parse_overrides
+    from stepgap.student.recipe import load_config, parse_overrides
 
     cfg = load_config(args.config, parse_overrides(args.set))
     if getattr(args, "print_config", False):
@@ -38,11 +38,11 @@ def train(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
         return 0
-    from stepgap.student.sft import train as run_training
+    from stepgap.student.trainer import train as run_training
 
     try:
         metrics = run_training(cfg, resume=args.resume)
-        from stepgap.student.sft import process_state
+        from stepgap.student.trainer import process_state
 
         if process_state().is_main_process:  # one report, not one per rank
             print(json.dumps(metrics, indent=2, default=str))

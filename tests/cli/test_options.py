@@ -7,8 +7,8 @@ import json
 
 from stepgap.cli import build_parser
 from stepgap.cli.options import checker_config, reward_options
-from stepgap.serving.configured import reward_config
-from stepgap.serving.reward import RewardOptions
+from stepgap.serving.process_reward import reward_config
+from stepgap.serving.reward_function import RewardOptions
 from stepgap.teacher import CheckerConfig, TreeConfig
 
 

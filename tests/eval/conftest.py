@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.serving.reward import reward_file
+from stepgap.serving.reward_function import reward_file
 from stepgap.teacher import TreeConfig, build_checker, relabel_file
 from stepgap.teacher.label import check_file
 

@@ -222,7 +222,7 @@ def test_nothing_in_a_bundle_or_its_card_names_a_path_of_this_machine(
     bundles, tmp_path_factory, tiny_nli
 ):
     """`push` publishes the manifest, the card and every file: hub ids and names only."""
-    from stepgap.export.hub import render_card
+    from stepgap.export.push import render_card
 
     local = str(tmp_path_factory.getbasetemp())
     for bundle in bundles.values():
@@ -442,7 +442,7 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.experimental.reward_loop.router.naive_router import NaiveRouter
 
-    from stepgap.serving import OfflineChecker, StepGapReward, configured
+    from stepgap.serving import OfflineChecker, StepGapReward, process_reward
     from tests.fixtures.live_server import LiveServer
     from tests.fixtures.openai_server import FakeOpenAI
     from tests.serving.test_interop_verl import batch
@@ -465,7 +465,7 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
         },
     })  # fmt: skip
     server = FakeOpenAI(answers=student_answers).start()
-    configured.reset()
+    process_reward.reset()
     try:
         with LiveServer(NaiveRouter([server.base_url.removesuffix("/v1")]).app) as router:
             worker = RewardLoopWorker(config, router.removeprefix("http://"))
@@ -479,7 +479,7 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
             outs = worker.loop.run_until_complete(score_all())
     finally:
         server.stop()
-        configured.reset()
+        process_reward.reset()
     expected = StepGapReward(OfflineChecker.from_bundle(bundles["merged"])).score_traces(
         example_traces
     )

@@ -32,7 +32,7 @@ def expected_rewards(example_traces, examples_dir) -> dict[str, float]:
     The adapters' oracle is the reward computed without them, by `compute_reward` on the same
     verdicts: an adapter only carries inputs in and rewards out, and must change nothing. The
     reward's arithmetic has its own oracle, the contract's hand-computed cases
-    (tests/test_reward.py)."""
+    (tests/test_reward_arithmetic.py)."""
     checker = Checker(
         ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"),
         ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"),
@@ -46,13 +46,13 @@ def expected_rewards(example_traces, examples_dir) -> dict[str, float]:
 @pytest.fixture
 def served(reward):
     """A live `stepgap serve` app (openai judge on the fake server, replayed NLI)."""
-    from stepgap.serving import configured
+    from stepgap.serving import process_reward
     from stepgap.serving.server import create_app
 
-    configured.reset()
+    process_reward.reset()
     with LiveServer(create_app(reward, max_batch=16, max_wait_ms=5)) as url:
         yield url
-    configured.reset()
+    process_reward.reset()
 
 
 def chat_prompt(question: str) -> str:
@@ -93,11 +93,11 @@ def any_judge_server(example_answers):
 def inline_reward(any_judge_server, tiny_nli):
     """A reward for new rollouts: that judge (counting what it is asked) and the tiny NLI.
     This process's configured reward and inline checkers are reset around each test."""
-    from stepgap.serving import configured, inline
+    from stepgap.serving import inline, process_reward
 
     judge = load_judge("openai:gpt-4.1-mini", base_url=any_judge_server.base_url, max_retries=0)
     inline.reset()
-    configured.reset()
+    process_reward.reset()
     yield StepGapReward(Checker(CountingJudge(judge), load_nli(str(tiny_nli))))
     inline.reset()
-    configured.reset()
+    process_reward.reset()

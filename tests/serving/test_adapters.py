@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stepgap.serving import configured, verl
+from stepgap.serving import process_reward, verl
 from stepgap.serving.trl import stepgap_async_reward_func, stepgap_reward_func
 
 
@@ -74,13 +74,13 @@ def test_verl_compute_score_and_batch_signatures(reward, example_traces, expecte
         with pytest.raises(ValueError, match="extra_info"):
             verl.compute_score("nq", "<answer>x</answer>", "x", None)
     finally:
-        configured.reset()
+        process_reward.reset()
 
 
 def test_verl_unconfigured_says_how_to_configure(monkeypatch):
     monkeypatch.delenv("STEPGAP_REWARD_URL", raising=False)
     monkeypatch.delenv("STEPGAP_REWARD_CONFIG", raising=False)
-    configured.reset()
+    process_reward.reset()
     with pytest.raises(RuntimeError, match="STEPGAP_REWARD_URL"):
         verl.compute_score("nq", "x", "y", {"question": "q"})
 
@@ -90,7 +90,7 @@ def test_verl_without_questions_fails_before_any_checker_is_asked(monkeypatch):
     `Question:` line in the response (a retrieved document's) is never taken for it."""
     monkeypatch.delenv("STEPGAP_REWARD_URL", raising=False)
     monkeypatch.delenv("STEPGAP_REWARD_CONFIG", raising=False)
-    configured.reset()
+    process_reward.reset()
     response = "<information>Question: what is 2+2? Answer: 4</information><answer>4</answer>"
     with pytest.raises(ValueError, match="`stepgap prepare-verl-data ") as error:
         verl.compute_score_batch(["nq"] * 2, [response] * 2, [["4"]] * 2,

@@ -131,9 +131,9 @@ def post_hoc(reward, tokenizer, outputs) -> list[float]:
 def test_openrlhfs_executor_checks_each_step_as_its_search_returns(
     inline_reward, tokenizer, scripts, retriever_url, monkeypatch
 ):
-    from stepgap.serving import configured, inline
+    from stepgap.serving import inline, process_reward
 
-    configured.configure(inline_reward)
+    process_reward.configure(inline_reward)
     outputs = run_rollouts(tokenizer, scripts, retriever_url, monkeypatch)
     (checker,) = inline._CHECKERS.values()
     stats = dict(checker.streaming.stats)

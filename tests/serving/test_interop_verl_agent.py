@@ -163,10 +163,10 @@ def post_hoc(reward, tokenizer, rollouts, outputs) -> list[float]:
 def test_the_agent_loop_checks_each_step_as_its_search_returns(
     inline_reward, tokenizer, rollouts, retriever_url, monkeypatch
 ):
-    from stepgap.serving import configured, inline
+    from stepgap.serving import inline, process_reward
 
     reward = inline_reward
-    configured.configure(reward)
+    process_reward.configure(reward)
     outputs = run_agent_loops(tokenizer, rollouts, retriever_url, monkeypatch)
     (checker,) = inline._CHECKERS.values()
     stats = dict(checker.streaming.stats)
@@ -222,9 +222,9 @@ def test_a_finished_trace_of_the_loop_segments_into_its_scripted_steps(
 ):
     """The steps the checker saw are the scripted ones: one per search, then the answer."""
     from stepgap.segment import segment_trace
-    from stepgap.serving import configured
+    from stepgap.serving import process_reward
 
-    configured.configure(inline_reward)
+    process_reward.configure(inline_reward)
     outputs = run_agent_loops(tokenizer, rollouts[:1], retriever_url, monkeypatch)
     text = tokenizer.decode(outputs[0].response_ids, skip_special_tokens=True)
     steps = segment_trace(Trace(id="x", question="q", response=text)).steps

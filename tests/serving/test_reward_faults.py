@@ -51,7 +51,7 @@ def test_a_checker_exception_gives_bracket_0_for_its_batch_and_is_logged(
 ):
     flaky = StepGapReward(FlakyChecker(reward.checker, raise_on_call={1}))
     responses, questions, golden = _inputs(example_traces)
-    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward"):
+    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward_function"):
         failed = flaky.score(responses, questions, golden)
     for t, r in zip(example_traces, failed, strict=True):
         assert [s.bracket for s in r.steps] == [0.0] * len(t.steps)
@@ -126,7 +126,7 @@ def test_a_checker_that_fails_every_step_warns_once_at_the_first_batch_with_its_
     dead = StepGapReward(Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")))
     responses, questions, golden = _inputs(example_traces[:3])
     traces = [dead.trace(r, q, g) for r, q, g in zip(responses, questions, golden, strict=True)]
-    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward"):
+    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward_function"):
         for _ in range(3):  # three batches
             if route == "score":
                 results = dead.score(responses, questions, golden)
@@ -145,7 +145,7 @@ def test_no_all_failed_warning_once_the_checker_has_worked(
     responses, questions, golden = _inputs(example_traces[:2])
     reward.score(responses, questions, golden)  # works
     fake_openai.always = "drop"  # then the server hangs up on every request
-    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward"):
+    with caplog.at_level(logging.WARNING, logger="stepgap.serving.reward_function"):
         reward.score(responses, questions, golden)
     assert reward.failures["failed_checks"] > 0
     assert not [r for r in caplog.records if "every step check failed" in r.getMessage()]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from stepgap.serving import StepGapReward
-from stepgap.serving.reward import RewardUnavailable
+from stepgap.serving.reward_function import RewardUnavailable
 from stepgap.serving.server import create_app
 from stepgap.teacher import Checker, ReplayNLI, load_judge
 from tests.fixtures.live_server import LiveServer
@@ -78,21 +78,21 @@ def test_the_trainers_own_no_reward(examples_dir, example_traces):
     """TRL gets None (its "no reward"), veRL's compute_score raises (veRL has none: its
     rate_limited manager logs it and scores 0, the others stop), OpenRLHF's in-process
     reward function raises (its executor then gives the rollout none)."""
-    from stepgap.serving import configured, openrlhf, verl
+    from stepgap.serving import openrlhf, process_reward, verl
     from stepgap.serving.trl import stepgap_reward_func
 
     reward = _reward("http://127.0.0.1:9/v1", examples_dir)
     t = example_traces[0]
     trl = stepgap_reward_func(reward)
     assert trl(prompts=[t.question], completions=[t.response], golden_answers=[t.golden_answers]) == [None]  # fmt: skip
-    configured.configure(reward)
+    process_reward.configure(reward)
     try:
         with pytest.raises(RewardUnavailable, match="step check"):
             verl.compute_score("nq", t.response, t.golden_answers, {"question": t.question})
         with pytest.raises(RewardUnavailable):
             openrlhf.reward_func(**_openrlhf([t]) | {"queries": _openrlhf([t])["query"]})
     finally:
-        configured.reset()
+        process_reward.reset()
 
 
 def test_a_judge_that_stops_mid_run_then_comes_back(

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from stepgap.reward import VARIANTS
+from stepgap.reward_arithmetic import VARIANTS
 from stepgap.schema import Trace
-from stepgap.serving.reward import StepGapReward
+from stepgap.serving.reward_function import StepGapReward
 from stepgap.serving.streaming import StreamingReward
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.replay import ReplayJudge

@@ -77,7 +77,7 @@ def test_trls_tool_loop_searches_and_every_search_is_a_step(
     from trl import GRPOConfig, GRPOTrainer
 
     from stepgap.segment import segment_response
-    from stepgap.serving.inputs import text_of
+    from stepgap.serving.framework_inputs import text_of
     from stepgap.serving.trl import SearchEnvironment, stepgap_async_reward_func
 
     monkeypatch.setenv("STEPGAP_RETRIEVER_URL", retriever_url)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import stepgap.hub
-from stepgap.student.config import load_config
-from stepgap.student.sft import train
+import stepgap.hub_access
+from stepgap.student.recipe import load_config
+from stepgap.student.trainer import train
 
 from .conftest import TINY
 
@@ -71,7 +71,7 @@ def _push_run(out: Path, examples_dir: Path, **keys) -> tuple[HubRecorder, dict]
     }
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_TOKEN", TOKEN)
-        mp.setattr(stepgap.hub, "hub_unreachable", lambda: None)  # the recording Hub answers
+        mp.setattr(stepgap.hub_access, "hub_unreachable", lambda: None)  # the recording Hub answers
         mp.setattr(
             huggingface_hub.HfApi, "create_repo", lambda api, *a, **k: hub.create_repo(*a, **k)
         )

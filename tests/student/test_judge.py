@@ -107,9 +107,9 @@ def test_a_tiny_student_trained_on_the_compact_target_writes_and_parses_it(
     compact, so it decodes under the compact schema and its answers parse into judge objects
     (empty reasoning) with its own path and label."""
     from stepgap.cli import main
-    from stepgap.student.config import load_config
     from stepgap.student.judge import student_meta
-    from stepgap.student.sft import train
+    from stepgap.student.recipe import load_config
+    from stepgap.student.trainer import train
     from stepgap.teacher.prompt import build_requests
 
     from .conftest import TINY

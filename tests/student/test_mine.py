@@ -8,7 +8,6 @@ import pytest
 
 from stepgap.io import read_models
 from stepgap.schema import NLIProbs, Verdict
-from stepgap.student.config import load_config
 from stepgap.student.mining import (
     ShortCircuit,
     compare,
@@ -16,6 +15,7 @@ from stepgap.student.mining import (
     select_hard_negatives,
     write_mined,
 )
+from stepgap.student.recipe import load_config
 from stepgap.teacher.nli.replay import ReplayNLI
 from stepgap.tree import JudgeResult
 

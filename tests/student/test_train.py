@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.data_builders.sft import in_eval_split
-from stepgap.student.config import load_config
+from stepgap.data_builders.sft_data import in_eval_split
 from stepgap.student.judge import StudentJudge
 from stepgap.student.mining import pool_traces
-from stepgap.student.sft import train
+from stepgap.student.recipe import load_config
+from stepgap.student.trainer import train
 
 from .conftest import REPO, TINY
 
@@ -259,7 +259,7 @@ def test_each_process_loads_a_4bit_base_on_its_own_gpu(tmp_path):
     computed from the launcher's state; CUDA itself is not needed to check it)."""
     script = tmp_path / "where.py"
     script.write_text(
-        "from stepgap.student.sft import kbit_device_map, process_state\n"
+        "from stepgap.student.trainer import kbit_device_map, process_state\n"
         "state = process_state()\n"
         "print(f'rank {state.process_index}: {kbit_device_map(cuda=True)} '\n"
         "      f'cpu: {kbit_device_map(cuda=False)}', flush=True)\n"
@@ -288,7 +288,7 @@ def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
 def test_qlora_trains_a_4bit_base(tmp_path, examples_dir):
     """QLoRA: nf4 base weights through bitsandbytes (its CPU backend here), LoRA on top."""
     bnb = pytest.importorskip("bitsandbytes")
-    from stepgap.student.sft import load_sft_data, load_student_base
+    from stepgap.student.trainer import load_sft_data, load_student_base
 
     settings = {
         "output_dir": str(tmp_path / "qlora"),
@@ -316,7 +316,7 @@ def test_an_eval_pass_leaves_4bit_weights_trainable_on_any_cpu(tmp_path, example
     bnb = pytest.importorskip("bitsandbytes")
     import torch
 
-    from stepgap.student.sft import load_sft_data, load_student_base
+    from stepgap.student.trainer import load_sft_data, load_student_base
 
     monkeypatch.setattr(bnb.nn.modules, "has_avx512bf16", lambda: True)
     cfg = load_config(TINY, {"output_dir": str(tmp_path / "q"), "load_in_4bit": True,
@@ -353,7 +353,7 @@ def test_a_set_whose_targets_would_be_cut_is_refused_with_the_length_it_needs(
     from transformers import AutoTokenizer
 
     from stepgap.student.lengths import TruncationError, check_lengths
-    from stepgap.student.sft import load_sft_data
+    from stepgap.student.trainer import load_sft_data
 
     adapter, metrics = tiny_student
     lengths = metrics["sft_lengths"]

@@ -198,7 +198,7 @@ def write_sft_data(
     saved with `save_to_disk` under `output` (and pushed when `push_to_hub` names a repo).
     Returns the `DatasetDict` and its counts; unreadable verdict lines go to `report`.
     """
-    from stepgap.hub import require_hub, upload_errors
+    from stepgap.hub_access import require_hub, upload_errors
     from stepgap.io import ErrorReport, check_output, read_models
 
     report = report if report is not None else ErrorReport()

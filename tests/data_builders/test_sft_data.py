@@ -8,7 +8,7 @@ import pytest
 
 from stepgap.cli import main
 from stepgap.data_builders import iter_traces
-from stepgap.data_builders.sft import (
+from stepgap.data_builders.sft_data import (
     SFTStats,
     build_sft_dataset,
     sft_examples,
@@ -134,7 +134,7 @@ def test_nli_features_variant(tmp_path, examples_dir, tiny_nli, verdicts):
     """--nli-features puts each step's NLI probabilities in its prompt and says so on disk."""
     from datasets import load_from_disk
 
-    from stepgap.data_builders.sft import read_sft_metadata
+    from stepgap.data_builders.sft_data import read_sft_metadata
     from stepgap.teacher import load_nli
 
     plain, feats = tmp_path / "plain", tmp_path / "feats"
@@ -164,10 +164,10 @@ def test_a_prompt_budget_set_for_the_data_is_the_one_the_student_judges_with(
     and the checker asks a judge that carries it with the same short prompts."""
     from datasets import load_from_disk
 
-    from stepgap.data_builders.sft import read_sft_metadata
-    from stepgap.student.config import load_config
+    from stepgap.data_builders.sft_data import read_sft_metadata
     from stepgap.student.judge import student_meta
-    from stepgap.student.sft import write_student_metadata
+    from stepgap.student.recipe import load_config
+    from stepgap.student.trainer import write_student_metadata
 
     full, short = tmp_path / "full", tmp_path / "short"
     src = str(examples_dir / "teacher_verdicts.jsonl")
@@ -258,10 +258,10 @@ def test_cli_sft_data_target_is_recorded_and_reaches_the_student(tmp_path, examp
     the trainer copies the target into the student's stepgap_student.json; full is the default."""
     from datasets import load_from_disk
 
-    from stepgap.data_builders.sft import read_sft_metadata
-    from stepgap.student.config import load_config
+    from stepgap.data_builders.sft_data import read_sft_metadata
     from stepgap.student.judge import student_meta
-    from stepgap.student.sft import write_student_metadata
+    from stepgap.student.recipe import load_config
+    from stepgap.student.trainer import write_student_metadata
 
     full, compact = tmp_path / "full", tmp_path / "compact"
     src = str(examples_dir / "teacher_verdicts.jsonl")

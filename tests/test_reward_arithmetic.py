@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepgap.reward import (
+from stepgap.reward_arithmetic import (
     compute_reward,
     exact_match,
     final_answer,

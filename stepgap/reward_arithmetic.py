@@ -1,6 +1,6 @@
 """The reward's arithmetic, docs/contract.md section 4, exactly: per-step base and shaping
 rewards, EM on the final answer, five variants, the dense form. Verdicts in, numbers out: no
-model is called here (`stepgap.serving.reward.StepGapReward` checks the steps first).
+model is called here (`stepgap.serving.reward_function.StepGapReward` checks the steps first).
 
 A step whose check failed (label null) earns nothing and is treated as no_gap when the next
 step's shaping looks back at it: a checker fault must never be paid or punished as a gap.

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from stepgap.hub import CARD, LICENSE, TEMPLATE, require_hub, upload_errors
+from stepgap.hub_access import CARD, LICENSE, TEMPLATE, require_hub, upload_errors
 
 from .bundle import MANIFEST, verify_bundle
 

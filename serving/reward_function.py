@@ -1,5 +1,5 @@
 """The reward inside training: responses in, rewards out (segment, check every step with the
-checker, then `stepgap.reward`'s arithmetic, docs/contract.md section 4).
+checker, then `stepgap.reward_arithmetic`'s arithmetic, docs/contract.md section 4).
 
 Scoring never raises (`StepGapReward`): a checker that fails on a batch gives error verdicts, a
 response that cannot be segmented is scored on EM alone; both are logged and counted in
@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.io import ErrorReport, check_output
-from stepgap.reward import VARIANTS, RewardResult, compute_reward
+from stepgap.reward_arithmetic import VARIANTS, RewardResult, compute_reward
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.judges.base import TraceDeadline

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.serving import configured, verl
+from stepgap.serving import process_reward, verl
 
 
 @pytest.fixture(autouse=True)
@@ -17,9 +17,9 @@ def fresh_reward(monkeypatch):
     """No reward left from another test, and none from the environment but the file's."""
     for name in ("STEPGAP_REWARD_URL", "STEPGAP_REWARD_CONFIG", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    configured.reset()
+    process_reward.reset()
     yield
-    configured.reset()
+    process_reward.reset()
 
 
 def _write(path: Path, data: dict | str) -> Path:
@@ -63,7 +63,7 @@ def test_base_url_and_the_judge_options_of_the_file_reach_the_judge(
     assert [o["score"] for o in out] == pytest.approx(
         [expected_rewards[t.id] for t in example_traces]
     )
-    reward = configured.get_reward()
+    reward = process_reward.get_reward()
     assert sum(reward.failures.values()) == 0
     assert fake_openai.answered() and set(fake_openai.formats_seen) == {"json_object"}
     assert set(fake_openai.auth_headers) == {"Bearer sk-from-the-environment"}
@@ -83,11 +83,11 @@ def test_the_tree_and_reward_keys_of_the_file_are_used_and_reward_kwargs_win(rep
             "lam": 0.5,
         },
     )
-    reward = configured.get_reward({"config": str(config)})
+    reward = process_reward.get_reward({"config": str(config)})
     tree = reward.checker.config
     assert (tree.entail_threshold, tree.hypothesis) == (0.7, "claim")
     assert (reward.variant, reward.lam) == ("binary_gap", 0.5)
-    again = configured.get_reward({"config": str(config), "variant": "search_only", "lam": 2.0})
+    again = process_reward.get_reward({"config": str(config), "variant": "search_only", "lam": 2.0})
     assert (again.variant, again.lam) == ("search_only", 2.0)
 
 
@@ -136,12 +136,12 @@ def test_a_key_or_value_the_file_cannot_mean_names_the_file_line_and_key(
 def test_a_file_that_is_no_configuration_names_the_file(tmp_path, text, message):
     config = _write(tmp_path / "reward.json", text)
     with pytest.raises(ValueError, match=message) as err:
-        configured.get_reward({"config": str(config)})
+        process_reward.get_reward({"config": str(config)})
     assert str(config) in str(err.value)
 
 
 def test_the_reward_router_serves_a_bundles_student_only():
-    from stepgap.serving.configured import served_by_router
+    from stepgap.serving.process_reward import served_by_router
     from stepgap.teacher import CheckerConfig
 
     served = served_by_router(CheckerConfig(bundle="/b"), "10.0.0.2:30000", "/b/student")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stepgap.student.config import StudentTrainConfig, load_config, parse_overrides
+from stepgap.student.recipe import StudentTrainConfig, load_config, parse_overrides
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "student" / "configs").glob("*.yaml"))
 
@@ -137,7 +137,7 @@ def test_kernel_keys_default_to_transformers_own_and_are_checked():
 
 
 def test_attn_implementation_reaches_the_model(tiny_qwen2):
-    from stepgap.student.sft import load_student_base
+    from stepgap.student.trainer import load_student_base
 
     default, _ = load_student_base(load_config("tiny", {"model": str(tiny_qwen2)}))
     assert default.config._attn_implementation == "sdpa"  # transformers' own choice
@@ -165,7 +165,7 @@ def test_use_liger_kernel_reaches_the_trainer(tmp_path, tiny_qwen2, examples_dir
     that train() passed it on (a dropped key would train without a word)."""
     import importlib.util
 
-    from stepgap.student.sft import train
+    from stepgap.student.trainer import train
 
     if importlib.util.find_spec("liger_kernel") is not None:
         pytest.skip("liger-kernel is installed: the Trainer would accept the key")
@@ -183,7 +183,7 @@ def test_use_liger_kernel_trains_a_step_on_a_gpu(tmp_path, tiny_qwen2, examples_
 
     import torch
 
-    from stepgap.student.sft import train
+    from stepgap.student.trainer import train
 
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger-kernel is not installed (pip install 'stepgap[liger]')")

@@ -1,4 +1,4 @@
-"""`--config FILE.yaml` and `--print-config` on every command (stepgap/cli/config.py)."""
+"""`--config FILE.yaml` and `--print-config` on every command (stepgap/cli/config_files.py)."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_what_print_config_prints_every_command_reads_back():
     command's file of its own defaults reads back (a null list once did not)."""
     import argparse
 
-    from stepgap.cli.config import _SKIP_DESTS, apply_values
+    from stepgap.cli.config_files import _SKIP_DESTS, apply_values
 
     for name in COMMANDS:
         sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices)
@@ -180,7 +180,7 @@ def test_a_refused_checker_setting_is_one_line(tmp_path, capsys):
     """A pydantic refusal reads `field: reason`, not pydantic's block of lines."""
     from pydantic import ValidationError
 
-    from stepgap.cli.config import error_line
+    from stepgap.cli.config_files import error_line
     from stepgap.teacher.build import CheckerConfig
 
     with pytest.raises(ValidationError) as info:

@@ -12,7 +12,7 @@ import yaml
 
 from stepgap.cli import main
 from stepgap.export.bundle import export_bundle, summarize_eval_report, verify_bundle
-from stepgap.export.hub import plan_push, push_bundle, render_card
+from stepgap.export.push import plan_push, push_bundle, render_card
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +86,11 @@ class FakeHfApi:
 def test_push_creates_the_repo_and_uploads_one_commit(bundle, monkeypatch):
     import huggingface_hub
 
-    import stepgap.hub
+    import stepgap.hub_access
 
     api = FakeHfApi()
     monkeypatch.setattr(huggingface_hub, "HfApi", lambda *a, **k: api)
-    monkeypatch.setattr(stepgap.hub, "hub_unreachable", lambda: None)  # the fake Hub answers
+    monkeypatch.setattr(stepgap.hub_access, "hub_unreachable", lambda: None)  # the fake Hub answers
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
     assert main(["push", str(bundle), "--repo-id", "me/stepgap-tiny", "--private",
                  "--revision", "v1"]) == 0  # fmt: skip

@@ -11,10 +11,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stepgap.data_builders.sft import read_sft_metadata
+from stepgap.data_builders.sft_data import read_sft_metadata
 
-from .config import StudentTrainConfig
 from .lengths import check_lengths
+from .recipe import StudentTrainConfig
 from .tiny import TINY_REF
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def load_sft_data(cfg: StudentTrainConfig) -> Any:
     path = Path(cfg.dataset)
     if path.is_file():
         from stepgap.data_builders import ErrorReport
-        from stepgap.data_builders.sft import build_sft_dataset
+        from stepgap.data_builders.sft_data import build_sft_dataset
         from stepgap.io import read_models
         from stepgap.schema import Verdict
 
@@ -196,7 +196,7 @@ def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
     `HubUploadError` line."""
     if not cfg.push_to_hub:
         return _train(cfg, resume=resume)
-    from stepgap.hub import require_hub, upload_errors
+    from stepgap.hub_access import require_hub, upload_errors
 
     what = f"push_to_hub (to {cfg.hub_model_id})"
     require_hub(what)  # before any work, not at the first upload

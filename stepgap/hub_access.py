@@ -1,7 +1,7 @@
 """What every card and upload to the Hugging Face Hub shares: the model card template (the
 top-level MODEL_CARD.md, shipped as stepgap/MODEL_CARD.md), the card's file name and license,
 the checks before an upload (a token, a reachable Hub) and one line for an upload that fails.
-The bundle's card and push (`stepgap.export.hub`), the trained adapter's card and push
+The bundle's card and push (`stepgap.export.push`), the trained adapter's card and push
 (`stepgap.student`) and the SFT data's push (`stepgap sft-data --push-to-hub`) all use it.
 """
 
