@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from stepgap.registry import Registry
+
 from .rollout_formats import SEARCH_TOOL, Generation, Rollout, hermes_tools_prompt
 
 
@@ -202,26 +204,13 @@ def _unclosed(text: str, stops: Sequence[str]) -> str | None:
     return best
 
 
+POLICIES: Registry[Policy] = Registry("policy", "stepgap.policies", default="hf")
+
+
 def load_policy(spec: str, **options: Any) -> Policy:
-    """`hf:PATH_OR_ID` (or a bare path) or `openai:MODEL`; options go to the backend."""
-    if spec.startswith("openai:"):
-        keys = (
-            "base_url",
-            "api_key_env",
-            "concurrency",
-            "max_new_tokens",
-            "temperature",
-            "top_p",
-            "timeout",
-            "max_retries",
-            "seed",
-        )
-        return OpenAIPolicy(
-            spec[7:], **{k: v for k, v in options.items() if k in keys and v is not None}
-        )
-    ref = spec[3:] if spec.startswith("hf:") else spec
-    keys = ("device", "dtype", "batch_size", "max_new_tokens", "temperature", "top_p", "seed")
-    return HFPolicy(ref, **{k: v for k, v in options.items() if k in keys and v is not None})
+    """`hf:PATH_OR_ID` (or a bare path or hub id), `openai:MODEL`, or `KIND:ARG` of an installed
+    policy (`stepgap.policies`); `options` go to its constructor (`Registry.call`)."""
+    return POLICIES.build(spec, **options)
 
 
 # --------------------------------------------------------------------------- the loop

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stepgap.io import ErrorReport, JsonlWriter, read_records, refuse_other_format, replacing
+from stepgap.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +321,16 @@ class HttpRetriever:
         self.max_retries = max_retries
         self._client = httpx.Client(timeout=timeout)
 
+    @classmethod
+    def over_http(cls, address: str, **options: Any) -> HttpRetriever:
+        """The `http://...` retriever spec: `address` is what follows the scheme."""
+        return cls(f"http:{address}", **options)
+
+    @classmethod
+    def over_https(cls, address: str, **options: Any) -> HttpRetriever:
+        """The `https://...` retriever spec."""
+        return cls(f"https:{address}", **options)
+
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         import httpx
 
@@ -390,13 +401,17 @@ def search_passages(retriever: Retriever, query: str, topk: int) -> str:
     return format_passages(hits)
 
 
-def load_retriever(spec: str, *, device: str | None = None, timeout: float = 60.0) -> Retriever:
-    """`http(s)://HOST:PORT[/retrieve]` (a Search-R1 retrieval server) or an index folder."""
-    if spec.startswith(("http://", "https://")):
-        return HttpRetriever(spec, timeout=timeout)
-    path = Path(os.path.expanduser(spec))
-    if (path / INDEX_META).is_file():
-        return LocalIndex(path, device=device)
-    raise FileNotFoundError(
-        f"retriever {spec!r}: neither an http(s) URL nor an index folder (`stepgap index`)"
-    )
+RETRIEVERS: Registry[Retriever] = Registry("retriever", "stepgap.retrievers", default="index")
+
+
+def load_retriever(spec: str, **options: Any) -> Retriever:
+    """`http(s)://HOST:PORT[/retrieve]` (a Search-R1 retrieval server), an index folder
+    (`stepgap index`), or `KIND:ARG` of an installed retriever (`stepgap.retrievers`)."""
+    name, arg = RETRIEVERS.parse(spec)
+    if name == "index":
+        arg = os.path.expanduser(arg)
+        if not (Path(arg) / INDEX_META).is_file():
+            raise FileNotFoundError(
+                f"retriever {spec!r}: neither an http(s) URL nor an index folder (`stepgap index`)"
+            )
+    return RETRIEVERS.call(name, arg, **options)

@@ -13,11 +13,13 @@ Ablations of StepGap itself come from `stepgap relabel --ablate A|E`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from stepgap.io import ErrorReport, JsonlWriter, check_output
+from stepgap.registry import Default, Registry
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
 from stepgap.teacher.checker import Checker, provenance
@@ -242,7 +244,48 @@ def ner_quote(
         yield from verdicts
 
 
-BASELINES = ("nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only", "flag-everything")
+Baseline = Callable[[Sequence[Trace]], Iterable[Verdict]]
+
+
+def nli_only_baseline(_: str = "", *, nli: NLIBackend, tree: TreeConfig | None = None) -> Baseline:
+    """`nli-only`: the tree's thresholds on NLI(all evidence so far, claim)."""
+    t = tree or TreeConfig()
+    return partial(
+        nli_only, nli=nli, entail_threshold=t.entail_threshold,
+        contradict_threshold=t.contradict_threshold,
+    )  # fmt: skip
+
+
+def minicheck_baseline(
+    _: str = "",
+    *,
+    nli: NLIBackend,
+    tree: TreeConfig | None = None,
+    chunk_words: int | None = None,
+) -> Baseline:
+    """`minicheck`: NLI on sentence chunks of `chunk_words` words (default `CHUNK_WORDS`)."""
+    t = tree or TreeConfig()
+    return partial(
+        minicheck, nli=nli, chunk_words=chunk_words or CHUNK_WORDS,
+        entail_threshold=t.entail_threshold, contradict_threshold=t.contradict_threshold,
+    )  # fmt: skip
+
+
+def ner_quote_baseline(
+    _: str = "", *, judge: Any, nli: NLIBackend, tree: TreeConfig | None = None
+) -> Baseline:
+    """`ner-quote`: the judge's stages A and B, entity and quote matching for C to E."""
+    return partial(ner_quote, judge=judge, nli=nli, config=tree)
+
+
+def flag_everything_baseline(_: str = "") -> Baseline:
+    """`flag-everything`: every step flagged (the checker Q-F1 cannot tell from a good one)."""
+    return flag_everything
+
+
+# Baselines are the entry points of `stepgap.baselines` (stepgap's own: the six above and in
+# llm_baselines.py); `stepgap baseline KIND` takes any installed one.
+BASELINES: Registry[Baseline] = Registry("baseline", "stepgap.baselines", arg_required=False)
 
 
 def run_baseline(
@@ -260,53 +303,31 @@ def run_baseline(
 ) -> int:
     """A baseline's verdicts for every trace of `input_path`, written to `output` (`stepgap
     baseline`); returns the verdicts written. `nli` and `judge` are specs or backends;
-    `chunk_words` is MiniCheck's chunk size (default `CHUNK_WORDS`)."""
-    if kind not in BASELINES:
-        raise ValueError(f"unknown baseline {kind!r}; choose one of {', '.join(BASELINES)}")
-    tree = tree or TreeConfig()
+    `chunk_words` is MiniCheck's chunk size (default `CHUNK_WORDS`). An option the baseline
+    does not use (an NLI model for `llm-only`) is an error naming it."""
+    name, arg = BASELINES.parse(kind)
+    for option, given, flag in (
+        ("judge", judge, "--judge SPEC (openai:MODEL, hf:PATH, ...)"),
+        ("nli", nli, "--nli SPEC"),
+    ):
+        if not given and BASELINES.requires(name, option):
+            raise ValueError(f"baseline {kind} needs {flag}")
+        if given and not BASELINES.takes(name, option):
+            raise ValueError(f"baseline {kind} takes no {flag.split()[0]}")
     check_output(output, input_path)
     traces = list(iter_traces(input_path, report))
-    if kind == "flag-everything":
-        verdicts: Iterable[Verdict] = flag_everything(traces)
-    elif kind in ("llm-strict", "llm-only"):
-        from stepgap.eval.llm_baselines import llm_baseline
+    if isinstance(judge, str):
+        from stepgap.teacher.build import build_judge
 
-        if not judge:
-            raise ValueError(f"baseline {kind} needs --judge SPEC (openai:MODEL, hf:PATH, ...)")
-        if isinstance(judge, str):
-            from stepgap.teacher.build import build_judge
-
-            judge = build_judge(judge, **(judge_options or {}))
-        verdicts = llm_baseline(kind, traces, judge)
-    else:
-        if not nli:
-            raise ValueError(f"baseline {kind} needs --nli SPEC")
+        judge = build_judge(judge, **(judge_options or {}))
+    if isinstance(nli, str):
         from stepgap.teacher.nli import load_nli
 
-        nli_backend = load_nli(nli, device=device) if isinstance(nli, str) else nli
-        if kind == "nli-only":
-            verdicts = nli_only(
-                traces,
-                nli_backend,
-                entail_threshold=tree.entail_threshold,
-                contradict_threshold=tree.contradict_threshold,
-            )
-        elif kind == "minicheck":
-            verdicts = minicheck(
-                traces,
-                nli_backend,
-                chunk_words=chunk_words or CHUNK_WORDS,
-                entail_threshold=tree.entail_threshold,
-                contradict_threshold=tree.contradict_threshold,
-            )
-        else:
-            if not judge:
-                raise ValueError("baseline ner-quote needs --judge SPEC for stages A and B")
-            if isinstance(judge, str):
-                from stepgap.teacher.build import build_judge
-
-                judge = build_judge(judge, **(judge_options or {}))
-            verdicts = ner_quote(traces, judge, nli_backend, tree)
+        nli = load_nli(nli, device=device)
+    baseline = BASELINES.call(
+        name, arg, nli=nli, judge=judge, tree=Default(tree), chunk_words=chunk_words
+    )
+    verdicts = baseline(traces)
     n = 0
     with JsonlWriter(output, input_path) as out:
         for v in verdicts:

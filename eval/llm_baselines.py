@@ -21,7 +21,8 @@ Any judge backend that can hold an answer to a schema takes the request (`openai
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -283,3 +284,17 @@ def llm_baseline(
         raise ValueError(f"unknown prompt-only baseline {kind!r}; choose llm-strict or llm-only")
     for strict, only in prompt_only_verdicts(traces, judge, threshold=threshold):
         yield strict if kind == "llm-strict" else only
+
+
+def llm_strict_baseline(
+    _: str = "", *, judge: JudgeBackend
+) -> Callable[[Sequence[Trace]], Iterable[Verdict]]:
+    """`llm-strict`: a gap wherever the judge's strict answer finds one."""
+    return partial(llm_baseline, "llm-strict", judge=judge)
+
+
+def llm_only_baseline(
+    _: str = "", *, judge: JudgeBackend
+) -> Callable[[Sequence[Trace]], Iterable[Verdict]]:
+    """`llm-only`: the judge's answer alone, at its confidence threshold."""
+    return partial(llm_baseline, "llm-only", judge=judge)

@@ -1,23 +1,160 @@
-"""Backends named by spec strings, wherever their code lives.
+"""Backends named by spec strings (`KIND:ARG`), found through Python entry points.
 
-A registry (judge specs such as `student:PATH`, the offline checker behind `--bundle`) sits in
-the layer that reads the spec. A backend from a layer above it is entered by its import path,
-`"package.module:attribute"`, and imported when it is first asked for, as Python entry points
-are: the registry's layer never imports the layers above it, and a user who never asks for the
-backend never imports its dependencies.
+Each kind of backend is one entry-point group: judges (`stepgap.judges`), NLI models
+(`stepgap.nli`), rollout policies (`stepgap.policies`), retrievers (`stepgap.retrievers`),
+baselines (`stepgap.baselines`) and the checker behind `--bundle` (`stepgap.checkers`).
+stepgap declares its own backends in its `pyproject.toml` the way a plug-in declares one, so a
+user's judge or NLI model plugs in the same way, no layer names the layers above it, and a
+backend's module (with its dependencies) is imported only when a spec asks for it.
+
+Every spec parses the same way: `KIND:ARG`, or for kinds with a default backend (a bare hub id
+for NLI and policies, an index folder for retrievers) the whole spec as that backend's ARG. A
+backend is built as `factory(ARG, **options)`. An option its factory does not take is an error
+naming the option and the backend; a value wrapped in `Default` (a setting the user left at its
+default) goes only to backends that take it.
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
+import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownBackendError(ValueError):
+    """A spec whose kind no installed backend registers."""
+
+
+class BackendOptionError(ValueError):
+    """An option the backend's factory does not take."""
+
+
+@dataclass(frozen=True)
+class Default(Generic[T]):
+    """A setting left at its default: passed to a backend only when its factory takes it."""
+
+    value: T
+
+
+def taken_options(factory: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword options `factory(arg, **options)` takes; None when it takes any. A class
+    whose `__init__` passes `**options` on takes what its bases' `__init__` take."""
+    owners = (
+        [c for c in factory.__mro__ if "__init__" in vars(c)] if inspect.isclass(factory) else []
+    )
+    callables: list[Callable[..., Any]] = [c.__init__ for c in owners] or [factory]  # type: ignore[misc]
+    names: set[str] = set()
+    for target in callables:
+        params = list(inspect.signature(target).parameters.values())
+        if owners:
+            params = params[1:]  # self
+        var_keyword = False
+        for i, p in enumerate(params):
+            if p.kind is p.VAR_KEYWORD:
+                var_keyword = True
+            elif i > 0 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                names.add(p.name)  # the first parameter is the spec's ARG
+        if not var_keyword:
+            return frozenset(names)
+    return None
+
+
+@dataclass
+class Registry(Generic[T]):
+    """One kind of backend: `what` names it in messages ("judge"), `group` is its entry-point
+    group; `default` is the backend of a spec without a known `KIND:` prefix; `arg_required`:
+    a spec must carry an ARG (a baseline's name alone is a whole spec)."""
+
+    what: str
+    group: str
+    default: str | None = None
+    arg_required: bool = True
+    _added: dict[str, Callable[..., T] | str] = field(default_factory=dict, repr=False)
+    _found: tuple[tuple[str, ...], dict[str, str]] | None = field(default=None, repr=False)
+
+    def _installed(self) -> dict[str, str]:
+        key = tuple(sys.path)  # a distribution added to sys.path is found on the next call
+        if self._found is None or self._found[0] != key:
+            found = {ep.name: ep.value for ep in entry_points(group=self.group)}
+            self._found = (key, found)
+        return self._found[1]
+
+    def names(self) -> list[str]:
+        """Every kind a spec may name: the installed backends and those registered here."""
+        return sorted({*self._installed(), *self._added})
+
+    def register(self, name: str, factory: Callable[..., T] | str) -> None:
+        """Add a backend for this process: a callable, or its import path `module:attr`."""
+        self._added[name] = factory
+
+    def parse(self, spec: str) -> tuple[str, str]:
+        """`KIND:ARG` -> (KIND, ARG); a spec of no known kind goes to the default backend."""
+        name, sep, arg = spec.partition(":")
+        known = self.names()
+        if name in known and (sep or not self.arg_required):
+            return name, arg
+        if self.default is not None:
+            return self.default, spec
+        shown = ", ".join(f"{k}:..." if self.arg_required else k for k in known)
+        raise UnknownBackendError(
+            f"unknown {self.what} {spec!r}; expected one of {shown} (installed backends of the "
+            f"entry-point group {self.group})"
+        )
+
+    def factory(self, name: str) -> Callable[..., T]:
+        """The factory of backend `name`, imported now."""
+        entry = self._added.get(name) or self._installed().get(name)
+        if entry is None:
+            raise UnknownBackendError(f"no {self.what} backend {name!r} in {self.group}")
+        return resolve(entry)
+
+    def takes(self, name: str, option: str) -> bool:
+        """Whether backend `name`'s factory takes `option`."""
+        taken = taken_options(self.factory(name))
+        return taken is None or option in taken
+
+    def requires(self, name: str, option: str) -> bool:
+        """Whether backend `name`'s factory cannot be built without `option`."""
+        param = inspect.signature(self.factory(name)).parameters.get(option)
+        return param is not None and param.default is param.empty
+
+    def call(self, name: str, arg: str, **options: Any) -> T:
+        """`factory(arg, **options)` of backend `name`, its options checked first. None values
+        and `Default` values its factory does not take are left out."""
+        factory = self.factory(name)
+        taken = taken_options(factory)
+        given: dict[str, Any] = {}
+        for key, value in options.items():
+            fallback = isinstance(value, Default)
+            value = value.value if fallback else value
+            if value is None or (fallback and taken is not None and key not in taken):
+                continue
+            if taken is not None and key not in taken:
+                accepted = ", ".join(sorted(taken)) or "none"
+                raise BackendOptionError(
+                    f"the {self.what} backend {name!r} takes no option {key!r} "
+                    f"(it takes: {accepted})"
+                )
+            given[key] = value
+        return factory(arg, **given)
+
+    def build(self, spec: str, **options: Any) -> T:
+        """The backend a spec names, built with `options` (see `call`)."""
+        name, arg = self.parse(spec)
+        return self.call(name, arg, **options)
 
 
 def resolve(entry: str | Callable[..., Any]) -> Callable[..., Any]:
     """The callable an entry names: itself, or the object at `"module:attribute.path"`."""
     if callable(entry):
         return entry
+    import importlib
+
     module, _, attribute = entry.partition(":")
     target: Any = importlib.import_module(module)
     for name in attribute.split("."):

@@ -121,14 +121,6 @@ class StudentJudge(HFJudge):
         return parse_student_answer(text, self.target)
 
 
-def load_student_judge(model: str, **options: Any) -> StudentJudge:
-    known = {
-        "base", "base_revision", "device", "dtype", "batch_size", "max_new_tokens", "constrained",
-        "max_string_chars", "cache", "meter", "on_result", "engine", "online", "kv_cache_gib",
-    }  # fmt: skip
-    return StudentJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})
-
-
 class ServedStudentJudge(OpenAIJudge):
     """The student served by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp's server)
     under `model`: asked with the student's schema (guided JSON), parsed as the student's
@@ -163,15 +155,6 @@ class ServedStudentJudge(OpenAIJudge):
 
     def parse(self, text: str) -> tuple[Judge, dict[str, Any]]:
         return parse_student_answer(text, self.target)
-
-
-def load_served_student_judge(model: str, **options: Any) -> ServedStudentJudge:
-    from stepgap.teacher.judges.openai_api import OPENAI_OPTIONS
-
-    known = {*OPENAI_OPTIONS, "nli_features", "earlier_evidence_chars", "target"}
-    return ServedStudentJudge(
-        model, **{k: v for k, v in options.items() if k in known and v is not None}
-    )
 
 
 def student_meta(path: str | Path) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stepgap.registry import resolve
+from stepgap.registry import Default, Registry
 from stepgap.tree import TreeConfig
 
 from .checker import Checker
@@ -19,8 +19,9 @@ from .nli import NLIBackend
 if TYPE_CHECKING:
     from .nli.onnx import Provider
 
-# A bundle's checker (the export and serving layers, above this one), by import path.
-BUNDLE_CHECKER = "stepgap.serving.offline:OfflineChecker.from_bundle"
+# Checkers that come whole (`--bundle`: the offline checker, in the serving layer above this one)
+# are the entry points of `stepgap.checkers`.
+CHECKERS: Registry[Checker] = Registry("checker", "stepgap.checkers")
 
 
 def build_judge(
@@ -30,15 +31,18 @@ def build_judge(
     prices: str | Path | dict[str, tuple[float, float, float]] | None = None,
     **options: Any,
 ) -> JudgeBackend:
-    """A judge backend from `openai:MODEL`, `hf:PATH_OR_ID`, `student:PATH` or `replay:FILE`.
+    """A judge backend from `openai:MODEL`, `hf:PATH_OR_ID`, `student:PATH`, `replay:FILE` or
+    an installed plug-in's `KIND:ARG`.
 
     Model judges share the on-disk answer cache (`cache`: a path, None for the default
     `$STEPGAP_CACHE` or `~/.cache/stepgap/`, False for none) and count tokens and cost with
-    `prices` (a price-table JSON file or a dict, on top of the built-in GPT-4.1 prices). Other
-    options go to the backend (`base_url`, `concurrency`, `device`, `batch_size`, ...); options a
-    backend does not take are ignored.
+    `prices` (a price-table JSON file or a dict, on top of the built-in GPT-4.1 prices), where the
+    backend takes a cache and a meter. Other options go to the backend (`base_url`,
+    `concurrency`, `device`, `batch_size`, ...): one it does not take is an error naming it,
+    unless its value is a `Default` (a setting left at its default). `max_tokens` is the answer
+    budget, `max_new_tokens` to local models.
     """
-    from .judges import PRICES, CostMeter, JudgeCache, default_cache_path, load_judge
+    from .judges import JUDGES, PRICES, CostMeter, JudgeCache, default_cache_path
 
     table = dict(PRICES)
     if isinstance(prices, dict):
@@ -47,18 +51,16 @@ def build_judge(
         from .judges.cost import load_prices
 
         table.update(load_prices(prices))
-    kind, _, model = spec.partition(":")
-    use_cache = kind != "replay" and cache is not False  # replay answers are already on disk
-    store = JudgeCache(cache or default_cache_path()) if use_cache else None  # type: ignore[arg-type]
-    max_tokens = options.pop("max_tokens", None)
-    return load_judge(
-        spec,
-        **options,
-        max_tokens=max_tokens,
-        max_new_tokens=max_tokens,
-        cache=store,
-        meter=CostMeter(model=model, prices=table),
-    )
+    kind, model = JUDGES.parse(spec)
+    if cache is not False and JUDGES.takes(kind, "cache"):
+        options["cache"] = JudgeCache(cache or default_cache_path())  # type: ignore[arg-type]
+    elif cache:
+        options["cache"] = cache  # a cache the backend cannot use: the option error says so
+    if JUDGES.takes(kind, "meter"):
+        options["meter"] = CostMeter(model=model, prices=table)
+    if "max_tokens" in options and not JUDGES.takes(kind, "max_tokens"):
+        options["max_new_tokens"] = options.pop("max_tokens")
+    return JUDGES.call(kind, model, **options)
 
 
 def require_specs(judge: object, nli: object, bundle: object) -> None:
@@ -193,29 +195,38 @@ class CheckerConfig(BaseModel):
     tree: TreeConfig = Field(default_factory=TreeConfig, exclude=True)  # its own flags
 
     def judge_options(self) -> dict[str, Any]:
-        """The judge fields as keyword arguments of `build_judge`."""
-        return {
-            "base_url": self.base_url,
-            "api_key_env": self.api_key_env,
-            "response_format": self.response_format,
-            "concurrency": self.concurrency,
-            "engine_slots": self.engine_slots,
-            "max_retries": self.max_retries,
-            "timeout": self.timeout,
-            "invalid_retries": self.invalid_retries,
-            "max_tokens": self.max_tokens,
-            "logprobs": not self.no_logprobs,
-            "device": self.judge_device,
-            "dtype": self.judge_dtype,
-            "batch_size": self.judge_batch_size,
-            "engine": self.engine,
-            "kv_cache_gib": self.kv_cache_gib,
-            "max_string_chars": self.max_string_chars,
-            "constrained": not self.unconstrained,
-            "base": self.student_base,
-            "cache": False if self.no_cache else self.cache,
-            "prices": self.prices,
+        """The judge fields as keyword arguments of `build_judge`: a field left at its default
+        is a `Default` (it goes only to backends that take it), a field set must be taken."""
+        options = {
+            "base_url": "base_url",
+            "api_key_env": "api_key_env",
+            "response_format": "response_format",
+            "concurrency": "concurrency",
+            "engine_slots": "engine_slots",
+            "max_retries": "max_retries",
+            "timeout": "timeout",
+            "invalid_retries": "invalid_retries",
+            "max_tokens": "max_tokens",
+            "logprobs": "no_logprobs",
+            "device": "judge_device",
+            "dtype": "judge_dtype",
+            "batch_size": "judge_batch_size",
+            "engine": "engine",
+            "kv_cache_gib": "kv_cache_gib",
+            "max_string_chars": "max_string_chars",
+            "constrained": "unconstrained",
+            "base": "student_base",
         }
+        result: dict[str, Any] = {}
+        for option, name in options.items():
+            value = getattr(self, name)
+            if name in ("no_logprobs", "unconstrained"):
+                value = not value  # the flags say what is turned off
+            left = getattr(self, name) == type(self).model_fields[name].default
+            result[option] = Default(value) if left else value
+        result["cache"] = False if self.no_cache else self.cache
+        result["prices"] = self.prices
+        return result
 
     def require_specs(self) -> None:
         """A ValueError unless this names a checker: a judge and an NLI model, or a bundle."""
@@ -228,7 +239,7 @@ class CheckerConfig(BaseModel):
 
         options = self.judge_options()
         if online:
-            options["online"] = True
+            options["online"] = Default(True)  # for backends with an online mode
         return build_checker(
             self.judge,
             self.nli,
@@ -260,7 +271,7 @@ def build_checker(
 
     `device` places the NLI model; `judge_options` go to `build_judge` (for a bundle: the
     student's `device`, `dtype`, `batch_size`, `max_tokens`, `engine`, `online` and
-    `kv_cache_gib`). `nli_providers`: the bundle's
+    `kv_cache_gib`; another option set is an error naming it). `nli_providers`: the bundle's
     ONNX Runtime execution providers (`OfflineChecker.from_bundle`).
     """
     options = dict(judge_options or {})
@@ -276,27 +287,31 @@ def build_checker(
                     "by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) at --base-url"
                 )
 
+            served_options = dict(options)
+
             def served(meta: dict[str, Any]) -> JudgeBackend:
                 return build_judge(
                     f"openai-student:{name}",
                     nli_features=bool(meta.get("nli_features", False)),
                     earlier_evidence_chars=meta.get("earlier_evidence_chars"),
                     target=meta.get("target") or "full",  # the schema it was trained to write
-                    **options,
+                    **served_options,
                 )
 
-        return resolve(BUNDLE_CHECKER)(
-            bundle,
+            options = {}  # every judge option is the served student's
+        else:
+            options.pop("prices", None)  # the bundle's student counts no cost and keeps no cache
+            if options.get("cache") is False:
+                options.pop("cache")
+            if "max_tokens" in options:
+                options["max_new_tokens"] = options.pop("max_tokens")
+        return CHECKERS.call(
+            "bundle",
+            str(bundle),
             nli_precision=nli_precision,
             nli_providers=nli_providers,
-            device=options.get("device"),
-            dtype=options.get("dtype"),
-            batch_size=options.get("batch_size") or 8,
-            max_new_tokens=options.get("max_tokens") or 768,
-            engine=options.get("engine") or "auto",
-            online=bool(options.get("online")),
-            kv_cache_gib=options.get("kv_cache_gib"),
             served_judge=served,
+            **options,
         )
     require_specs(judge, nli, bundle)
     if nli_providers:

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from stepgap.cli import Command
-from stepgap.cli.options import EXIT_NOTHING, add_errors_option, finish
+from stepgap.cli.options import EXIT_NOTHING, add_errors_option, backend_options, finish
 from stepgap.data_builders.student_target import TARGETS
 
 
@@ -171,18 +171,20 @@ def rollouts(args: argparse.Namespace) -> int:
         subset=args.subset,
         exclude_ids=args.exclude_ids or [],
         report=report,
-        policy_options={
-            "base_url": args.base_url,
-            "api_key_env": args.api_key_env,
-            "concurrency": args.concurrency,
-            "max_new_tokens": args.max_new_tokens,
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "seed": args.seed,
-            "device": args.device,
-            "dtype": args.dtype,
-            "batch_size": args.batch_size,
-        },
+        policy_options=backend_options(
+            args,
+            rollouts_arguments,
+            "base_url",
+            "api_key_env",
+            "concurrency",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "device",
+            "dtype",
+            "batch_size",
+        ),  # fmt: skip
         retriever_device=args.retriever_device,
         fmt=args.format,
         n_per_question=args.n_per_question,

@@ -116,11 +116,11 @@ def baseline(args: argparse.Namespace) -> int:
 def baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "kind",
-        choices=["nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only", "flag-everything"],
         help="nli-only: NLI on (all evidence, claim); minicheck: NLI on sentence chunks of the "
         "evidence, best chunk decides; ner-quote: spaCy NER + token overlap instead of stage C; "
         "llm-strict / llm-only: the judge does all five stages, flagging on any stage signal / "
-        "on an overall gap confidence >= 0.5; flag-everything: every step a gap",
+        "on an overall gap confidence >= 0.5; flag-everything: every step a gap; or an installed "
+        "plug-in's (entry-point group stepgap.baselines)",
     )
     p.add_argument("input", help="traces (raw or segmented)")
     p.add_argument("-o", "--output", required=True, help="verdicts (JSONL)")

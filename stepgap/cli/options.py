@@ -12,8 +12,10 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from stepgap.registry import Default
 from stepgap.teacher.build import BUNDLE, JUDGE, NLI, CheckerConfig
 from stepgap.tree import TreeConfig
 
@@ -44,6 +46,21 @@ def finish(args: argparse.Namespace, report: Any, done: int, what: str) -> int:
         file=sys.stderr,
     )
     return EXIT_SKIPPED
+
+
+def backend_options(
+    args: argparse.Namespace, add_arguments: Callable[[Any], None], *names: str
+) -> dict[str, Any]:
+    """Flags for a backend (`stepgap.registry`): a flag left at the default `add_arguments`
+    declares for it goes only to backends that take it (`Default`); a flag the user set must
+    be taken by the backend, or building it names the option."""
+    declared = argparse.ArgumentParser(add_help=False)
+    add_arguments(declared)
+    return {
+        n: Default(v) if v == declared.get_default(n) else v
+        for n in names
+        if (v := getattr(args, n)) is not None
+    }
 
 
 def add_errors_option(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stepgap.registry import resolve
+from stepgap.registry import Registry
 from stepgap.tree import JudgeResult
 
 from .base import (
@@ -21,48 +21,22 @@ from .cache import JudgeCache, default_cache_path
 from .cost import PRICES, CostMeter
 from .replay import ReplayJudge
 
-
-def _openai(model: str, **options: Any) -> JudgeBackend:
-    from .openai_api import load_openai_judge
-
-    return load_openai_judge(model, **options)
-
-
-def _hf(model: str, **options: Any) -> JudgeBackend:
-    from .hf import load_hf_judge
-
-    return load_hf_judge(model, **options)
-
-
-# The student's backends live a layer above (stepgap.student): entered by import path
-# (stepgap.registry), imported when a `student:` spec is first built.
-_REGISTRY: dict[str, str | Callable[..., JudgeBackend]] = {
-    "replay": lambda arg, **kw: ReplayJudge.from_file(arg),
-    "openai": _openai,
-    "hf": _hf,
-    "student": "stepgap.student.judge:load_student_judge",
-    # what `--bundle B --judge openai:NAME` builds
-    "openai-student": "stepgap.student.judge:load_served_student_judge",
-}
+# Judges are the entry points of `stepgap.judges` (stepgap's own in its pyproject.toml: openai,
+# hf, replay, and the student's, which live a layer above); a plug-in registers its own there.
+JUDGES: Registry[JudgeBackend] = Registry("judge spec", "stepgap.judges")
 
 
 def register_judge(kind: str, factory: str | Callable[..., JudgeBackend]) -> None:
-    """Make `kind:ARG` specs build a backend with `factory(ARG, **options)` (a callable, or
-    its import path `"module:name"`)."""
-    _REGISTRY[kind] = factory
+    """Make `kind:ARG` specs build a backend with `factory(ARG, **options)` in this process (a
+    callable, or its import path `"module:name"`); installed packages use the entry point."""
+    JUDGES.register(kind, factory)
 
 
-def load_judge(spec: str, **kwargs: Any) -> JudgeBackend:
+def load_judge(spec: str, **options: Any) -> JudgeBackend:
     """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `student:PATH`,
-    `replay:FILE`.
-
-    Options a backend does not take (e.g. `concurrency` for replay) are ignored.
-    """
-    kind, sep, arg = spec.partition(":")
-    if not sep or kind not in _REGISTRY:
-        known = ", ".join(f"{k}:..." for k in sorted(_REGISTRY))
-        raise ValueError(f"unknown judge spec {spec!r}; expected one of {known}")
-    return resolve(_REGISTRY[kind])(arg, **kwargs)
+    `replay:FILE`, or an installed plug-in's kind. An option the backend does not take is an
+    error naming it (`stepgap.registry`)."""
+    return JUDGES.build(spec, **options)
 
 
 __all__ = [
@@ -74,6 +48,7 @@ __all__ = [
     "JudgeConfigError",
     "JudgeParseError",
     "JudgeRequest",
+    "JUDGES",
     "JudgeResult",
     "ReplayJudge",
     "judge_json_schema",

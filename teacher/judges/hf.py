@@ -373,11 +373,3 @@ def _config(folder: str, revision: str | None) -> Any:
 
     with explain_load_errors(folder, "config"):
         return AutoConfig.from_pretrained(folder, revision=revision)
-
-
-def load_hf_judge(model: str, **options: Any) -> HFJudge:
-    known = {
-        "device", "dtype", "batch_size", "max_new_tokens", "constrained", "max_string_chars",
-        "fast", "cache", "meter", "on_result", "engine", "online", "kv_cache_gib",
-    }  # fmt: skip
-    return HFJudge(model, **{k: v for k, v in options.items() if k in known and v is not None})

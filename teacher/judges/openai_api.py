@@ -520,16 +520,3 @@ class Completion:
             logprobs=[(t["token"], float(t["logprob"])) for t in tokens],
             usage=usage,
         )
-
-
-OPENAI_OPTIONS = frozenset({
-    "base_url", "api_key_env", "concurrency", "max_retries", "timeout", "invalid_retries",
-    "temperature", "max_tokens", "logprobs", "cache", "meter", "on_result", "stop_after",
-    "response_format", "engine_slots",
-})  # fmt: skip
-
-
-def load_openai_judge(model: str, **options: Any) -> OpenAIJudge:
-    return OpenAIJudge(
-        model, **{k: v for k, v in options.items() if k in OPENAI_OPTIONS and v is not None}
-    )

@@ -4,32 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepgap.registry import Registry
 from stepgap.tree import NLIError, Pair, nli_label
 
 from .base import NLIBackend
 from .hf import DEFAULT_NLI_MODEL, HFNLI
 from .replay import ReplayNLI
 
+# NLI backends are the entry points of `stepgap.nli` (stepgap's own: hf, onnx, replay).
+NLI_BACKENDS: Registry[NLIBackend] = Registry("NLI spec", "stepgap.nli", default="hf")
 
-def load_nli(spec: str, **kwargs: Any) -> NLIBackend:
+
+def load_nli(spec: str, **options: Any) -> NLIBackend:
     """Build an NLI backend from `replay:FILE`, `hf:ID_OR_PATH`, `onnx:PATH` (an exported
-    folder) or a bare hub id / local path."""
-    kind, sep, arg = spec.partition(":")
-    if sep and kind == "replay":
-        return ReplayNLI.from_file(arg)  # stored answers: device/dtype options do not apply
-    if sep and kind == "hf":
-        return HFNLI(arg, **kwargs)
-    if sep and kind == "onnx":
-        from .onnx import ONNXNLI
-
-        options = {k: v for k, v in kwargs.items() if k in ("batch_size", "max_length")}
-        return ONNXNLI(arg, **options)
-    return HFNLI(spec, **kwargs)
+    folder), a bare hub id / local path (hf), or an installed plug-in's `KIND:ARG`. An option
+    the backend does not take is an error naming it (`stepgap.registry`)."""
+    return NLI_BACKENDS.build(spec, **options)
 
 
 __all__ = [
     "DEFAULT_NLI_MODEL",
     "HFNLI",
+    "NLI_BACKENDS",
     "NLIBackend",
     "NLIError",
     "Pair",

@@ -1,0 +1,182 @@
+"""Backends by entry point (stepgap/registry.py): stepgap's own backends are found the way a
+plug-in's are, every spec kind parses the same way, and an option a backend does not take is an
+error naming the option and the backend. The plug-in is a throwaway distribution the test
+installs into a folder on the path (its `*.dist-info` with `entry_points.txt`, as pip writes it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stepgap.registry import BackendOptionError, Default, Registry, UnknownBackendError
+
+PLUGIN_JUDGE = '''
+import json
+
+from stepgap.schema import Judge
+from stepgap.tree import JudgeResult
+
+
+class EchoJudge:
+    """Gives every step the judge object of the JSON file its spec names."""
+
+    name = "echo"
+
+    def __init__(self, path, *, copies=1):
+        self.path, self.copies = path, copies
+        with open(path) as f:
+            self.answer = Judge.model_validate(json.load(f))
+
+    @property
+    def provenance(self):
+        return {"spec": f"echo:{self.path}", "note": None}
+
+    def judge(self, requests, deadline=None):
+        return [JudgeResult(judge=self.answer) for _ in requests]
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch) -> Path:
+    """A distribution `echo-judge` installed into `site/`: a module and its entry point."""
+    site = tmp_path / "site"
+    (site / "echo_judge.py").parent.mkdir(parents=True)
+    (site / "echo_judge.py").write_text(PLUGIN_JUDGE)
+    info = site / "echo_judge-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-judge\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[stepgap.judges]\necho = echo_judge:EchoJudge\n")
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def test_stepgaps_own_backends_are_entry_points():
+    """No registry lists a backend in code: each kind's backends come from the installed
+    metadata (pyproject.toml), the student's judges and the bundle's checker included."""
+    from stepgap.data_builders.policies import POLICIES
+    from stepgap.data_builders.retrieval import RETRIEVERS
+    from stepgap.eval.baselines import BASELINES
+    from stepgap.teacher.build import CHECKERS
+    from stepgap.teacher.judges import JUDGES
+    from stepgap.teacher.nli import NLI_BACKENDS
+
+    assert {"openai", "hf", "replay", "student", "openai-student"} <= set(JUDGES.names())
+    assert {"hf", "onnx", "replay"} <= set(NLI_BACKENDS.names())
+    assert {"hf", "openai"} <= set(POLICIES.names())
+    assert {"index", "http", "https"} <= set(RETRIEVERS.names())
+    assert {"nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only"} <= set(
+        BASELINES.names()
+    )
+    assert "bundle" in CHECKERS.names()
+    from stepgap.serving.offline import OfflineChecker
+    from stepgap.student.judge import StudentJudge
+
+    assert JUDGES.factory("student") is StudentJudge
+    assert CHECKERS.factory("bundle") == OfflineChecker.from_bundle
+
+
+def test_every_kind_parses_the_same_way():
+    from stepgap.data_builders.policies import POLICIES
+    from stepgap.data_builders.retrieval import RETRIEVERS
+    from stepgap.eval.baselines import BASELINES
+    from stepgap.teacher.judges import JUDGES
+    from stepgap.teacher.nli import NLI_BACKENDS
+
+    assert JUDGES.parse("openai:gpt-4.1-mini") == ("openai", "gpt-4.1-mini")
+    assert NLI_BACKENDS.parse("onnx:/b/nli") == ("onnx", "/b/nli")
+    assert NLI_BACKENDS.parse("MoritzLaurer/DeBERTa-v3-large") == (
+        "hf", "MoritzLaurer/DeBERTa-v3-large",
+    )  # fmt: skip
+    assert POLICIES.parse("openai:qwen") == ("openai", "qwen")
+    assert POLICIES.parse("/models/policy") == ("hf", "/models/policy")
+    assert RETRIEVERS.parse("http://127.0.0.1:8000/retrieve") == (
+        "http", "//127.0.0.1:8000/retrieve",
+    )  # fmt: skip
+    assert RETRIEVERS.parse("~/index") == ("index", "~/index")
+    assert BASELINES.parse("minicheck") == ("minicheck", "")
+    with pytest.raises(UnknownBackendError, match="unknown judge spec 'gpt-4.1-mini'.*openai:"):
+        JUDGES.parse("gpt-4.1-mini")
+    with pytest.raises(UnknownBackendError, match="stepgap.baselines"):
+        BASELINES.parse("nope")
+
+
+def test_an_option_a_backend_does_not_take_is_an_error_naming_both(tmp_path):
+    from stepgap.data_builders.policies import load_policy
+    from stepgap.teacher.judges import load_judge
+    from stepgap.teacher.nli import load_nli
+
+    replay = tmp_path / "answers.jsonl"
+    replay.write_text("")
+    with pytest.raises(BackendOptionError, match="judge spec backend 'replay' takes no option "
+                       "'concurrency'"):  # fmt: skip
+        load_judge(f"replay:{replay}", concurrency=4)
+    with pytest.raises(BackendOptionError, match="'openai' takes no option 'device'"):
+        load_judge("openai:gpt-4.1-mini", device="cuda", api_key_env="NO_SUCH_KEY_VAR")
+    with pytest.raises(
+        BackendOptionError, match="NLI spec backend 'replay' takes no option 'device'"
+    ):
+        load_nli(f"replay:{replay}", device="cpu")
+    with pytest.raises(BackendOptionError, match="policy backend 'openai' takes no option 'dtype'"):
+        load_policy("openai:qwen", dtype="bfloat16")
+    # a setting left at its default goes where it is taken and nowhere else
+    assert load_judge(f"replay:{replay}", concurrency=Default(8)).name == "replay"
+
+
+def test_an_option_error_reaches_the_command_line_in_one_line(examples_dir, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "stepgap.cli", "check", str(examples_dir / "traces.jsonl"),
+         "-o", str(tmp_path / "v.jsonl"), "--judge", f"replay:{examples_dir / 'judge_replay.jsonl'}",
+         "--nli", f"replay:{examples_dir / 'nli_replay.jsonl'}", "--concurrency", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "judge spec backend 'replay' takes no option 'concurrency'" in out.stderr
+    assert not (tmp_path / "v.jsonl").exists()
+
+
+def test_a_plugin_judge_plugs_in_as_ours_do(plugin, examples_dir, tiny_nli, tmp_path):
+    """Installed by its own distribution's entry point, the judge builds from its spec, takes
+    its own options and no others, and checks traces from the command line."""
+    from stepgap.teacher.judges import JUDGES, load_judge
+
+    answer = tmp_path / "answer.json"
+    first = json.loads((examples_dir / "judge_replay.jsonl").read_text().splitlines()[0])
+    answer.write_text(json.dumps(first["judge"]))
+    assert "echo" in JUDGES.names()
+    judge = load_judge(f"echo:{answer}", copies=2)
+    assert (judge.path, judge.copies) == (str(answer), 2)
+    with pytest.raises(BackendOptionError, match="'echo' takes no option 'concurrency'.*copies"):
+        load_judge(f"echo:{answer}", concurrency=2)
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *sys.path])}
+    out = tmp_path / "verdicts.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "stepgap.cli", "check", str(examples_dir / "traces.jsonl"),
+         "-o", str(out), "--judge", f"echo:{answer}", "--nli",
+         str(tiny_nli)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    verdicts = [json.loads(line) for line in out.read_text().splitlines()]
+    assert verdicts and all(v["checker"]["judge"]["spec"] == f"echo:{answer}" for v in verdicts)
+    assert all(v["label"] is not None for v in verdicts)
+
+
+def test_a_registry_finds_a_distribution_added_to_the_path_later(tmp_path, monkeypatch):
+    registry: Registry[object] = Registry("widget", "stepgap.test_widgets")
+    assert registry.names() == []
+    site = tmp_path / "later"
+    info = site / "widgets-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: widgets\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[stepgap.test_widgets]\nbox = builtins:dict\n")
+    (site / "unused.py").write_text(textwrap.dedent("X = 1\n"))
+    monkeypatch.syspath_prepend(str(site))
+    assert registry.names() == ["box"]
+    assert registry.build("box:") == {}
