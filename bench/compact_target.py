@@ -132,7 +132,7 @@ def train_and_judge(
     from stepgap.student.recipe import load_config
     from stepgap.student.trainer import train
 
-    fraction = load_config("tiny").eval_fraction  # the split tests/student/test_train.py uses
+    fraction = load_config("tiny").script_args.eval_fraction  # tests/student/test_train.py's split
     teacher = {(v.trace_id, v.step): v for v in pool}
     held, seen = requests(pool, True, fraction), requests(pool, False, fraction)
     out = {}

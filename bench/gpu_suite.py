@@ -452,7 +452,7 @@ def _recipe(name: str, sizes: Sizes, **overrides: Any) -> Any:
     run = {
         "logging_steps": 1,  # TRL's token count is read at every step
         "save_steps": 10**6,
-        "eval_steps": None,
+        "eval_strategy": "no",
         "report_to": "none",
         "use_cpu": not cuda,
         "gradient_accumulation_steps": 1,
@@ -588,7 +588,7 @@ def _plain_trl(sizes: Sizes, base: str, data: Any, out: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    recipe = _recipe("qwen2.5-7b-lora", sizes)
+    training, model_args = _recipe("qwen2.5-7b-lora", sizes)[1:]
     cuda = _cuda()
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(
@@ -599,9 +599,9 @@ def _plain_trl(sizes: Sizes, base: str, data: Any, out: Path) -> dict[str, Any]:
         max_steps=sizes.warmup_steps + sizes.steps,
         per_device_train_batch_size=sizes.batch,
         gradient_accumulation_steps=1,
-        learning_rate=recipe.learning_rate,
+        learning_rate=training.learning_rate,
         max_length=sizes.lengths[1],
-        gradient_checkpointing=recipe.gradient_checkpointing,
+        gradient_checkpointing=training.gradient_checkpointing,
         bf16=cuda,
         use_cpu=not cuda,
         logging_steps=1,
@@ -610,10 +610,10 @@ def _plain_trl(sizes: Sizes, base: str, data: Any, out: Path) -> dict[str, Any]:
         seed=0,
     )
     lora = LoraConfig(
-        r=recipe.lora_r,
-        lora_alpha=recipe.lora_alpha,
-        lora_dropout=recipe.lora_dropout,
-        target_modules=recipe.target_modules,
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules,
         task_type="CAUSAL_LM",
     )
     with clocked() as clock:
@@ -638,7 +638,7 @@ def _project(sizes: Sizes, base: str, data_dir: Path, out: Path, levers: dict) -
     cfg = _recipe(
         "qwen2.5-7b-lora",
         sizes,
-        model=base,
+        model_name_or_path=base,
         dataset=str(data_dir),
         output_dir=str(out),
         max_steps=sizes.warmup_steps + sizes.steps,
@@ -714,7 +714,7 @@ def section_qlora(sizes: Sizes, work: Path) -> dict[str, Any]:
     cfg = _recipe(
         "qwen2.5-7b-qlora",
         sizes,
-        model=base,
+        model_name_or_path=base,
         dataset=str(data_dir),
         output_dir=str(work / "qlora_out"),
         max_steps=sizes.qlora_steps,
@@ -729,7 +729,7 @@ def section_qlora(sizes: Sizes, work: Path) -> dict[str, Any]:
     return {
         "lengths": _length_stats(data),
         "batch": 1,
-        "gradient_checkpointing": cfg.gradient_checkpointing,
+        "gradient_checkpointing": cfg.training_args.gradient_checkpointing,
         "peak_allocated_gib": round(peak / GiB, 2),
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GiB, 2),
         "train_peak_allocated_gib": figures.get("train_peak_gib"),

@@ -2,6 +2,6 @@
 student as a judge, and hard-negative mining (`mine`)."""
 
 from .mining import mine
-from .recipe import StudentTrainConfig, load_config
+from .recipe import Recipe, StudentArguments, load_config
 
-__all__ = ["StudentTrainConfig", "load_config", "mine"]
+__all__ = ["Recipe", "StudentArguments", "load_config", "mine"]

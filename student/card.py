@@ -20,7 +20,7 @@ import yaml
 from stepgap.hub_access import CARD, LICENSE, template_section
 from stepgap.models import display_ref, stand_in_note
 
-from .recipe import StudentTrainConfig
+from .recipe import Recipe, recipe_value
 
 TAGS = ["stepgap", "trl", "sft", "lora"]
 # The recipe keys a reader needs to judge or reproduce the run (the rest are bookkeeping).
@@ -28,12 +28,12 @@ RECIPE_KEYS = (
     "lora_r",
     "lora_alpha",
     "lora_dropout",
-    "target_modules",
+    "lora_target_modules",
     "load_in_4bit",
     "dtype",
     "learning_rate",
     "lr_scheduler_type",
-    "warmup_ratio",
+    "warmup_steps",
     "num_train_epochs",
     "max_steps",
     "per_device_train_batch_size",
@@ -110,7 +110,7 @@ def _table(rows: dict[str, Any]) -> str:
 
 
 def render_adapter_card(
-    cfg: StudentTrainConfig,
+    recipe: Recipe,
     *,
     base: str,
     counts: dict[str, int],
@@ -118,16 +118,22 @@ def render_adapter_card(
     metrics: dict[str, float],
     world_size: int = 1,
 ) -> str:
-    """README.md for the adapter trained with `cfg` on `base` (the loadable reference the
+    """README.md for the adapter trained with `recipe` on `base` (the loadable reference the
     adapter_config names; only its display form is written)."""
-    repo = cfg.hub_model_id
+    script, training, model_args = recipe
+    repo = training.hub_model_id
     shown, on_hub = display_ref(base), hub_base(base)
-    kind = "QLoRA adapter (trained on a 4-bit nf4 base)" if cfg.load_in_4bit else "LoRA adapter"
+    four_bit = model_args.load_in_4bit
+    kind = (
+        f"QLoRA adapter (trained on a 4-bit {model_args.bnb_4bit_quant_type} base)"
+        if four_bit
+        else "LoRA adapter"
+    )
     meta: dict[str, Any] = {"library_name": "peft", "license": LICENSE}
     if on_hub:
         meta["base_model"] = on_hub
     meta["pipeline_tag"] = "text-generation"
-    meta["tags"] = TAGS + (["qlora"] if cfg.load_in_4bit else [])
+    meta["tags"] = TAGS + (["qlora"] if four_bit else [])
     where = "" if on_hub else " (not a Hub model: give the base yourself when loading)"
     note = _stand_in(base)
     lines = [
@@ -144,20 +150,20 @@ def render_adapter_card(
         "(`stepgap check --nli`), and `stepgap export` bundles both for offline use."
         + (f" **The base is a {note}; these weights check nothing real.**" if note else ""),
     ]
-    if cfg.init_adapter:
+    if script.init_adapter:
         lines += [
             "",
-            f"It continues adapter `{display_ref(cfg.init_adapter)}` (hard-negative "
+            f"It continues adapter `{display_ref(script.init_adapter)}` (hard-negative "
             "augmentation: `stepgap mine --augment-config`).",
         ]
-    recipe = {k: getattr(cfg, k) for k in RECIPE_KEYS}
-    recipe["effective_batch_size"] = (
-        cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world_size
+    keys = {k: recipe_value(recipe, k) for k in RECIPE_KEYS}
+    keys["effective_batch_size"] = (
+        training.per_device_train_batch_size * training.gradient_accumulation_steps * world_size
     )
-    lines += ["", "## Training recipe", "", _table(recipe)]
-    data = {"source": f"`{display_ref(cfg.dataset)}`", **counts}
-    if cfg.max_train_examples is not None:
-        data["max_train_examples"] = cfg.max_train_examples
+    lines += ["", "## Training recipe", "", _table(keys)]
+    data = {"source": f"`{display_ref(script.dataset)}`", **counts}
+    if script.max_train_examples is not None:
+        data["max_train_examples"] = script.max_train_examples
     from stepgap.teacher.prompt import PROMPT_VERSION
 
     data["prompt_version"] = data_meta.get("prompt_version", PROMPT_VERSION)

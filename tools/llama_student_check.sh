@@ -39,9 +39,10 @@ if [ "$STEPS" -gt 0 ]; then
   STUDENT="$S/adapter-$STEPS"
   if [ ! -f "$STUDENT/adapter_model.safetensors" ]; then
     echo "== training $STEPS steps (log: $S/train-$STEPS.log)"
-    $STEPGAP train --config student/configs/tiny.yaml --set model="$S/base" \
-      --set output_dir="$STUDENT" --set max_steps="$STEPS" --set eval_steps="$STEPS" \
-      --set save_steps="$STEPS" --set max_length=16384 > "$S/train-$STEPS.log" 2>&1
+    $STEPGAP train --config student/configs/tiny.yaml --set model_name_or_path="$S/base" \
+      --set output_dir="$STUDENT" --set max_steps="$STEPS" --set eval_strategy=steps \
+      --set eval_steps="$STEPS" --set save_steps="$STEPS" --set max_length=16384 \
+      > "$S/train-$STEPS.log" 2>&1
   fi
 fi
 BUNDLE="$S/bundle-$STEPS"  # exported afresh each run: SERVING.md as this stepgap writes it

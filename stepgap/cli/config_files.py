@@ -7,7 +7,9 @@ positional arguments included (`input`); values are checked by the flag's own ty
 and an unknown key is an error naming the file, the line and the key. `--print-config` prints the
 resolved configuration as YAML (a file `--config` reads back) and runs nothing.
 
-A command that defines its own `--config` (`train`, whose config is the training recipe) keeps it.
+A command that defines its own `--config` (`train`, whose config is the training recipe) keeps it,
+and gets its command line as typed (`args.argv`): its own parser (TRL's) reads the recipe's keys
+as flags, so flags this parser does not know are not errors here.
 """
 
 from __future__ import annotations
@@ -249,11 +251,14 @@ def parse_with_config(
     own = getattr(sub, "own_config", False)
     if sub is not None and config is not None and not own:
         apply_config(sub, name, config)  # type: ignore[arg-type]
-    if sub is not None and (unknown := _unknown_flags(sub, argv[argv.index(name) + 1 :])):
+    rest = argv[argv.index(name) + 1 :] if sub is not None else []
+    if sub is not None and not own and (unknown := _unknown_flags(sub, rest)):
         sub.error(f"unrecognized arguments: {' '.join(unknown)}")  # before "required" errors
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # the command's own usage, not the top level's
+    if unknown and not (own and set(unknown) <= set(rest)):  # the command's usage, not the top's
         (sub or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if own:  # its own parser reads the whole of it
+        args.argv = rest
     if sub is not None:  # the values the file gave (not overridden on the command line)
         origins = getattr(sub, "config_origins", {})
         args._from_config = {

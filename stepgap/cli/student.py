@@ -1,11 +1,10 @@
-"""Commands of the student: `train` (LoRA/QLoRA SFT, the same as `student/train.py`) and `mine`
+"""Commands of the student: `train` (LoRA/QLoRA SFT, what `student/train.py` runs) and `mine`
 (hard negatives, optional augmentation run)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from stepgap.cli import Command
 from stepgap.cli.options import (
@@ -25,40 +24,30 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
         help="training recipe: a YAML file, or a packaged recipe by name (tiny, smollm2-135m, "
         "qwen2.5-7b-lora, qwen2.5-7b-qlora)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="give a recipe key as the file would",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.epilog = (
+        "Any field of the recipe's dataclasses (stepgap's StudentArguments, TRL's SFTConfig and "
+        "ModelConfig) is also a flag, as in TRL's scripts: --learning_rate 1e-4, --seed 3. "
+        "`python student/train.py --help` lists them."
+    )
 
 
 def train(args: argparse.Namespace) -> int:
-    from stepgap.student.recipe import load_config, parse_overrides
+    """The command line as typed goes to the student's own parser (TRL's, as student/train.py
+    runs it): it knows the recipe's keys, this command's parser only the run's options."""
+    from stepgap.student.train import main as train_student
+    from stepgap.student.train import make_parser
 
-    cfg = load_config(args.config, parse_overrides(args.set))
-    if getattr(args, "print_config", False):
-        import yaml
-
-        print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
-        return 0
-    from stepgap.student.trainer import train as run_training
-
-    try:
-        metrics = run_training(cfg, resume=args.resume)
-        from stepgap.student.trainer import process_state
-
-        if process_state().is_main_process:  # one report, not one per rank
-            print(json.dumps(metrics, indent=2, default=str))
-    finally:
-        _leave_process_group()
-    return 0
-
-
-def _leave_process_group() -> None:
-    """End the run's process group (`accelerate launch` with several processes) before the
-    interpreter exits: left to exit, gloo's threads were seen to abort a rank ("terminate
-    called without an active exception", exit -6) after a finished run."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    parser = make_parser(prog="stepgap train")
+    script_args, training_args, model_args, options = parser.parse_args_and_config(args.argv)
+    return train_student(script_args, training_args, model_args, options)
 
 
 def mine(args: argparse.Namespace) -> int:
@@ -137,13 +126,6 @@ def mine_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_options(g)
     add_nli_options(p)  # the shipped checker is compared: the tree needs stages D-E
     add_errors_option(p)
-
-
-def train_main(argv: list[str] | None = None) -> int:
-    """`python student/train.py` / `accelerate launch student/train.py`: `stepgap train`."""
-    from stepgap.cli import main
-
-    return main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
 COMMANDS = [

@@ -275,7 +275,8 @@ def test_cli_mine_and_augment_with_the_tiny_student(
     assert summary["short_circuit"]["steps"] == len(held)
     assert summary["mined"] == summary["train"] + summary["held_out"] > 0
     assert summary["short_circuit_after"]["steps"] == len(held)
-    assert summary["augment_learning_rate"] == pytest.approx(load_config(TINY).learning_rate / 10)
+    rate = load_config(TINY).training_args.learning_rate
+    assert summary["augment_learning_rate"] == pytest.approx(rate / 10)
     assert summary["agreement"]["steps"] == len(held)
     assert (out / "augmented" / "adapter_model.safetensors").is_file()
     base = json.loads((out / "augmented" / "adapter_config.json").read_text())

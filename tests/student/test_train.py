@@ -30,7 +30,7 @@ def _split(pool, held: bool):
     held-out traces)."""
     from stepgap.teacher.prompt import build_requests
 
-    fraction = load_config(TINY).eval_fraction
+    fraction = load_config(TINY).script_args.eval_fraction
     labeled = {(v.trace_id, v.step) for v in pool if v.label is not None}
     return [
         r
@@ -276,13 +276,19 @@ def test_each_process_loads_a_4bit_base_on_its_own_gpu(tmp_path):
 
 
 def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
-    from stepgap.cli.student import train_main  # what student/train.py runs
+    """student/train.py's way (its parser, its one-line errors) and `stepgap train`'s."""
+    from stepgap.cli import main
+    from stepgap.student.train import make_parser, one_line_errors
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: x\ndataset: y\noutput_dir: z\nlora_rank: 8\n")
-    assert train_main(["--config", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert "lora_rank (line 4): Extra inputs are not permitted" in err and "Traceback" not in err
+    bad.write_text("model_name_or_path: x\ndataset: y\nuse_peft: true\nlora_rank: 8\n")
+    with pytest.raises(SystemExit) as exited, one_line_errors("student/train.py"):
+        make_parser().parse_args_and_config(["--config", str(bad)])
+    assert exited.value.code == 2
+    assert main(["train", "--config", str(bad)]) == 2
+    script, command = capsys.readouterr().err.splitlines()
+    assert script.startswith(f"student/train.py: error: {bad}:4: lora_rank: not a recipe key")
+    assert command.startswith(f"stepgap train: error: {bad}:4: lora_rank: not a recipe key")
 
 
 def test_qlora_trains_a_4bit_base(tmp_path, examples_dir):
