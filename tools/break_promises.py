@@ -433,8 +433,9 @@ MUTATIONS = [
     Mutation(
         "tests/loss-falls",
         "student/trainer.py",
-        "        learning_rate=cfg.learning_rate,",
-        "        learning_rate=0.0,",
+        "    args, dataset = recipe.training_args, recipe.script_args.dataset\n",
+        "    args, dataset = recipe.training_args, recipe.script_args.dataset\n"
+        "    args.learning_rate = 0.0\n",
         ("tests/student/test_train.py::test_accelerate_launch_from_the_repo_root",),
     ),
     Mutation(
