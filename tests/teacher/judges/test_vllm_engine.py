@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from stepgap.data_builders.student_target import judge_decisions  # noqa: E402
 from stepgap.serving.offline import OfflineChecker  # noqa: E402
 from stepgap.teacher.checker import Checker  # noqa: E402
 from stepgap.teacher.judges.hf import HFJudge  # noqa: E402
@@ -38,6 +39,12 @@ def bundle(tmp_path_factory, models_dir) -> Path:
     return Path(shutil.copytree(MADE_BEFORE, tmp_path_factory.mktemp("b") / "bundle"))
 
 
+def _without_quote(decisions: dict) -> dict:
+    """A judge's decisions without its quote: free text too (its labels say what it decided)."""
+    decisions["step_1_quote_search"].pop("evidence_quote")
+    return decisions
+
+
 def _check(bundle: Path, traces, engine: str):
     checker = OfflineChecker.from_bundle(bundle, engine=engine, dtype="float32")
     try:
@@ -50,8 +57,13 @@ def test_the_student_on_vllm_gives_the_hf_answers_on_every_example_step(
     bundle, models_dir, example_traces, capsys
 ):
     """The bundle's student checks the example traces on vLLM (its adapter merged into a folder
-    once) and on HF: every label, path and judge object is equal, and the stage confidences
-    agree to float rounding."""
+    once) and on HF: every label, path and judge decision is equal, the stage confidences agree
+    to float rounding, and the judge objects are equal on all steps but at most one.
+
+    That one: the tiny student writes its free text (reasoning strings, and the quote after
+    them) from near-random weights, where greedy decoding meets near-ties that the engines'
+    different summation orders can flip (vLLM's CPU kernels batch and chunk the prefill as
+    requests arrive). One CI run in several met one such step, its decisions unchanged."""
     assert vllm_device() == "cpu"
     on_hf = _check(bundle, example_traces, "hf")
     on_vllm = _check(bundle, example_traces, "vllm")
@@ -66,7 +78,9 @@ def test_the_student_on_vllm_gives_the_hf_answers_on_every_example_step(
     assert len(steps) == 28
     assert [a.label for a, _ in steps] == [b.label for _, b in steps]
     assert [a.path for a, _ in steps] == [b.path for _, b in steps]
-    assert [a.judge for a, _ in steps] == [b.judge for _, b in steps]
+    decisions = [_without_quote(judge_decisions(a.judge)) for a, _ in steps]
+    assert decisions == [_without_quote(judge_decisions(b.judge)) for _, b in steps]
+    assert sum(a.judge != b.judge for a, b in steps) <= 1
     for a, b in steps:
         assert b.judge_confidences == pytest.approx(a.judge_confidences, rel=1e-3)
         assert a.error is None and b.error is None
