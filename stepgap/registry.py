@@ -102,7 +102,7 @@ class Registry(Generic[T]):
             return self.default, spec
         shown = ", ".join(f"{k}:..." if self.arg_required else k for k in known)
         raise UnknownBackendError(
-            f"unknown {self.what} {spec!r}; expected one of {shown} (installed backends of the "
+            f"unknown {self.what} spec {spec!r}; expected one of {shown} (installed backends of the "
             f"entry-point group {self.group})"
         )
 

@@ -113,13 +113,13 @@ def test_an_option_a_backend_does_not_take_is_an_error_naming_both(tmp_path):
 
     replay = tmp_path / "answers.jsonl"
     replay.write_text("")
-    with pytest.raises(BackendOptionError, match="judge spec backend 'replay' takes no option "
+    with pytest.raises(BackendOptionError, match="judge backend 'replay' takes no option "
                        "'concurrency'"):  # fmt: skip
         load_judge(f"replay:{replay}", concurrency=4)
     with pytest.raises(BackendOptionError, match="'openai' takes no option 'device'"):
         load_judge("openai:gpt-4.1-mini", device="cuda", api_key_env="NO_SUCH_KEY_VAR")
     with pytest.raises(
-        BackendOptionError, match="NLI spec backend 'replay' takes no option 'device'"
+        BackendOptionError, match="NLI backend 'replay' takes no option 'device'"
     ):
         load_nli(f"replay:{replay}", device="cpu")
     with pytest.raises(BackendOptionError, match="policy backend 'openai' takes no option 'dtype'"):
@@ -136,7 +136,7 @@ def test_an_option_error_reaches_the_command_line_in_one_line(examples_dir, tmp_
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
-    assert "judge spec backend 'replay' takes no option 'concurrency'" in out.stderr
+    assert "judge backend 'replay' takes no option 'concurrency'" in out.stderr
     assert not (tmp_path / "v.jsonl").exists()
 
 

@@ -12,7 +12,7 @@ from .hf import DEFAULT_NLI_MODEL, HFNLI
 from .replay import ReplayNLI
 
 # NLI backends are the entry points of `stepgap.nli` (stepgap's own: hf, onnx, replay).
-NLI_BACKENDS: Registry[NLIBackend] = Registry("NLI spec", "stepgap.nli", default="hf")
+NLI_BACKENDS: Registry[NLIBackend] = Registry("NLI", "stepgap.nli", default="hf")
 
 
 def load_nli(spec: str, **options: Any) -> NLIBackend:
