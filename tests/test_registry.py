@@ -118,9 +118,7 @@ def test_an_option_a_backend_does_not_take_is_an_error_naming_both(tmp_path):
         load_judge(f"replay:{replay}", concurrency=4)
     with pytest.raises(BackendOptionError, match="'openai' takes no option 'device'"):
         load_judge("openai:gpt-4.1-mini", device="cuda", api_key_env="NO_SUCH_KEY_VAR")
-    with pytest.raises(
-        BackendOptionError, match="NLI backend 'replay' takes no option 'device'"
-    ):
+    with pytest.raises(BackendOptionError, match="NLI backend 'replay' takes no option 'device'"):
         load_nli(f"replay:{replay}", device="cpu")
     with pytest.raises(BackendOptionError, match="policy backend 'openai' takes no option 'dtype'"):
         load_policy("openai:qwen", dtype="bfloat16")
