@@ -219,6 +219,31 @@ def key_lines(text: str) -> dict[str, int]:
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
 
 
+def flag_value(action: Any, value: Any, where: str) -> Any:
+    """One value of a configuration file's key, checked and converted as its argparse flag
+    (`action`) would check the same text on the command line: a parser takes its defaults
+    unchecked. Errors start with `where` (the file, line and key, or `--set KEY`). Used by
+    `stepgap COMMAND --config` and by the student's training recipes."""
+    if value is None:
+        return None
+    if isinstance(value, list | dict):
+        raise ValueError(f"{where}: expected a single value, got {type(value).__name__}")
+    convert = action.type
+    if isinstance(value, bool) and getattr(convert, "__name__", "") != "string_to_bool":
+        wanted = "text" if convert in (None, str) else "a number"  # `cache: false` is no file name
+        raise ValueError(f"{where}: expected {wanted}, got {str(value).lower()}")
+    if callable(convert):
+        try:  # the value as the command line gives it, as text: 2.5 is no int, true no number
+            value = convert(value if isinstance(value, str) else str(value))
+        except Exception as exc:  # TypeError, ValueError, argparse's ArgumentTypeError
+            raise ValueError(f"{where}: {value!r} is not a valid value ({exc})") from None
+    elif not isinstance(value, str):
+        value = str(value)
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+    return value
+
+
 def _iter_jsonl(path: Path, report: ErrorReport) -> Iterator[tuple[int, dict[str, Any]]]:
     with open(path, "rb") as fh, _progress(path.stat().st_size, path.name) as bar:
         for lineno, raw in enumerate(fh, start=1):

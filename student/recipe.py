@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import yaml
 
-from stepgap.io import key_lines
+from stepgap.io import flag_value, key_lines
 
 if TYPE_CHECKING:
     from trl import ModelConfig, SFTConfig, TrlParser
@@ -312,28 +312,10 @@ def _checked(action: Any, value: Any, where: str) -> Any:
     if value is None:
         return None
     if isinstance(value, list) and action.nargs in ("+", "*"):
-        return [_one(action, item, where) for item in value]
-    if isinstance(value, list | dict):
-        if action.type in (None, str):  # `dict | str` keys (model_init_kwargs, ...), report_to
-            return value
-        raise ValueError(f"{where}: expected a single value, got a {type(value).__name__}")
-    return _one(action, value, where)
-
-
-def _one(action: Any, value: Any, where: str) -> Any:
-    convert = action.type
-    flag = getattr(convert, "__name__", "") == "string_to_bool"
-    if isinstance(value, bool) and not flag:
-        raise ValueError(f"{where}: expected {'text' if convert in (None, str) else 'a number'}"
-                         f", got {str(value).lower()}")  # fmt: skip
-    if callable(convert):
-        try:  # the value as the command line would give it: as text
-            value = convert(value if isinstance(value, str) else str(value))
-        except Exception as exc:  # TypeError, ValueError, argparse's ArgumentTypeError
-            raise ValueError(f"{where}: {value!r} is not a valid value ({exc})") from None
-    if action.choices is not None and value not in action.choices:
-        raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-    return value
+        return [flag_value(action, item, where) for item in value]
+    if isinstance(value, list | dict) and action.type in (None, str):
+        return value  # `dict | str` keys (model_init_kwargs, ...), report_to
+    return flag_value(action, value, where)
 
 
 def _flag_dests(parser: TrlParser, argv: Sequence[str]) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from stepgap.io import key_lines, plain_reason
+from stepgap.io import flag_value, key_lines, plain_reason
 from stepgap.teacher.build import REFUSED_KEYS
 
 _SKIP_DESTS = {"help", "config", "print_config", "_run"}
@@ -127,30 +127,10 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
     many = isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*")
     if many:
         items = value if isinstance(value, list) else [value]
-        return [_one(action, v, where) for v in items]
+        return [flag_value(action, v, where) for v in items]
     if isinstance(value, list | dict):
         raise ValueError(f"{where}: expected a single value, got {type(value).__name__}")
-    return _one(action, value, where)
-
-
-def _one(action: argparse.Action, value: Any, where: str) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, list | dict):
-        raise ValueError(f"{where}: expected a single value, got {type(value).__name__}")
-    if action.type is not None and callable(action.type):
-        try:  # the value as the command line gives it, as text: 2.5 is no int, true no number
-            value = action.type(value if isinstance(value, str) else str(value))
-        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
-            raise ValueError(f"{where}: {value!r} is not a valid value ({exc})") from None
-    elif isinstance(value, bool):  # `cache: false` would name a file "False"
-        raise ValueError(f"{where}: expected text, got the boolean {value}")
-    elif not isinstance(value, str):
-        value = str(value)
-    if action.choices is not None and value not in action.choices:
-        choices = ", ".join(map(str, action.choices))
-        raise ValueError(f"{where}: {value!r} is not one of {choices}")
-    return value
+    return flag_value(action, value, where)
 
 
 def apply_config(p: argparse.ArgumentParser, command: str, path: str) -> None:
