@@ -219,6 +219,23 @@ def key_lines(text: str) -> dict[str, int]:
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
 
 
+def read_yaml_mapping(path: str | Path, what: str = "keys to values") -> tuple[dict[str, Any], str]:
+    """(the mapping, the text) of a YAML configuration file (empty for an empty file); one error
+    line naming the file when it is not YAML or not a mapping of `what`."""
+    import yaml
+
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        return {}, text
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of {what}")
+    return data, text
+
+
 def flag_value(action: Any, value: Any, where: str) -> Any:
     """One value of a configuration file's key, checked and converted as its argparse flag
     (`action`) would check the same text on the command line: a parser takes its defaults

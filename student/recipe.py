@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import yaml
 
-from stepgap.io import flag_value, key_lines
+from stepgap.io import flag_value, key_lines, read_yaml_mapping
 
 if TYPE_CHECKING:
     from trl import ModelConfig, SFTConfig, TrlParser
@@ -259,13 +259,7 @@ def _recipe_flags(argv: Sequence[str]) -> tuple[str | None, list[str], list[str]
 def _read_recipe(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The file's keys and where each is; an `env` mapping is set in the environment (as
     TrlParser does)."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of keys to values")
+    data, text = read_yaml_mapping(path)
     lines = key_lines(text)
     where = {str(k): f"{path}:{lines.get(str(k), 1)}: {k}" for k in data}
     env = data.get("env")

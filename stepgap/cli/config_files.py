@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from stepgap.io import flag_value, key_lines, plain_reason
+from stepgap.io import flag_value, key_lines, plain_reason, read_yaml_mapping
 from stepgap.teacher.build import REFUSED_KEYS
 
 _SKIP_DESTS = {"help", "config", "print_config", "_run"}
@@ -138,15 +138,7 @@ def apply_config(p: argparse.ArgumentParser, command: str, path: str) -> None:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"--config {path}: file not found")
-    text = file.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    if data is None:
-        return
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of flag names to values")
+    data, text = read_yaml_mapping(file, "flag names to values")
     apply_values(p, data, path, text, f"`stepgap {command}` has no such flag")
 
 
