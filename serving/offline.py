@@ -46,6 +46,7 @@ class OfflineChecker(Checker):
         *,
         nli_precision: str | None = None,
         nli_providers: Sequence[Provider] | None = None,
+        nli_device: str | None = None,
         device: str | None = None,
         dtype: str | None = None,
         batch_size: int = 8,
@@ -58,7 +59,8 @@ class OfflineChecker(Checker):
     ) -> OfflineChecker:
         """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
         preference, each a name or (name, provider options), e.g. `["CUDAExecutionProvider",
-        "CPUExecutionProvider"]`; default CUDA when available, then CPU. The bundle's probe
+        "CPUExecutionProvider"]`; default CUDA when available, then CPU; or `nli_device` (`cpu`,
+        `cuda`, `cuda:1`), the provider that places it there. `device`: the student's. The bundle's probe
         pairs are re-run on the provider and precision that will serve before the student
         loads: probabilities off the recorded PyTorch ones raise BundleError.
 
@@ -76,6 +78,7 @@ class OfflineChecker(Checker):
             bundle.nli_dir,
             precision=nli_precision or bundle.nli_precision,
             providers=nli_providers,
+            device=nli_device,
             batch_size=nli_batch_size,
         )
         served = None

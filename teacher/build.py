@@ -185,7 +185,7 @@ class CheckerConfig(BaseModel):
     )
     nli_provider: list[str] | None = _option(
         None,
-        "--bundle: ONNX Runtime execution provider(s) of the NLI model in order of preference, "
+        "--bundle or onnx: NLI: ONNX Runtime execution provider(s) in order of preference, "
         "repeated or a comma list, with provider options after the name, e.g. "
         "CUDAExecutionProvider:device_id=1,CPUExecutionProvider (default: CUDA if available, "
         "then CPU); the bundle's parity probe is re-run on them at load",
@@ -269,10 +269,11 @@ def build_checker(
     OpenAI-compatible engine (`judge_options["base_url"]`) instead of loading it here; the
     bundle still gives the schema, prompt version, NLI model and thresholds.
 
-    `device` places the NLI model; `judge_options` go to `build_judge` (for a bundle: the
+    `device` places the NLI model (a bundle's or an `onnx:` one on the ONNX Runtime provider of
+    that device); `judge_options` go to `build_judge` (for a bundle: the
     student's `device`, `dtype`, `batch_size`, `max_tokens`, `engine`, `online` and
-    `kv_cache_gib`; another option set is an error naming it). `nli_providers`: the bundle's
-    ONNX Runtime execution providers (`OfflineChecker.from_bundle`).
+    `kv_cache_gib`; another option set is an error naming it). `nli_providers`: the ONNX
+    Runtime execution providers of a bundle's or an `onnx:` NLI model.
     """
     options = dict(judge_options or {})
     if bundle:
@@ -310,14 +311,21 @@ def build_checker(
             str(bundle),
             nli_precision=nli_precision,
             nli_providers=nli_providers,
+            nli_device=device,
             served_judge=served,
             **options,
         )
     require_specs(judge, nli, bundle)
-    if nli_providers:
-        raise ValueError("--nli-provider picks the ONNX Runtime providers of a --bundle")
-    from .nli import load_nli
+    from .nli import NLI_BACKENDS, load_nli
 
+    if nli_providers and not (
+        isinstance(nli, str) and NLI_BACKENDS.takes(NLI_BACKENDS.parse(nli)[0], "providers")
+    ):
+        raise ValueError(
+            "--nli-provider picks the ONNX Runtime providers of a --bundle or an onnx: NLI model"
+        )
     judge_backend = build_judge(judge, **options) if isinstance(judge, str) else judge
-    nli_backend = load_nli(nli, device=device) if isinstance(nli, str) else nli
+    nli_backend = (
+        load_nli(nli, device=device, providers=nli_providers) if isinstance(nli, str) else nli
+    )
     return Checker(judge_backend, nli_backend, tree)

@@ -51,6 +51,24 @@ def parse_providers(values: Iterable[str] | None) -> list[Provider] | None:
     return providers or None
 
 
+def device_providers(device: str) -> list[Provider]:
+    """The providers of a `--device` value, so `cpu`, `cuda` and `cuda:1` place an ONNX NLI
+    model as they place a PyTorch one (the one named must start: no silent fall-back)."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return ["CPUExecutionProvider"]
+    if kind == "cuda" and (not index or index.isdigit()):
+        return (
+            [("CUDAExecutionProvider", {"device_id": index})]
+            if index
+            else ["CUDAExecutionProvider"]
+        )
+    raise ValueError(
+        f"device {device!r}: an ONNX NLI model runs on cpu, cuda or cuda:N (other ONNX Runtime "
+        "providers: --nli-provider)"
+    )
+
+
 def resolve_providers(providers: Sequence[Provider]) -> list[tuple[str, dict[str, Any]]]:
     """Full provider names with their options; `cuda` stands for CUDAExecutionProvider.
     A provider this onnxruntime build cannot run is a ValueError listing those it can."""
@@ -89,17 +107,23 @@ class ONNXNLI(HFNLI):
         *,
         precision: str = "fp32",
         providers: Sequence[Provider] | None = None,
+        device: str | None = None,
         batch_size: int = 32,
         max_length: int = 512,
     ) -> None:
         """`providers`: ONNX Runtime's execution providers in order of preference, each a name
-        or (name, provider options); default CUDA when available, then CPU. Every provider
-        given here must start, or this raises naming it."""
+        or (name, provider options); default CUDA when available, then CPU. `device` (`cpu`,
+        `cuda`, `cuda:1`) instead picks the one provider that places a model there. Every
+        provider given here must start, or this raises naming it."""
         import onnxruntime as ort
         import torch
         from transformers import AutoConfig
 
         path = Path(path)
+        if device is not None:
+            if providers:
+                raise ValueError("give the ONNX NLI model a device or providers, not both")
+            providers = device_providers(device)
         if precision not in ONNX_FILES:
             raise ValueError(f"precision must be one of {sorted(ONNX_FILES)}, got {precision!r}")
         model_file = path / ONNX_FILES[precision]

@@ -423,9 +423,44 @@ def test_an_unavailable_provider_is_named_with_those_available(bundles, examples
     assert "CUDAExecutionProvider is not available" in capsys.readouterr().err
     assert main(["check", traces, "--judge", "replay:x", "--nli", "replay:y", "-o", "unused.jsonl",
                  "--nli-provider", "cpu"]) == 2  # fmt: skip
-    assert (
-        "--nli-provider picks the ONNX Runtime providers of a --bundle" in capsys.readouterr().err
+    assert "--nli-provider picks the ONNX Runtime providers of a --bundle or an onnx: NLI" in (
+        capsys.readouterr().err
     )
+
+
+def test_the_nli_device_places_a_bundles_onnx_model(bundles, examples_dir, tmp_path, capsys):
+    """`--device` (the NLI device) reaches a bundle's ONNX model as the provider of that device,
+    where it used to be dropped: `cpu` runs, `cuda` on this CPU build is the unavailable
+    provider's one line, a device ONNX Runtime cannot place is named, and `--device` beside
+    `--nli-provider` is refused. An `onnx:` NLI model takes the same flags."""
+    from stepgap.serving.offline import OfflineChecker
+
+    traces = str(examples_dir / "traces.jsonl")
+    bundle = str(bundles["merged"])
+    on_cpu = OfflineChecker.from_bundle(bundle, nli_device="cpu")
+    assert on_cpu.nli.session.get_providers() == ["CPUExecutionProvider"]
+    out = tmp_path / "v.jsonl"
+    assert main(["check", traces, "--bundle", bundle, "--device", "cpu", "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) > 0
+    for device, message in (
+        ("cuda", "CUDAExecutionProvider is not available"),
+        ("cuda:1", "CUDAExecutionProvider is not available"),
+        ("mps", "device 'mps': an ONNX NLI model runs on cpu, cuda or cuda:N"),
+    ):
+        assert main(["check", traces, "--bundle", bundle, "--device", device,
+                     "-o", str(tmp_path / "no.jsonl")]) == 2  # fmt: skip
+        assert message in capsys.readouterr().err
+    assert main(["check", traces, "--bundle", bundle, "--device", "cpu", "--nli-provider", "cpu",
+                 "-o", str(tmp_path / "no.jsonl")]) == 2  # fmt: skip
+    assert "a device or providers, not both" in capsys.readouterr().err
+    assert not (tmp_path / "no.jsonl").exists()
+
+    onnx = f"onnx:{bundles['merged'] / 'nli'}"
+    replay = str(examples_dir / "judge_replay.jsonl")
+    for flags in (["--device", "cpu"], ["--nli-provider", "cpu"]):
+        out = tmp_path / f"onnx{flags[0]}.jsonl"
+        assert main(["check", traces, "--judge", f"replay:{replay}", "--nli", onnx,
+                     *flags, "-o", str(out)]) == 0, capsys.readouterr()  # fmt: skip
 
 
 def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
