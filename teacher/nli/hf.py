@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
+import unicodedata
 from collections.abc import Sequence
 
 from stepgap.models import check_model_ref, display_ref, explain_load_errors, stand_in_note
@@ -127,6 +129,7 @@ class HFNLI:
         with explain_load_errors(ref, "NLI tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(ref, **kwargs)
         self._specials = special_token_pattern(self.tokenizer)
+        self._nfkc = lacks_sentencepiece_normalization(self.tokenizer)
         self._tokenizer_lock = threading.Lock()
 
     def _tokenize(self, premises: list[str], hypotheses: list[str], **kwargs: object) -> dict:
@@ -169,6 +172,8 @@ class HFNLI:
         return [len(ids) for ids in enc["input_ids"]]
 
     def _defang(self, text: str) -> str:
+        if self._nfkc:
+            text = unicodedata.normalize("NFKC", text)
         if self._specials is None:
             return text
         return self._specials.sub(lambda m: f"{m.group()[0]} {m.group()[1:]}", text)
@@ -206,6 +211,28 @@ class HFNLI:
             for pair, row in zip(batch, probs, strict=True):
                 scored[pair] = NLIProbs(**{lab: row[col] for lab, col in self.columns.items()})
         return [scored[p] for p in pairs]
+
+
+def lacks_sentencepiece_normalization(tokenizer) -> bool:
+    """Whether a SentencePiece (Unigram) tokenizer was rebuilt without SentencePiece's NFKC
+    normalization, which the model was trained with. transformers 5 builds a DeBERTa-v3
+    tokenizer from its `spm.model` with NFC only: a no-break space, a ligature or a full-width
+    letter (common in Wikipedia evidence) then becomes pieces the model never saw, so stepgap
+    applies NFKC to the text itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow tokenizer runs SentencePiece itself, its normalization included
+        return False
+    spec = json.loads(backend.to_str())
+    if (spec.get("model") or {}).get("type") != "Unigram":
+        return False
+    kinds: set[str] = set()
+    pending = [spec.get("normalizer")]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            kinds.add(str(node.get("type")))
+            pending.extend(node.get("normalizers") or [])
+    return not kinds & {"NFKC", "NFKD", "Precompiled"}
 
 
 def special_token_pattern(tokenizer) -> re.Pattern[str] | None:

@@ -172,3 +172,35 @@ def test_threads_may_share_one_backend(tiny_nli):
         together = list(pool.map(nli.predict, work))
     for i, got in enumerate(together):
         assert _close(got, alone[i % len(PAIRS)])
+
+
+def test_text_is_nfkc_normalized_as_sentencepiece_would_for_deberta_v3(tiny_nli):
+    """transformers 5 rebuilds a DeBERTa-v3 tokenizer from its `spm.model` with NFC only, where
+    SentencePiece (and the model's training) applied NFKC: a no-break space, a ligature and
+    full-width letters, as Wikipedia evidence holds them, are read as their plain spellings
+    (same token ids, same probabilities). A tokenizer that normalizes by itself, and a BPE one,
+    are left alone."""
+    from tokenizers import normalizers
+
+    from stepgap.teacher.nli.hf import lacks_sentencepiece_normalization
+
+    nli = HFNLI(str(tiny_nli))
+    plain = ("The film was directed by Kurosawa in Tokyo.", "Kurosawa directed the film.")
+    odd = (
+        "The \ufb01lm was\u00a0directed by Kurosawa in \uff34okyo.",
+        "Kurosawa directed the film.",
+    )
+    assert nli.tokenizer.tokenize(odd[0]) != nli.tokenizer.tokenize(
+        plain[0]
+    )  # as transformers reads it
+    enc = nli._encode([plain, odd], tensors="np")
+    assert list(enc["input_ids"][0]) == list(enc["input_ids"][1])
+    a, b = nli.predict([plain, odd])
+    assert a == b
+
+    assert lacks_sentencepiece_normalization(nli.tokenizer)
+    nli.tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.NFKC(), normalizers.Strip(left=False, right=True)]
+    )
+    assert not lacks_sentencepiece_normalization(nli.tokenizer)
+    assert not lacks_sentencepiece_normalization(models.qwen_tokenizer())
