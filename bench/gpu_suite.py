@@ -544,14 +544,15 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
     }
 
 
-# bench/judge_throughput.py's own options: the first 12 example steps, plain generate() at
-# batch 1, 4 and 12, then the project's path (a 7B at batch 1 decodes ~40 tokens/s); with
-# --tiny, 3 steps and short answers (a random model writes until its token limit).
 # bench/judge_throughput.py's GRPO-sized workload: 512 distinct steps for vLLM (where it is
 # installed; where not, the run says so), the first 24 for the transformers runs (plain
-# `generate` at batch 24, the package's HF path), whose rate is ~0.7 steps/s on an H200.
-JUDGE_ARGS = ("--steps", "512", "--hf-steps", "24", "--batches", "24")
-TINY_JUDGE_ARGS = ("--steps", "16", "--hf-steps", "2", "--batches", "2", "--max-new-tokens", "32")
+# `generate` at batch 24, the package's HF path, and transformers' continuous batching without
+# the schema), whose rate is ~0.7 steps/s on an H200; with --tiny, 2 steps and short answers
+# (a random model writes until its token limit).
+JUDGE_ARGS = ("--steps", "512", "--hf-steps", "24", "--batches", "24", "--cb")
+TINY_JUDGE_ARGS = (
+    "--steps", "16", "--hf-steps", "2", "--batches", "2", "--max-new-tokens", "32", "--cb",
+)  # fmt: skip
 
 
 def section_judge(sizes: Sizes, work: Path) -> dict[str, Any]:

