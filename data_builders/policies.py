@@ -42,7 +42,7 @@ class HFPolicy:
         from stepgap.teacher.judges.hf import load_causal_lm
 
         self.name = f"hf:{model}"
-        self.tokenizer, self.model = load_causal_lm(model, device, dtype)
+        self.tokenizer, self.model = load_causal_lm(model, device, dtype, role="the policy")
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature

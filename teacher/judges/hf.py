@@ -88,18 +88,23 @@ def load_chat_tokenizer(ref: str, revision: str | None = None):
 
 
 def load_causal_lm(
-    ref: str, device: str | None = None, dtype: str | None = None, revision: str | None = None
+    ref: str,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    role: str = "the judge model",
 ):
-    """(tokenizer, model) from a hub id (at `revision`), a local folder or a `.gguf` file."""
+    """(tokenizer, model) from a hub id (at `revision`), a local folder or a `.gguf` file;
+    `role` names the model in errors."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    device = resolve_device(device, role)
     tokenizer = load_chat_tokenizer(ref, revision)
     ref = resolve_model_ref(ref)
     source, kwargs = pretrained_source(ref)
     if revision:
         kwargs["revision"] = revision
-    device = resolve_device(device)
     with quiet_gguf_load(ref), explain_load_errors(ref, "model"):
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs

@@ -34,13 +34,36 @@ def labels_from_id2label(id2label: dict[int, str]) -> dict[str, int] | None:
     return found if len(found) == 3 and len(set(found.values())) == 3 else None
 
 
-def resolve_device(device: str | None) -> str:
+def resolve_device(device: str | None, role: str = "the model") -> str:
+    """`auto` (or None): CUDA where torch sees a GPU, else the CPU. A device named that this
+    torch cannot use is a ValueError in one line, before any weights load (torch's own error
+    comes from deep inside the load, after minutes for a large model)."""
     import torch
 
     if device in (None, "auto"):
         if torch.cuda.is_available():
             return "cuda"
         return "cpu"
+    try:
+        wanted = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"cannot place {role} on {device!r}: not a torch device ({exc})") from None
+    if wanted.type == "cuda":
+        if not torch.cuda.is_available():
+            why = (
+                f"this torch {torch.__version__} is built without CUDA"
+                if torch.version.cuda is None
+                else "torch sees no CUDA GPU here"
+            )
+            raise ValueError(f"cannot place {role} on {device!r}: {why}; use cpu or auto")
+        count = torch.cuda.device_count()
+        if wanted.index is not None and wanted.index >= count:
+            raise ValueError(
+                f"cannot place {role} on {device!r}: torch sees {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1}"
+            )
+    elif wanted.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"cannot place {role} on {device!r}: MPS is not available here")
     return device
 
 
@@ -85,7 +108,7 @@ class HFNLI:
         check_model_ref(model)
         self.name = f"hf:{model}"
         self.model_id = model
-        self.device = resolve_device(device)
+        self.device = resolve_device(device, "the NLI model")
         self.batch_size = batch_size
         self.max_length = max_length
         self._load_tokenizer(model, revision=revision)

@@ -204,3 +204,35 @@ def test_text_is_nfkc_normalized_as_sentencepiece_would_for_deberta_v3(tiny_nli)
     )
     assert not lacks_sentencepiece_normalization(nli.tokenizer)
     assert not lacks_sentencepiece_normalization(models.qwen_tokenizer())
+
+
+def test_a_device_torch_cannot_use_is_one_line_before_any_load(monkeypatch, tmp_path, capsys):
+    """`--device cuda` (or `--judge-device`) where torch has no CUDA, a GPU index past those
+    torch sees, and a string that is no device: one line naming the model's role and the
+    device, exit 2, before any weights load (not torch's AssertionError from inside the load)."""
+    import torch
+
+    from stepgap.cli import main
+    from stepgap.teacher.nli.hf import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="cannot place the NLI model on 'cuda': .*use cpu or auto"):
+        resolve_device("cuda", "the NLI model")
+    with pytest.raises(ValueError, match="'gpu0': not a torch device"):
+        resolve_device("gpu0")
+    assert resolve_device("auto") == resolve_device(None) == "cpu" == resolve_device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device("auto") == "cuda"
+    with pytest.raises(ValueError, match=r"sees 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    traces = tmp_path / "t.jsonl"
+    traces.write_text('{"id": "t", "question": "q?", "response": "<answer>a</answer>"}\n')
+    never = tmp_path / "never-read"  # the device is refused before this path is looked at
+    assert main(["check", str(traces), "--judge", f"hf:{never}", "--judge-device", "cuda",
+                 "--nli", f"replay:{never}", "-o", str(tmp_path / "v.jsonl")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("stepgap check: error: cannot place the judge model on 'cuda': ")
+    assert "Traceback" not in "\n".join(err) and not (tmp_path / "v.jsonl").exists()
