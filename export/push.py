@@ -103,7 +103,7 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
         kind = f"LoRA adapter on `{student.get('base_source')}` (carried in `{student['base']}`)"
     usage = (
         "```bash\n"
-        f"huggingface-cli download {repo_id or 'USER/NAME'} --local-dir bundle\n"
+        f"hf download {repo_id or 'USER/NAME'} --local-dir bundle\n"
         "stepgap check traces.jsonl --bundle bundle -o verdicts.jsonl\n"
         "stepgap serve --bundle bundle --port 8000   # /reward, /get_reward, /check\n"
         "```\n\n"

@@ -95,11 +95,11 @@ def upload_errors(what: str) -> Iterator[None]:
 
 def require_hub_token(what: str, hint: str = "") -> None:
     """Fail before any work when no Hub token is set: huggingface_hub reads HF_TOKEN (or a
-    `huggingface-cli login`) itself, and stepgap never takes one as an option or a file key."""
+    `hf auth login`) itself, and stepgap never takes one as an option or a file key."""
     from huggingface_hub import get_token
 
     if not get_token():
         raise ValueError(
             f"{what} needs a Hugging Face token with write access: set HF_TOKEN in the "
-            f"environment (or run `huggingface-cli login`){hint}"
+            f"environment (or run `hf auth login`){hint}"
         )

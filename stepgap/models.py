@@ -45,7 +45,7 @@ def _fail_fast_if_unreachable(ref: str) -> None:
         raise ModelLoadError(
             f"{ref}: not a local folder and not in the Hugging Face cache, and the Hugging Face "
             f"Hub cannot be reached ({down}). Download it where there is network "
-            f"(`huggingface-cli download {ref}`, then copy the cache or the folder here) or pass "
+            f"(`hf download {ref}`, then copy the cache or the folder here) or pass "
             "a local folder"
         )
 
@@ -181,7 +181,7 @@ def load_error_message(ref: str, what: str, exc: BaseException) -> str:
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub could not be reached"
         return (
             f"{ref}: not a local folder and not in the Hugging Face cache, and {why}. "
-            f"Download it where there is network (`huggingface-cli download {ref}`, then copy "
+            f"Download it where there is network (`hf download {ref}`, then copy "
             "the cache or the folder here) or pass a local folder"
         )
     return f"{ref}: cannot load the {what} from the Hugging Face cache: {first}"

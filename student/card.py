@@ -216,7 +216,7 @@ def render_adapter_card(
         "## How to use",
         "",
         "```bash",
-        f"huggingface-cli download {name} --local-dir student",
+        f"hf download {name} --local-dir student",
         f"stepgap check traces.jsonl --judge student:student{base_arg} "
         "--nli MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli -o verdicts.jsonl",
         "```",

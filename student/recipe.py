@@ -76,7 +76,7 @@ class RunOptions(Protocol):
 # Keys refused with a reason, although TrainingArguments has them.
 REFUSED_KEYS = {
     "hub_token": "a token never goes in a recipe (it would be saved with the run): set HF_TOKEN "
-    "in the environment or run `huggingface-cli login`",
+    "in the environment or run `hf auth login`",
 }
 # Keys of earlier recipes that TRL names otherwise: an old recipe's error says the new name.
 RENAMED = {

@@ -63,7 +63,7 @@ def test_an_unreachable_hub_fails_at_once_with_what_to_do(monkeypatch, tmp_path)
     assert time.monotonic() - start < 5
     message = str(err.value)
     assert "the Hugging Face Hub cannot be reached" in message
-    assert "huggingface-cli download MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli" in message
+    assert "hf download MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli" in message
 
 
 def test_a_local_models_identity_follows_its_files_not_its_name(tmp_path):

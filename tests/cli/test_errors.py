@@ -45,7 +45,7 @@ def test_a_hub_id_not_on_disk_offline(tmp_path):
         done,
         "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli: not a local folder and not in the "
         "Hugging Face cache, and HF_HUB_OFFLINE is set",
-        "huggingface-cli download",
+        "hf download",
     )
     verbose = run("-v", "reward", str(EX / "traces.jsonl"), "--verdicts", str(EX / "teacher_verdicts.jsonl"),
                   "-o", str(tmp_path / "r.jsonl"), "--tokenizer", "Qwen/Qwen2.5-7B-Instruct", env=env)  # fmt: skip

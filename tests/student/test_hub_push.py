@@ -133,7 +133,7 @@ def test_push_at_the_end_uploads_the_adapter_and_our_card_in_one_commit(tmp_path
     assert "stand-in" in card  # the tiny base says what it is
     assert "| lora_r | 64 |" in card and "| train_examples | 4 |" in card
     assert "| train_loss |" in card and "| eval_loss |" in card
-    assert f"huggingface-cli download {REPO_ID}" in card and "--judge student:student" in card
+    assert f"hf download {REPO_ID}" in card and "--judge student:student" in card
     assert "calibration at stage C" in card  # the method's limitations, quoted
     assert "Training in progress" not in card and "trl" in card  # ours, not TRL's draft
     _assert_nothing_leaks(hub, out, metrics, [str(tmp_path), str(examples_dir)])
