@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from stepgap.registry import Default, Registry
 from stepgap.tree import TreeConfig
@@ -114,7 +114,7 @@ class CheckerConfig(BaseModel):
         "prompt); auto tries them in that order until the server takes one",
         JUDGE,
     )
-    concurrency: int = _option(8, "judge requests in flight per checker call", JUDGE)
+    concurrency: PositiveInt = _option(8, "judge requests in flight per checker call", JUDGE)
     engine_slots: str = _option(
         "auto",
         "requests the judge server serves at once: all checker calls together send it at most "
@@ -130,11 +130,11 @@ class CheckerConfig(BaseModel):
     invalid_retries: int = _option(
         2, "re-asks after a refusal, a truncated answer or schema-violating JSON", JUDGE
     )
-    max_tokens: int | None = _option(None, "judge answer token budget", JUDGE)
+    max_tokens: PositiveInt | None = _option(None, "judge answer token budget", JUDGE)
     no_logprobs: bool = _option(False, "do not request token log-probabilities", JUDGE)
     judge_device: str | None = _option(None, "hf judge device (default auto)", JUDGE)
     judge_dtype: str | None = _option(None, "hf judge dtype (float32, bfloat16, ...)", JUDGE)
-    judge_batch_size: int = _option(8, "hf judge generation batch (HF engine)", JUDGE)
+    judge_batch_size: PositiveInt = _option(8, "hf judge generation batch (HF engine)", JUDGE)
     engine: Literal["auto", "vllm", "hf"] = _option(
         "auto",
         "local judges (hf:, student:, --bundle): decode on vLLM's engine in this process or on "
@@ -147,7 +147,7 @@ class CheckerConfig(BaseModel):
         JUDGE,
         metavar="GIB",
     )
-    max_string_chars: int | None = _option(
+    max_string_chars: PositiveInt | None = _option(
         None, "hf judge: cap every free-text field at this many characters", JUDGE
     )
     unconstrained: bool = _option(False, "hf judge: no schema-constrained decoding", JUDGE)

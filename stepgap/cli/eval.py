@@ -13,6 +13,7 @@ from stepgap.cli.options import (
     add_tree_options,
     checker_config,
     finish,
+    positive_int,
     tree_config,
 )
 
@@ -85,7 +86,7 @@ def evaluate_arguments(p: argparse.ArgumentParser) -> None:
         help="a checker's verdicts (repeatable)",
     )
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="report folder")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--resamples", type=positive_int, default=2000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--unit", choices=["step", "trace"], default="step", help="bootstrap unit")
     p.add_argument("--silver", metavar="NAME", help="a --pred checker to use as silver reference")
@@ -134,7 +135,7 @@ def baseline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nli", metavar="SPEC", help="nli-only, minicheck, ner-quote: NLI model")
     p.add_argument(
         "--chunk-words",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="minicheck: words per chunk of whole sentences (default 400)",
     )
@@ -190,8 +191,10 @@ def view_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-o", "--output", required=True, help="the HTML page, overwritten")
     p.add_argument("--title", help="page title (default: the traces file name)")
-    p.add_argument("--page-size", type=int, default=25, help="traces per page")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (with --gold)")
+    p.add_argument("--page-size", type=positive_int, default=25, help="traces per page")
+    p.add_argument(
+        "--resamples", type=positive_int, default=2000, help="bootstrap resamples (with --gold)"
+    )
     add_errors_option(p)
 
 

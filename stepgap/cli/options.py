@@ -30,6 +30,18 @@ EXIT_NOTHING = 1
 EXIT_SKIPPED = 3
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for a count (a batch, a limit, a number of workers): 0 or less is the
+    flag's own one-line error, not a failure deep inside the run."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def finish(args: argparse.Namespace, report: Any, done: int, what: str) -> int:
     """Print what was written and the skipped records (once, file:line: field: reason); exit
     `EXIT_SKIPPED` when any were skipped (the output lacks them), unless `--allow-skipped`."""
@@ -111,15 +123,20 @@ def _flag(p: Any, name: str, required: bool = False, model: Any = CheckerConfig)
     kwargs: dict[str, Any] = {"help": info.description, "default": info.default}
     if "metavar" in extra:
         kwargs["metavar"] = extra["metavar"]
-    kind = info.annotation
+    kind, constraints = info.annotation, list(info.metadata)
     if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `X | None`: the X
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if typing.get_origin(kind) is typing.Annotated:  # `PositiveInt | None`: int, Gt(0)
+        kind, *more = typing.get_args(kind)
+        constraints += more
     if kind is bool:
         kwargs["action"] = "store_true"
     elif typing.get_origin(kind) is list:
         kwargs["action"] = "append"
     elif typing.get_origin(kind) is typing.Literal:
         kwargs["choices"] = list(typing.get_args(kind))
+    elif kind is int and any(getattr(m, "gt", None) == 0 for m in constraints):
+        kwargs["type"] = positive_int  # PositiveInt: the flag's own error, as argparse gives it
     elif kind is not str:
         kwargs["type"] = kind
     if required:
@@ -199,16 +216,18 @@ def add_ray_options(p: argparse.ArgumentParser, serve: bool = False) -> None:
         "models and files named by the flags must be readable from every node",
     )
     if serve:
-        g.add_argument("--ray-replicas", type=int, default=1, metavar="N", help="replicas")
+        g.add_argument("--ray-replicas", type=positive_int, default=1, metavar="N", help="replicas")
         g.add_argument(
             "--ray-max-replicas",
-            type=int,
+            type=positive_int,
             default=None,
             metavar="N",
             help="autoscale between --ray-replicas and N replicas on the requests in flight",
         )
     else:
-        g.add_argument("--ray-actors", type=int, default=2, metavar="N", help="checker actors")
+        g.add_argument(
+            "--ray-actors", type=positive_int, default=2, metavar="N", help="checker actors"
+        )
     g.add_argument("--ray-cpus", type=float, default=1.0, metavar="N", help=f"CPUs per {unit}")
     g.add_argument(
         "--ray-gpus", type=float, default=0.0, metavar="N", help=f"GPUs per {unit} (1: one per GPU)"

@@ -16,6 +16,7 @@ from stepgap.cli.options import (
     checker_config,
     finish,
     join_ray,
+    positive_int,
     reward_options,
 )
 
@@ -97,12 +98,12 @@ def serve(args: argparse.Namespace) -> int:
 def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=int, default=32, help="traces per checker call")
+    p.add_argument("--max-batch", type=positive_int, default=32, help="traces per checker call")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait this long to fill a batch")
-    p.add_argument("--max-queue", type=int, default=1024, help="queued traces before 503")
+    p.add_argument("--max-queue", type=positive_int, default=1024, help="queued traces before 503")
     p.add_argument(
         "--max-inflight",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="checker calls running at once (default: 8 with a judge behind a URL, whose own "
         "--concurrency does the work; 1 with a model in this process)",
@@ -132,7 +133,7 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="on SIGTERM, seconds the checks in flight may finish before the rest gets 503",
     )
-    p.add_argument("--max-body-mb", type=int, default=8, help="largest request body (MB)")
+    p.add_argument("--max-body-mb", type=positive_int, default=8, help="largest request body (MB)")
     p.add_argument(
         "--view-keep",
         type=int,

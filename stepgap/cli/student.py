@@ -12,6 +12,7 @@ from stepgap.cli.options import (
     add_errors_option,
     add_nli_options,
     finish,
+    positive_int,
     tree_config,
 )
 
@@ -108,7 +109,9 @@ def mine_arguments(p: argparse.ArgumentParser) -> None:
         metavar="YAML",
         help="continue training the adapter on the mined half with this recipe, then re-measure",
     )
-    p.add_argument("--augment-steps", type=int, default=200, help="augmentation optimiser steps")
+    p.add_argument(
+        "--augment-steps", type=positive_int, default=200, help="augmentation optimiser steps"
+    )
     p.add_argument(
         "--augment-lr",
         type=float,
@@ -121,8 +124,8 @@ def mine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--student-base", metavar="ID_OR_PATH", help="base of the adapter")
     g.add_argument("--judge-device", default=None, help="device (default auto)")
     g.add_argument("--judge-dtype", default=None, help="dtype (float32, bfloat16, ...)")
-    g.add_argument("--judge-batch-size", type=int, default=8, help="generation batch")
-    g.add_argument("--max-tokens", type=int, default=None, help="answer token budget")
+    g.add_argument("--judge-batch-size", type=positive_int, default=8, help="generation batch")
+    g.add_argument("--max-tokens", type=positive_int, default=None, help="answer token budget")
     add_engine_options(g)
     add_nli_options(p)  # the shipped checker is compared: the tree needs stages D-E
     add_errors_option(p)

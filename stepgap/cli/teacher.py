@@ -17,6 +17,7 @@ from stepgap.cli.options import (
     add_tree_options,
     checker,
     finish,
+    positive_int,
     tree_overrides,
 )
 
@@ -66,7 +67,7 @@ def check(args: argparse.Namespace) -> int:
 def check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="traces (raw or segmented)")
     p.add_argument("-o", "--output", required=True, help="verdicts (JSONL), overwritten")
-    p.add_argument("--batch-size", type=int, default=64, help="traces per judge+NLI batch")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="traces per judge+NLI batch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_errors_option(p)
     add_checker_options(p)
@@ -110,8 +111,10 @@ def label_arguments(p: argparse.ArgumentParser) -> None:
         "-o", "--output", required=True, help="verdicts (JSONL); appended to, rerun to resume"
     )
     p.add_argument("--shard", default="0/1", metavar="I/N", help="label only shard I of N")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N traces")
-    p.add_argument("--batch-size", type=int, default=16, help="finished traces per NLI batch")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="at most N traces")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=16, help="finished traces per NLI batch"
+    )
     p.add_argument("--fsync", action="store_true", help="fsync after every verdict")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--summary", metavar="FILE", help="write counts and cost as JSON")

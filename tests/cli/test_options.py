@@ -43,3 +43,34 @@ def test_flags_and_the_reward_file_give_the_same_configuration(tmp_path):
     assert options == RewardOptions(variant="binary_gap", on_failed_check="zero")
     assert reward_options(_serve("--variant", "binary_gap", "--on-failed-check", "zero")) == options
     assert config.judge_options()["cache"] is False and config.timeout == 7.0
+
+
+def test_a_count_below_one_is_its_flags_one_line_error(tmp_path, capsys):
+    """Counts (batch sizes, limits, concurrency, token budgets) refuse 0, a negative number and
+    a non-number at the flag, as argparse errors do, on the command line and in a --config file,
+    instead of failing inside the run (`range() arg 3 must not be zero`)."""
+    import pytest
+
+    from stepgap.cli import main
+
+    ex = "examples"
+    base = ["check", f"{ex}/traces.jsonl", "--judge", f"replay:{ex}/judge_replay.jsonl",
+            "--nli", f"replay:{ex}/nli_replay.jsonl", "-o", str(tmp_path / "v.jsonl")]  # fmt: skip
+    for flag, value, message in (
+        ("--batch-size", "0", "argument --batch-size: must be at least 1, got 0"),
+        ("--judge-batch-size", "0", "argument --judge-batch-size: must be at least 1, got 0"),
+        ("--concurrency", "-2", "argument --concurrency: must be at least 1, got -2"),
+        ("--max-tokens", "0", "argument --max-tokens: must be at least 1, got 0"),
+        ("--concurrency", "2x", "argument --concurrency: expected a whole number, got '2x'"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main([*base, flag, value])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+    config = tmp_path / "check.yaml"
+    config.write_text("concurrency: 4\nbatch_size: 0\n")
+    assert main([*base, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}:2: batch_size: 0 is not a valid value (must be at least 1, got 0)" in err
+    assert not (tmp_path / "v.jsonl").exists()
+    assert build_parser().parse_args([*base, "--batch-size", "3"]).batch_size == 3
