@@ -193,7 +193,9 @@ def export_bundle(
         eval_summary = summarize_eval_report(eval_report, eval_checker)
     out = Path(out_dir)
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+        raise FileExistsError(
+            f"{out} exists: replace it with --overwrite (overwrite=True in Python)"
+        )
     if nli_quantize not in (None, "int8"):
         raise ValueError(f"--nli-quantize supports int8, not {nli_quantize!r}")
     with replacing(out, folder=True, owned_by=MANIFEST) as work:

@@ -201,6 +201,14 @@ def parse_recipe(
     weights when the recipe leaves it out. Returns the recipe and the run's options (`resume`,
     `print_config`, and `given`: the keys set, as --print-config prints them)."""
     config, sets, rest = _recipe_flags(argv)
+    given = {t.split("=", 1)[0] for t in rest} | {f"--{s.split('=', 1)[0]}" for s in sets}
+    if config is None and "--dataset" not in given and "dataset" not in (overrides or {}):
+        raise ValueError(
+            "no recipe: give --config RECIPE (a YAML file, or one of "
+            + ", ".join(recipe_names())
+            + "), or its keys as flags (--dataset DIR --model_name_or_path ID ...; --help lists "
+            "them)"
+        )
     values: dict[str, Any] = {}
     where: dict[str, str] = {}  # key -> where it was given, the start of its errors
     path = resolve_recipe(config) if config is not None else None

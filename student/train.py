@@ -48,6 +48,8 @@ def main(
         metrics = train(Recipe(script_args, training_args, model_args), resume=options.resume)
         if process_state().is_main_process:  # one report, not one per rank
             print(json.dumps(metrics, indent=2, default=str))
+            what = "the LoRA adapter" if model_args.use_peft else "the model"
+            print(f"wrote {what} to {training_args.output_dir}", file=sys.stderr)
     finally:
         _leave_process_group()
     return 0

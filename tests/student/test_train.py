@@ -178,6 +178,7 @@ def test_accelerate_launch_from_the_repo_root(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(proc.stdout[proc.stdout.rindex("\n{\n") + 1 :])  # the printed metrics
     assert metrics["global_step"] == 6
+    assert proc.stderr.rstrip().endswith(f"wrote the LoRA adapter to {out}")
     _assert_loss_falls(out)
     assert (out / "adapter_model.safetensors").is_file()
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 64
@@ -289,6 +290,12 @@ def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
     script, command = capsys.readouterr().err.splitlines()
     assert script.startswith(f"student/train.py: error: {bad}:4: lora_rank: not a recipe key")
     assert command.startswith(f"stepgap train: error: {bad}:4: lora_rank: not a recipe key")
+    # no recipe at all: where a recipe comes from, not argparse's "required: --dataset"
+    with pytest.raises(SystemExit), one_line_errors("student/train.py"):
+        make_parser().parse_args_and_config([])
+    assert capsys.readouterr().err.startswith(
+        "student/train.py: error: no recipe: give --config RECIPE (a YAML file, or one of "
+    )
 
 
 def test_qlora_trains_a_4bit_base(tmp_path, examples_dir):
