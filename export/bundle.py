@@ -376,8 +376,13 @@ def verify_bundle(path: str | Path) -> dict[str, Any]:
     """The manifest, after checking every file's sha256; raises BundleError naming the file."""
     root = Path(path)
     manifest_file = root / MANIFEST
+    if not root.exists():
+        raise BundleError(f"{root}: no such folder (a bundle is what `stepgap export` writes)")
     if not manifest_file.is_file():
-        raise BundleError(f"{root}: no {MANIFEST}; not a stepgap bundle")
+        raise BundleError(
+            f"{root}: no {MANIFEST}; not a stepgap bundle (a bundle is what `stepgap export` "
+            "writes)"
+        )
     try:
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

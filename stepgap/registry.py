@@ -74,6 +74,7 @@ class Registry(Generic[T]):
     group: str
     default: str | None = None
     arg_required: bool = True
+    bare: str | None = None  # what a spec without `KIND:` may have meant, `{spec}` filled in
     _added: dict[str, Callable[..., T] | str] = field(default_factory=dict, repr=False)
     _found: tuple[tuple[str, ...], dict[str, str]] | None = field(default=None, repr=False)
 
@@ -101,9 +102,10 @@ class Registry(Generic[T]):
         if self.default is not None:
             return self.default, spec
         shown = ", ".join(f"{k}:..." if self.arg_required else k for k in known)
+        hint = f"; did you mean {self.bare.format(spec=spec)}?" if self.bare and not sep else ""
         raise UnknownBackendError(
             f"unknown {self.what} spec {spec!r}; expected one of {shown} (installed backends of the "
-            f"entry-point group {self.group})"
+            f"entry-point group {self.group}){hint}"
         )
 
     def factory(self, name: str) -> Callable[..., T]:

@@ -100,8 +100,13 @@ def test_every_kind_parses_the_same_way():
     )  # fmt: skip
     assert RETRIEVERS.parse("~/index") == ("index", "~/index")
     assert BASELINES.parse("minicheck") == ("minicheck", "")
-    with pytest.raises(UnknownBackendError, match="unknown judge spec 'gpt-4.1-mini'.*openai:"):
+    with pytest.raises(
+        UnknownBackendError,
+        match=r"unknown judge spec 'gpt-4.1-mini'.*did you mean openai:gpt-4.1-mini ",
+    ):
         JUDGES.parse("gpt-4.1-mini")
+    with pytest.raises(UnknownBackendError, match=r"spec 'foo:bar'; expected .*judges\)$"):
+        JUDGES.parse("foo:bar")  # a KIND: that is not installed: nothing to guess
     with pytest.raises(UnknownBackendError, match="stepgap.baselines"):
         BASELINES.parse("nope")
 

@@ -23,7 +23,11 @@ from .replay import ReplayJudge
 
 # Judges are the entry points of `stepgap.judges` (stepgap's own in its pyproject.toml: openai,
 # hf, replay, and the student's, which live a layer above); a plug-in registers its own there.
-JUDGES: Registry[JudgeBackend] = Registry("judge", "stepgap.judges")
+JUDGES: Registry[JudgeBackend] = Registry(
+    "judge",
+    "stepgap.judges",
+    bare="openai:{spec} (a model behind an OpenAI-compatible API) or hf:{spec} (a local model)",
+)
 
 
 def register_judge(kind: str, factory: str | Callable[..., JudgeBackend]) -> None:

@@ -204,8 +204,10 @@ def test_missing_and_pickled_files_are_refused(bundles, tmp_path):
     (copy / "nli" / "tokenizer.json").unlink()
     with pytest.raises(BundleError, match="tokenizer.json.*missing"):
         verify_bundle(copy)
-    with pytest.raises(BundleError, match="not a stepgap bundle"):
+    with pytest.raises(BundleError, match="not a stepgap bundle .*`stepgap export`"):
         verify_bundle(tmp_path)
+    with pytest.raises(BundleError, match="absent: no such folder"):
+        verify_bundle(tmp_path / "absent")
 
 
 def test_export_refuses_to_overwrite_and_leaves_no_partial_bundle(bundles, tiny_student, tmp_path):
