@@ -34,6 +34,14 @@ class SFTStats:
     skipped_incomplete: int = 0  # traces whose verdicts lack question/step_data
     labels: dict[str, int] = field(default_factory=dict)
 
+    def __str__(self) -> str:
+        labels = ", ".join(f"{k} {v}" for k, v in sorted(self.labels.items())) or "none"
+        return (
+            f"{self.examples} example(s) from {self.traces} trace(s) (labels: {labels}); "
+            f"skipped {self.skipped_failed} failed check(s), {self.skipped_excluded} excluded "
+            f"step(s), {self.skipped_incomplete} incomplete trace(s)"
+        )
+
 
 def sft_examples(
     verdicts: Iterable[Verdict],

@@ -55,6 +55,7 @@ class CostMeter:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    local: bool = False  # a model run in this process: its calls cost no API money
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, usage: dict[str, int]) -> None:
@@ -86,11 +87,24 @@ class CostMeter:
         }
 
     def summary(self) -> str:
-        return (
-            f"judge {self.model}: {self.calls} API call(s), {self.cache_hits} cache hit(s), "
+        """One line for the end of a run: calls, cache hits, failures, tokens and cost (no cost
+        for a local model; an API model without a listed price says so, not $0)."""
+        calls = f"{self.calls} answer(s)" if self.local else f"{self.calls} API call(s)"
+        line = (
+            f"judge {self.model}: {calls}, {self.cache_hits} cache hit(s), "
             f"{self.failures} failed step(s); tokens in {self.prompt_tokens} "
-            f"(cached {self.cached_tokens}), out {self.completion_tokens}; cost ${self.cost:.4f}"
+            f"(cached {self.cached_tokens}), out {self.completion_tokens}"
         )
+        if self.local:
+            return line
+        if not self.priced:
+            return f"{line}; cost unknown: no price for {self.model} (add one with --prices FILE)"
+        return f"{line}; cost ${self.cost:.4f}"
+
+    @property
+    def priced(self) -> bool:
+        """Whether the price table lists this model (or a prefix of its name)."""
+        return any(self.model.startswith(m) for m in self.prices)
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {

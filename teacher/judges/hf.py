@@ -180,6 +180,7 @@ class HFJudge:
         self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
+        self.meter.local = True  # tokens are counted, but no API is paid
         self.on_result = on_result
         self.params = {
             "max_new_tokens": max_new_tokens,

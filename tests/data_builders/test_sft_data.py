@@ -103,6 +103,11 @@ def test_excluded_and_failed_steps_are_counted_not_learned(verdicts):
     assert stats.skipped_excluded == sum(v.trace_id in excluded for v in verdicts)
     assert not {e["trace_id"] for e in out} & excluded
     assert stats.examples == len(out) == len(verdicts) - 1 - stats.skipped_excluded
+    assert str(stats).startswith(f"{len(out)} example(s) from {stats.traces} trace(s) (labels: ")
+    assert str(stats).endswith(
+        f"skipped 1 failed check(s), {stats.skipped_excluded} excluded step(s), 0 incomplete "
+        "trace(s)"
+    )
 
 
 def test_cli_sft_data(tmp_path, examples_dir, capsys):

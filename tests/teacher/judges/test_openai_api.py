@@ -149,6 +149,19 @@ def test_price_table_file_and_prefix_match(tmp_path):
     meter = CostMeter(model="gpt-4.1-mini-2025-04-14")  # dated snapshot -> gpt-4.1-mini
     meter.add({"prompt_tokens": 1_000_000, "cached_tokens": 500_000, "completion_tokens": 0})
     assert meter.cost == pytest.approx(0.5 * 0.40 + 0.5 * 0.10)
+    assert meter.summary().endswith("API call(s), 0 cache hit(s), 0 failed step(s); tokens in "
+                                    "1000000 (cached 500000), out 0; cost $0.2500")  # fmt: skip
+    # a served model without a price is not free: the summary says the cost is unknown
+    unpriced = CostMeter(model="qwen-judge")
+    assert unpriced.summary().endswith("cost unknown: no price for qwen-judge (add one with "
+                                       "--prices FILE)")  # fmt: skip
+    # a model in this process answers without an API: neither calls nor a cost are claimed
+    local = CostMeter(model="student:x", local=True)
+    local.add({"prompt_tokens": 10, "completion_tokens": 5})
+    assert local.summary() == (
+        "judge student:x: 1 answer(s), 0 cache hit(s), 0 failed step(s); tokens in 10 "
+        "(cached 0), out 5"
+    )
     path.write_text(json.dumps({"bad": {"input": "x"}}))
     with pytest.raises(ValueError, match="bad"):
         load_prices(path)
