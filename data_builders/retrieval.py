@@ -158,10 +158,17 @@ def _resolve_encoder(model: str) -> str:
     return model
 
 
-def _bm25_tokens(texts: Sequence[str]) -> list[list[str]]:
+def _bm25s() -> Any:
+    """The bm25s module, its logger at the level of the application's: bm25s sets its own to
+    DEBUG when first imported, and would print its progress notes on every index."""
     import bm25s
 
-    return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+    logging.getLogger("bm25s").setLevel(max(logging.getLogger().getEffectiveLevel(), logging.INFO))
+    return bm25s
+
+
+def _bm25_tokens(texts: Sequence[str]) -> list[list[str]]:
+    return _bm25s().tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
 
 
 def build_index(
@@ -211,9 +218,7 @@ def build_index(
         bar = tqdm(total=len(texts), desc=f"index ({kind})", unit="doc", disable=hide,
                    dynamic_ncols=True)  # fmt: skip
         if kind == "bm25":
-            import bm25s
-
-            index = bm25s.BM25()
+            index = _bm25s().BM25()
             index.index(_bm25_tokens(texts), show_progress=False)
             index.save(str(work / "bm25"), show_progress=False)
             bar.update(len(texts))
@@ -266,9 +271,7 @@ class LocalIndex:
         self.docs = [json.loads(x) for x in (self.path / "corpus.jsonl").open(encoding="utf-8")]
         self._lock = threading.Lock()
         if self.meta["kind"] == "bm25":
-            import bm25s
-
-            self._bm25 = bm25s.BM25.load(str(self.path / "bm25"), show_progress=False)
+            self._bm25 = _bm25s().BM25.load(str(self.path / "bm25"), show_progress=False)
         else:
             from sentence_transformers import SentenceTransformer
 

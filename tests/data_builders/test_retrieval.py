@@ -4,6 +4,7 @@ a real loopback HTTP round trip."""
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -75,7 +76,17 @@ def test_passages_are_formatted_exactly_as_search_r1_and_segment_back(tmp_path):
     from stepgap.data_builders import ErrorReport
 
     report = ErrorReport()
-    build_index(corpus, tmp_path / "idx", kind="bm25", report=report)
+    seen: list[logging.LogRecord] = []
+    notes = logging.Handler()
+    notes.emit = seen.append  # type: ignore[method-assign]
+    bm25s_log = logging.getLogger("bm25s")
+    bm25s_log.setLevel(logging.DEBUG)  # as bm25s sets it when first imported
+    bm25s_log.addHandler(notes)
+    try:
+        build_index(corpus, tmp_path / "idx", kind="bm25", report=report)
+    finally:
+        bm25s_log.removeHandler(notes)
+    assert seen == []  # its DEBUG notes ("Building index from tokens") stay out
     assert [str(e) for e in report.errors] == [
         f"{corpus}:3: contents: needs `contents` or `text` (a string)"
     ]
