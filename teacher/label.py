@@ -275,6 +275,11 @@ def merge_verdicts(
 
     report = report if report is not None else ErrorReport()
     inputs = list(inputs)
+    given: dict[Path, str | Path] = {}
+    for path in inputs:
+        if Path(path).resolve() in given:
+            raise ValueError(f"{path} is given twice (also as {given[Path(path).resolve()]})")
+        given[Path(path).resolve()] = path
     problems: list[str] = []
     seen: dict[tuple[str, int], str] = {}
     verdicts: list[Verdict] = []

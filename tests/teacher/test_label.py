@@ -284,12 +284,17 @@ def test_merge_refuses_duplicates_and_gaps_and_writes_nothing(tmp_path, examples
     shards = _replay_shards(examples_dir, tmp_path, 2)
     traces = examples_dir / "traces.jsonl"
     out = tmp_path / "all.jsonl"
-    # the same shard twice: every one of its steps is a duplicate, named with both places
+    # the same file given twice is named as such, not as each of its steps twice
     assert main(["merge", str(shards[0]), str(shards[0]), str(shards[1]), "-o", str(out)]) == 2
+    assert f"{shards[0]} is given twice" in capsys.readouterr().err and not out.exists()
+    # a copy of a shard: every one of its steps is a duplicate, named with both places
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(shards[0].read_bytes())
+    assert main(["merge", str(shards[0]), str(copy), str(shards[1]), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     first = json.loads(shards[0].read_text().splitlines()[0])
     assert (
-        f"trace {first['trace_id']!r} step {first['step']} is in {shards[0]}:1 and again in {shards[0]}:"
+        f"trace {first['trace_id']!r} step {first['step']} is in {shards[0]}:1 and again in {copy}:1"
         in err
     )
     assert "nothing written" in err and not out.exists()
