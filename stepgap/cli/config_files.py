@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -59,6 +59,21 @@ class ConfigParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self.register("action", "append", _ReplaceAppend)
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        """argparse's usage and error line, with the flag a misspelt one was likely meant to be
+        (`--entail-treshold`: did you mean --entail-threshold?)."""
+        if message.startswith("unrecognized arguments: "):
+            import difflib
+
+            known = [o for o in self._option_string_actions if o.startswith("--")]
+            for token in message.removeprefix("unrecognized arguments: ").split():
+                flag = token.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+                if flag.startswith("--") and close:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        super().error(message)
 
     def add_subparsers(self, **kwargs: Any):  # type: ignore[override]
         sub = super().add_subparsers(**kwargs)

@@ -247,6 +247,10 @@ def test_a_wrong_flag_shows_the_commands_usage(tmp_path):
     alone = run("check", "--bogus")  # named before the missing input and -o
     assert alone.returncode == 2
     assert alone.stderr.splitlines()[-1] == "stepgap check: error: unrecognized arguments: --bogus"
+    typo = run("check", str(EX / "traces.jsonl"), "-o", str(tmp_path / "v.jsonl"),
+               "--entail-treshold", "0.3")  # fmt: skip
+    assert typo.returncode == 2
+    assert typo.stderr.splitlines()[-1].endswith("(did you mean --entail-threshold?)")
 
 
 def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):
