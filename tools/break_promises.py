@@ -173,6 +173,32 @@ MUTATIONS = [
         ("tests/teacher/test_nli_hf.py::test_an_adversarial_snippet_changes_no_other_pair",),
     ),
     Mutation(
+        "nli/nfkc",
+        "teacher/nli/hf.py",
+        '            text = unicodedata.normalize("NFKC", text)',
+        "            pass",
+        (
+            "tests/teacher/test_nli_hf.py::"
+            "test_text_is_nfkc_normalized_as_sentencepiece_would_for_deberta_v3",
+        ),
+    ),
+    Mutation(
+        "setup/device-named",
+        "teacher/nli/hf.py",
+        '    if wanted.type == "cuda":',
+        "    if False:",
+        (
+            "tests/teacher/test_nli_hf.py::test_a_device_torch_cannot_use_is_one_line_before_any_load",
+        ),
+    ),
+    Mutation(
+        "setup/count-below-one",
+        "stepgap/cli/options.py",
+        "    if value < 1:",
+        "    if value < 0:",
+        ("tests/cli/test_options.py::test_a_count_below_one_is_its_flags_one_line_error",),
+    ),
+    Mutation(
         "label/crash-safe",
         "teacher/judges/cache.py",
         "        if result.judge is None:\n            return",
