@@ -59,10 +59,11 @@ class OfflineChecker(Checker):
     ) -> OfflineChecker:
         """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
         preference, each a name or (name, provider options), e.g. `["CUDAExecutionProvider",
-        "CPUExecutionProvider"]`; default CUDA when available, then CPU; or `nli_device` (`cpu`,
-        `cuda`, `cuda:1`), the provider that places it there. `device`: the student's. The bundle's probe
-        pairs are re-run on the provider and precision that will serve before the student
-        loads: probabilities off the recorded PyTorch ones raise BundleError.
+        "CPUExecutionProvider"]`; default CUDA when available, then CPU. `nli_device` (`cpu`,
+        `cuda`, `cuda:1`) instead picks the provider that places it there; `device` is the
+        student's. The bundle's probe pairs are re-run on the provider and precision that will
+        serve before the student loads: probabilities off the recorded PyTorch ones raise
+        BundleError.
 
         `engine`: how the student decodes (`auto`, `vllm`, `hf`; see `HFJudge`), `online`: on
         vLLM's async engine, for a server. `served_judge(student_meta)`: the bundle's student as served elsewhere (an
