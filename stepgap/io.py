@@ -272,8 +272,8 @@ def _iter_jsonl(path: Path, report: ErrorReport) -> Iterator[tuple[int, dict[str
             except UnicodeDecodeError as exc:
                 report.add(path, lineno, f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
                 continue
-            try:
-                obj = json.loads(text)
+            try:  # without its line end, a cut line reads "Unterminated string", not a control char
+                obj = json.loads(text.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 report.add(path, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")
                 continue

@@ -40,6 +40,18 @@ def test_writer_append_drops_a_partial_last_line(tmp_path):
     assert [r["n"] for _, r in read_records(path)] == [1, 2, 4]
 
 
+def test_a_line_cut_short_is_said_to_be_cut(tmp_path):
+    """A line cut inside a string reads as an unterminated string, not as a control character
+    (the line end json would otherwise see inside the string)."""
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n{"id": "t", "question": "who\r\n{"a": 2}\n')
+    report = ErrorReport()
+    assert [line for line, _ in read_records(path, report)] == [1, 3]
+    assert [str(e) for e in report.errors] == [
+        f"{path}:2: invalid JSON: Unterminated string starting at (column 25)"
+    ]
+
+
 def test_blank_lines_are_skipped_silently(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"a": 1}\n\n   \n{"a": 2}\n')
