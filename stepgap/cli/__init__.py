@@ -179,10 +179,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = parse_with_config(parser, sys.argv[1:] if argv is None else argv)
+        args = parse_with_config(parser, argv)
     except ValueError as exc:  # a config file that does not fit its command
-        print(f"stepgap: error: {redact(str(exc))}", file=sys.stderr)
+        named = next((a for a in argv if a in commands()), None)  # as argparse's errors say it
+        prog = f"stepgap {named}" if named else "stepgap"
+        print(f"{prog}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
     if args is None:  # --print-config printed the resolved configuration
         return 0

@@ -97,6 +97,7 @@ def test_a_config_that_does_not_fit_names_file_line_and_key(tmp_path, capsys, co
     assert main(["relabel", "--config", str(bad), "-o", str(tmp_path / "o.jsonl")]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert err.startswith("stepgap relabel: error: ")  # the command, as argparse's errors say
 
 
 def test_a_missing_config_file_is_a_clear_error(tmp_path, capsys):
