@@ -33,14 +33,21 @@ def load_prices(path: str | Path) -> dict[str, tuple[float, float, float]]:
     return table
 
 
-def price_for(
+def listed_price(
     model: str, table: dict[str, tuple[float, float, float]]
-) -> tuple[float, float, float]:
-    """The exact model, else the longest listed prefix (dated snapshots), else free (local)."""
+) -> tuple[float, float, float] | None:
+    """The exact model, else the longest listed prefix (dated snapshots), else None."""
     if model in table:
         return table[model]
     prefixes = [m for m in table if model.startswith(m)]
-    return table[max(prefixes, key=len)] if prefixes else (0.0, 0.0, 0.0)
+    return table[max(prefixes, key=len)] if prefixes else None
+
+
+def price_for(
+    model: str, table: dict[str, tuple[float, float, float]]
+) -> tuple[float, float, float]:
+    """The listed price (`listed_price`), else free (local)."""
+    return listed_price(model, table) or (0.0, 0.0, 0.0)
 
 
 @dataclass
@@ -104,7 +111,7 @@ class CostMeter:
     @property
     def priced(self) -> bool:
         """Whether the price table lists this model (or a prefix of its name)."""
-        return any(self.model.startswith(m) for m in self.prices)
+        return listed_price(self.model, self.prices) is not None
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {
