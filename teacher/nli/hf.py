@@ -242,14 +242,15 @@ def lacks_sentencepiece_normalization(tokenizer) -> bool:
     tokenizer from its `spm.model` with NFC only: a no-break space, a ligature or a full-width
     letter (common in Wikipedia evidence) then becomes pieces the model never saw, so stepgap
     applies NFKC to the text itself."""
+    from tokenizers.models import Unigram
+
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a slow tokenizer runs SentencePiece itself, its normalization included
         return False
-    spec = json.loads(backend.to_str())
-    if (spec.get("model") or {}).get("type") != "Unigram":
+    if not isinstance(backend.model, Unigram):
         return False
-    kinds: set[str] = set()
-    pending = [spec.get("normalizer")]
+    kinds: set[str] = set()  # the normalizer alone as JSON: not the whole vocabulary
+    pending = [json.loads(backend.normalizer.__getstate__()) if backend.normalizer else None]
     while pending:
         node = pending.pop()
         if isinstance(node, dict):
