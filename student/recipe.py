@@ -201,8 +201,8 @@ def parse_recipe(
     weights when the recipe leaves it out. Returns the recipe and the run's options (`resume`,
     `print_config`, and `given`: the keys set, as --print-config prints them)."""
     config, sets, rest = _recipe_flags(argv)
-    given = {t.split("=", 1)[0] for t in rest} | {f"--{s.split('=', 1)[0]}" for s in sets}
-    if config is None and "--dataset" not in given and "dataset" not in (overrides or {}):
+    set_values = {**parse_overrides(sets), **(overrides or {})}
+    if config is None and "dataset" not in {*set_values, *_flag_dests(parser, rest)}:
         raise ValueError(
             "no recipe: give --config RECIPE (a YAML file, or one of "
             + ", ".join(recipe_names())
@@ -214,7 +214,7 @@ def parse_recipe(
     path = resolve_recipe(config) if config is not None else None
     if path is not None:
         values, where = _read_recipe(path)
-    for key, value in {**parse_overrides(sets), **(overrides or {})}.items():
+    for key, value in set_values.items():
         values[key], where[key] = value, f"--set {key}"
     _apply(parser, values, where)
     for dest in _flag_dests(parser, rest):
