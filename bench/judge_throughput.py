@@ -69,15 +69,25 @@ def run(judge: Any, requests: list, name: str, **settings: Any) -> dict[str, Any
     results = judge.judge(requests)
     seconds = time.perf_counter() - start
     tokens = sum(r.usage.get("completion_tokens", 0) for r in results if r.usage)
-    print(f"  {name}: {len(requests)} steps in {seconds:.1f} s", file=sys.stderr, flush=True)
+    failed = sum(1 for r in results if r.judge is None)
+    return figures(
+        name, len(requests), seconds, tokens, settings.get("batch_size"), failed, results
+    )
+
+
+def figures(
+    name: str, steps: int, seconds: float, tokens: int, batch: int | None, failed: Any, results: Any
+) -> dict[str, Any]:
+    """One run's row of the report (`_results`: its judge results, None where it has none)."""
+    print(f"  {name}: {steps} steps in {seconds:.1f} s", file=sys.stderr, flush=True)
     return {
-        "steps": len(requests),
-        "batch_size": settings.get("batch_size") or "auto",
+        "steps": steps,
+        "batch_size": batch or "auto",
         "seconds": round(seconds, 2),
-        "steps_per_s": round(len(requests) / seconds, 3),
+        "steps_per_s": round(steps / seconds, 3),
         "answer_tokens_per_s": round(tokens / seconds, 1),
-        "answer_tokens_per_step": round(tokens / len(requests), 1),
-        "failed": sum(1 for r in results if r.judge is None),
+        "answer_tokens_per_step": round(tokens / steps, 1),
+        "failed": failed,
         "_results": results,
     }
 
@@ -107,17 +117,8 @@ def continuous_batching(judge: Any, requests: list, max_new_tokens: int) -> dict
     if len(out) != len(prompts):
         raise RuntimeError(f"generate_batch answered {len(out)} of {len(prompts)} prompts")
     tokens = sum(len(o.generated_tokens) for o in out.values())
-    print(f"  cb: {len(requests)} steps in {seconds:.1f} s", file=sys.stderr, flush=True)
-    return {
-        "steps": len(requests),
-        "batch_size": "auto",
-        "seconds": round(seconds, 2),
-        "steps_per_s": round(len(requests) / seconds, 3),
-        "answer_tokens_per_s": round(tokens / seconds, 1),
-        "answer_tokens_per_step": round(tokens / len(requests), 1),
-        "failed": "n/a",
-        "_results": None,  # no schema: its answers are not judge objects
-    }
+    # no schema: its answers are not judge objects
+    return figures("cb", len(requests), seconds, tokens, None, "n/a", None)
 
 
 def main() -> None:
