@@ -549,7 +549,9 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # `generate` at batch 24, the package's HF path, and transformers' continuous batching without
 # the schema), whose rate is ~0.7 steps/s on an H200; with --tiny, 2 steps and short answers
 # (a random model writes until its token limit).
-JUDGE_ARGS = ("--steps", "512", "--hf-steps", "24", "--batches", "24", "--cb")
+JUDGE_ARGS = (
+    "--steps", "512", "--hf-steps", "24", "--batches", "24", "--cb", "--cb-deadline", "150",
+)  # fmt: skip
 TINY_JUDGE_ARGS = (
     "--steps", "16", "--hf-steps", "2", "--batches", "2", "--max-new-tokens", "32", "--cb",
 )  # fmt: skip
@@ -864,7 +866,9 @@ def headline(name: str, result: dict[str, Any]) -> str:
     return ", ".join(shown) + f" best plain generate ({judge['best_plain']})"
 
 
-def run_suite(tiny: bool, only: list[str], out: Path) -> dict[str, Any]:
+def run_suite(
+    tiny: bool, only: list[str], out: Path, total_budget: float = TOTAL_BUDGET_S
+) -> dict[str, Any]:
     sizes = TINY_SIZES if tiny else GPU_SIZES
     start = time.monotonic()
     report: dict[str, Any] = {
@@ -873,7 +877,7 @@ def run_suite(tiny: bool, only: list[str], out: Path) -> dict[str, Any]:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(),
         "sizes": asdict(sizes),
-        "total_budget_s": None if tiny else TOTAL_BUDGET_S,
+        "total_budget_s": None if tiny else total_budget,
         "sections": {},
     }
     with tempfile.TemporaryDirectory(prefix="gpu_suite-") as tmp:
@@ -882,7 +886,7 @@ def run_suite(tiny: bool, only: list[str], out: Path) -> dict[str, Any]:
         def budget(name: str) -> float:
             if tiny:
                 return sizes.budget[name]
-            return min(sizes.budget[name], TOTAL_BUDGET_S - (time.monotonic() - start))
+            return min(sizes.budget[name], total_budget - (time.monotonic() - start))
 
         setup = None
         if NEEDS_BASE & set(only):
@@ -919,6 +923,13 @@ def main() -> None:
         metavar="DIR",
         help="download the wheels a GPU image without network lacks into DIR, then exit",
     )
+    p.add_argument(
+        "--total-budget",
+        type=float,
+        default=TOTAL_BUDGET_S,
+        metavar="S",
+        help=f"seconds for the whole run: a section gets what is left (default {TOTAL_BUDGET_S})",
+    )
     p.add_argument("--section", help=argparse.SUPPRESS)  # a child process: this section alone
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -939,7 +950,7 @@ def main() -> None:
         p.error(f"--only: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
     if not args.tiny and not _cuda():
         p.error("no CUDA GPU here: the full sizes build a 7B model; pass --tiny on a CPU")
-    report = run_suite(args.tiny, only, Path(args.out))
+    report = run_suite(args.tiny, only, Path(args.out), args.total_budget)
     parts = [report.get("setup"), *report["sections"].values()]
     if any(r and r["status"] == "error" for r in parts):
         sys.exit(1)

@@ -84,17 +84,25 @@ def figures(
         "steps": steps,
         "batch_size": batch or "auto",
         "seconds": round(seconds, 2),
-        "steps_per_s": round(steps / seconds, 3),
+        "steps_per_s": round(steps / seconds, 3) if seconds else None,
         "answer_tokens_per_s": round(tokens / seconds, 1),
-        "answer_tokens_per_step": round(tokens / steps, 1),
+        "answer_tokens_per_step": round(tokens / steps, 1) if steps else None,
         "failed": failed,
         "_results": results,
     }
 
 
-def continuous_batching(judge: Any, requests: list, max_new_tokens: int) -> dict[str, Any]:
-    """The judge's prompts through transformers' `generate_batch`, greedy and unconstrained."""
+def continuous_batching(
+    judge: Any, requests: list, max_new_tokens: int, deadline: float | None = None
+) -> dict[str, Any]:
+    """The judge's prompts through transformers' continuous batching (its manager, as
+    `generate_batch` drives it), greedy and unconstrained. The manager is sized for the workload
+    and warmed up (CUDA graphs on a GPU) before the clock starts. At `deadline` (a
+    `time.perf_counter()` value) the run stops, its unfinished requests dropped: its row counts
+    the requests that finished and every token generated (they stream), so a bench with a time
+    budget keeps its other figures and still gets answer tokens/s."""
     from transformers import GenerationConfig
+    from transformers.generation.continuous_batching.utils import WorkloadHints
 
     prompts = [judge.prompt_ids(r) for r in requests]
     config = GenerationConfig(
@@ -103,22 +111,41 @@ def continuous_batching(judge: Any, requests: list, max_new_tokens: int) -> dict
         eos_token_id=judge.tokenizer.eos_token_id,
         pad_token_id=judge.tokenizer.pad_token_id,
     )
-    # a first, untimed call sizes its paged cache and warms it up (CUDA graphs on a GPU); the
-    # timed call reuses that manager
-    judge.model.generate_batch(inputs=prompts, generation_config=config, persistent_manager=True)
+    hints = WorkloadHints(
+        max_prompt_length=max(map(len, prompts)),
+        max_generated_length=max_new_tokens,
+        num_requests=len(prompts),
+    )
+    manager = judge.model.init_continuous_batching(generation_config=config, workload_hints=hints)
+    generated: dict[str, int] = {}  # tokens so far, by request
+    finished = 0
     try:
+        manager.warmup()
+        manager.start()
         start = time.perf_counter()
-        out = judge.model.generate_batch(
-            inputs=prompts, generation_config=config, persistent_manager=True
-        )
+        manager.add_requests(inputs=prompts, max_new_tokens=max_new_tokens, streaming=True)
+        while finished < len(prompts) and (deadline is None or time.perf_counter() < deadline):
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError("the continuous batching thread stopped")
+                continue
+            if result.error is not None:
+                raise RuntimeError(f"a request failed in continuous batching: {result.error}")
+            generated[result.request_id] = len(result.generated_tokens)
+            finished += result.is_finished()
         seconds = time.perf_counter() - start
     finally:
-        judge.model.destroy_cached_continuous_batching_manager()
-    if len(out) != len(prompts):
-        raise RuntimeError(f"generate_batch answered {len(out)} of {len(prompts)} prompts")
-    tokens = sum(len(o.generated_tokens) for o in out.values())
-    # no schema: its answers are not judge objects
-    return figures("cb", len(requests), seconds, tokens, None, "n/a", None)
+        manager.stop(block=True, timeout=15, hard_stop=True)
+        manager.destroy()
+    tokens = sum(generated.values())
+    if not tokens:
+        raise RuntimeError(f"no token came back before the deadline ({seconds:.0f} s)")
+    row = figures("cb", finished, seconds, tokens, None, "n/a", None)  # not judge objects
+    if finished < len(prompts):  # its tokens include unfinished answers': no tokens per step
+        row["answer_tokens_per_step"] = None
+        row["cut_at_deadline"] = f"{finished} of {len(prompts)} requests finished"
+    return row
 
 
 def main() -> None:
@@ -134,6 +161,13 @@ def main() -> None:
     p.add_argument(
         "--cb", action="store_true", help="also transformers' continuous batching (no schema)"
     )
+    p.add_argument(
+        "--cb-deadline",
+        type=float,
+        default=None,
+        metavar="S",
+        help="end the cb run S seconds after this script started (a time budget)",
+    )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
     p.add_argument("--served-concurrency", type=int, default=64)
@@ -144,6 +178,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args()
+    started = time.perf_counter()
     if args.steps < 512 and not args.tiny:
         p.error("--steps: a GRPO-sized workload is at least 512 step checks")
 
@@ -186,7 +221,12 @@ def main() -> None:
     cb_note = None
     if args.cb and not args.no_hf:
         try:
-            runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens)
+            deadline = None if args.cb_deadline is None else started + args.cb_deadline
+            runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens, deadline)
+            if "cut_at_deadline" in runs["cb"]:
+                cb_note = (
+                    f"cut at --cb-deadline {args.cb_deadline:g} s: {runs['cb']['cut_at_deadline']}"
+                )
         except Exception as exc:  # an older transformers, an attention it cannot page
             cb_note = f"generate_batch failed: {type(exc).__name__}: {exc}"
             print(f"  cb: {cb_note}", file=sys.stderr)

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_suite.py"
+JUDGE_SCRIPT = REPO / "bench" / "judge_throughput.py"
 
 
 def _suite():
@@ -73,6 +75,27 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert all(v > 0 for v in nli["pairs_per_s"].values())
     if not torch.cuda.is_available():
         assert "CUDA" in sections["qlora"]["skipped"]
+
+
+def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_path):
+    """The judge section's time budget: a cb run past its deadline stops inside the engine
+    (no hang on its pending requests) and hands the model back for a later run."""
+    from stepgap.teacher.judges.hf import HFJudge
+    from tests.fixtures.models import build_qwen2
+
+    spec = importlib.util.spec_from_file_location("judge_throughput", JUDGE_SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    judge = HFJudge(str(build_qwen2(tmp_path / "m", hidden=128)), engine="hf", max_new_tokens=8)
+    attention = judge.model.config._attn_implementation
+    requests = bench.workload(str(REPO / "examples" / "traces.jsonl"), 3)
+    with pytest.raises(RuntimeError, match="no token came back before the deadline"):
+        bench.continuous_batching(judge, requests, 8, deadline=time.perf_counter())
+    assert judge.model.config._attn_implementation == attention
+    assert not hasattr(judge.model, "_cached_continuous_batching_manager")
+    row = bench.continuous_batching(judge, requests, 8)  # no deadline: every request ends
+    assert row["steps"] == 3 and row["answer_tokens_per_step"] == 8.0
+    assert "cut_at_deadline" not in row
 
 
 def test_a_failing_section_is_an_error_with_its_traceback_and_fails_the_suite(
