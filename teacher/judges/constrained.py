@@ -72,28 +72,34 @@ def token_bytes(tokenizer: Any) -> dict[bytes, list[int]]:
 
 class TokenMasks:
     """The allowed tokens of an index's states, each state's mask built once on the model's
-    device (not a full-vocabulary mask per row per token on the CPU)."""
+    device (not a full-vocabulary mask per row per token on the CPU). A string state allows
+    most of the vocabulary (147k of Qwen2.5's 152k tokens), and a judge answer visits hundreds
+    of states: a mask is built from the index's list in one tensor operation, and only a
+    state's forced token (where it allows one) is kept on the CPU."""
 
     def __init__(self, index: Any, vocab: int, eos: int, device: Any) -> None:
         self.index, self.vocab, self.eos, self.device = index, vocab, eos, device
-        self._tokens: dict[int, list[int]] = {}
+        self._forced: dict[int, int | None] = {}
         self._masks: dict[int, Any] = {}
 
     def initial(self) -> int:
         return self.index.get_initial_state()
 
-    def tokens(self, state: int) -> list[int]:
-        if state not in self._tokens:
-            self._tokens[state] = sorted(self.index.get_allowed_tokens(state))
-        return self._tokens[state]
+    def forced(self, state: int) -> int | None:
+        """The one token `state` allows, or None where it allows several."""
+        if state not in self._forced:
+            allowed = self.index.get_allowed_tokens(state)
+            self._forced[state] = allowed[0] if len(allowed) == 1 else None
+        return self._forced[state]
 
     def mask(self, state: int) -> Any:
         """Boolean (vocab,) tensor: True where a token is allowed in `state`."""
         if state not in self._masks:
             import torch
 
+            allowed = torch.tensor(self.index.get_allowed_tokens(state), dtype=torch.long)
             mask = torch.zeros(self.vocab, dtype=torch.bool)
-            mask[[t for t in self.tokens(state) if t < self.vocab]] = True
+            mask[allowed[allowed < self.vocab]] = True
             self._masks[state] = mask.to(self.device)
         return self._masks[state]
 

@@ -159,8 +159,10 @@ class GreedyDecoder:
                     chunk = [t]
                     if m is not None:
                         states[r] = m.advance(states[r], t)  # type: ignore[arg-type]
-                        while len(row.tokens) < limit and len(m.tokens(states[r])) == 1:
-                            forced = m.tokens(states[r])[0]  # type: ignore[index]
+                        while len(row.tokens) < limit:
+                            forced = m.forced(states[r])  # type: ignore[arg-type]
+                            if forced is None:
+                                break
                             row.tokens.append(forced)
                             row.logprobs.append(0.0)  # the only allowed token: probability 1
                             if forced == eos:

@@ -125,3 +125,29 @@ def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tin
     for v in verdicts:  # every step: a schema-valid judge object and a label, or a stated error
         assert (v["judge"] is not None and v["label"] is not None) or v["error"]
     assert sum(v["label"] is not None for v in verdicts) >= 3
+
+
+def test_token_masks_hold_each_states_allowed_tokens_and_its_forced_one():
+    """A state's mask is exactly its allowed tokens (vocabulary ids past the model's rows left
+    out), and `forced` names the one token of a state that allows one, as the fast decoder's
+    forced runs need."""
+    import torch
+
+    from stepgap.teacher.judges.constrained import TokenMasks, build_index
+    from tests.fixtures.models import qwen_tokenizer
+
+    tokenizer = qwen_tokenizer()
+    index = build_index(tokenizer, r"quartz(yes|no)")
+    masks = TokenMasks(index, len(tokenizer), tokenizer.eos_token_id, torch.device("cpu"))
+    state = masks.initial()
+    allowed = set(index.get_allowed_tokens(state))
+    assert len(allowed) > 1 and masks.forced(state) is None
+    assert set(masks.mask(state).nonzero().view(-1).tolist()) == allowed
+    for piece in tokenizer.tokenize("quartz"):  # through the word to the choice
+        state = masks.advance(state, tokenizer.convert_tokens_to_ids(piece))
+    assert masks.forced(state) is None  # "yes" or "no"
+    state = masks.advance(state, tokenizer.convert_tokens_to_ids("yes"))
+    assert masks.forced(state) == tokenizer.eos_token_id  # the answer is complete
+    assert masks.mask(state).nonzero().view(-1).tolist() == [tokenizer.eos_token_id]
+    narrow = TokenMasks(index, 100, tokenizer.eos_token_id, torch.device("cpu"))
+    assert narrow.mask(narrow.initial()).shape == (100,)  # ids past the model's rows: out
