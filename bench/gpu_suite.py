@@ -1,7 +1,8 @@
 """GPU suite (issue #20, benchmark 4): judge throughput, LoRA SFT tokens/s, QLoRA 7B peak memory
 and ONNX NLI on CUDA in one command that writes one JSON, under 9 minutes on one H100.
 
-    python bench/gpu_suite.py [--tiny] [--only sft,qlora] [--out bench/results/gpu_suite.json]
+    python bench/gpu_suite.py [--tiny] [--only sft,qlora] [--total-budget S]
+        [--out bench/results/gpu_suite.json]
     python bench/gpu_suite.py --fetch-wheels .whl   # here: the wheels a bare GPU image lacks
 
 Each section runs in its own process under its own time budget, so GPU memory starts clean and a

