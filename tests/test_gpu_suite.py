@@ -55,6 +55,9 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"
     assert all(r["answer_tokens_per_s"] > 0 for r in judge["runs"].values())
     assert judge["cb_tokens_vs_best_plain"] > 0
+    profiled = judge["profile"]  # where the HF path's decode steps spend their time
+    assert profiled["requests"] == 2 and profiled["wall_s"] > 0
+    assert profiled["top_self_cpu"] and all(op["ms"] >= 0 for op in profiled["top_self_cpu"])
 
     sft = sections["sft"]
     assert sft["status"] == "ok", sft.get("error")
