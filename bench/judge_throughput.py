@@ -304,6 +304,9 @@ def main() -> None:
     prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]
     batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
     if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
+        start = time.perf_counter()
+        judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge
+        load["schema_index"] = round(time.perf_counter() - start, 1)
         run(judge, hf_requests[:2], "transformers warm-up", fast=True, batch_size=None)
     for b in batches:
         runs[f"plain_b{b}"] = run(judge, hf_requests, f"plain_b{b}", fast=False, batch_size=b)
