@@ -12,9 +12,9 @@ Each engine answers them greedily under the judge schema:
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
-  drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without the schema, which it
-  takes no per-request constraint for: compare its answer tokens/s, the most this decoding
-  could give the HF path (timed after its manager is sized and warmed up; on two CPU cores it
+  drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
+  the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
+  most this decoding could give the HF path (timed after its manager is sized and warmed up; on two CPU cores it
   was ~7x slower than plain `generate()`); `--cb-deadline S` stops it S seconds after the
   script started (a time budget), its row counting the requests that ended and every token
   streamed by then;
