@@ -14,10 +14,10 @@ Each engine answers them greedily under the judge schema:
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
   drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
   the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
-  most this decoding could give the HF path (timed after its manager is sized and warmed up; on two CPU cores it
-  was ~7x slower than plain `generate()`); `--cb-deadline S` stops it S seconds after the
-  script started (a time budget), its row counting the requests that ended and every token
-  streamed by then;
+  most this decoding could give the HF path (timed after its manager is sized and warmed up;
+  on two CPU cores it was ~7x slower than plain `generate()`); `--cb-deadline S` stops it S
+  seconds after the script started (a time budget), its row counting the requests that ended
+  and every token streamed by then;
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
