@@ -548,7 +548,9 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # bench/judge_throughput.py's GRPO-sized workload: 512 distinct steps for vLLM (where it is
 # installed; where not, the run says so), the first 24 for the transformers runs (plain
 # `generate` at batch 24, the package's HF path, and transformers' continuous batching without
-# the schema), whose rate is ~0.7 steps/s on an H200; with --tiny, 2 steps and short answers
+# the schema), whose rate is 0.7-1.2 steps/s on an H100 (2026-11-27), and a profile of the HF
+# path's decode steps. The continuous-batching run stops 150 s after the script started, so the
+# section ends inside its 180 s (the H100 run: 156 s). With --tiny, 2 steps and short answers
 # (a random model writes until its token limit).
 JUDGE_ARGS = (
     "--steps", "512", "--hf-steps", "24", "--batches", "24", "--profile", "--cb",
