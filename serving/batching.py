@@ -37,6 +37,14 @@ HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits
 WHEN_OVERLOADED = ("hold", "refuse")  # what a request that does not fit now gets
 FIRST = asyncio.FIRST_COMPLETED
 
+
+def usable_seconds(budget: float) -> float:
+    """How long the server may work on a request whose client waits `budget` seconds: it
+    answers 2 s before the client's own timeout (a fifth of a short budget), so that a 503
+    reaches the client first even from a busy host, whose loop can be late by a good part of a
+    second."""
+    return budget - min(2.0, 0.2 * budget)
+
 Stream = Callable[
     [Sequence[Trace], threading.Event, Sequence[TraceDeadline]], Iterator[tuple[int, list[Verdict]]]
 ]
@@ -246,9 +254,7 @@ class MicroBatcher:
             raise Busy("shutdown", "the server is shutting down")
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
-        # answer a little before the client's own timeout, so that a 503 reaches it first
-        usable = budget - min(2.0, 0.1 * budget)
-        until = time.monotonic() + usable
+        until = time.monotonic() + usable_seconds(budget)
         steps = sum(len(t.steps or []) for t in traces)
         gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         try:

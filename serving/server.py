@@ -75,6 +75,7 @@ from .batching import (
     OPENRLHF_TIMEOUT,
     Busy,
     MicroBatcher,
+    usable_seconds,
 )
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .reward_function import RewardUnavailable, StepGapReward, default_inflight
@@ -365,12 +366,14 @@ def create_app(
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         seconds = _timeout_of(request) or client_timeout
-        deadline = TraceDeadline.after(seconds)
+        deadline = TraceDeadline.after(usable_seconds(seconds))
         work = asyncio.ensure_future(
             asyncio.gather(*(asyncio.to_thread(inline.finalize, t, deadline) for t in traces))
         )
         gone = asyncio.ensure_future(_until_disconnected(request))
-        done, _ = await asyncio.wait({work, gone}, timeout=seconds, return_when=FIRST)
+        done, _ = await asyncio.wait(
+            {work, gone}, timeout=usable_seconds(seconds), return_when=FIRST
+        )
         gone.cancel()
         if work not in done:
             deadline.cancel()  # the judge sends nothing more for these rollouts
@@ -531,8 +534,7 @@ def probe_capacity(
         per_second, how = at_once / latency, f"{latency:.1f} s a request, {limit.describe()}"
     else:
         per_second, how = len(verdicts) / seconds, f"{seconds / len(verdicts):.1f} s a step"
-    usable = client_timeout - min(2.0, 0.1 * client_timeout)
-    steps = int(0.8 * usable * per_second)
+    steps = int(0.8 * usable_seconds(client_timeout) * per_second)
     return (
         f"a probe of {len(verdicts)} steps took {seconds:.1f} s ({how}): about {steps} steps, "
         f"or {steps // ROLLOUT_STEPS} rollouts of {ROLLOUT_STEPS}, are answered within the "
