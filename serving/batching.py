@@ -45,6 +45,7 @@ def usable_seconds(budget: float) -> float:
     second."""
     return budget - min(2.0, 0.2 * budget)
 
+
 Stream = Callable[
     [Sequence[Trace], threading.Event, Sequence[TraceDeadline]], Iterator[tuple[int, list[Verdict]]]
 ]

@@ -84,26 +84,34 @@ def test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat(
 ):
     with ServeProcess(fake_openai, examples_dir, tmp_path / "serve.log") as server:
         # Warm up, under the load that is measured, until the process stops growing (imports,
-        # pools, caches, allocator arenas, the largest batches in flight at once): on a busy
-        # machine one short round reaches less of the steady state than on an idle one. The RSS
-        # of a warm server swings by some 10 MiB with what is in flight when it is read, so the
-        # baseline is the highest reading of the warm-up, not the last one.
+        # pools, caches, allocator arenas, the largest batches in flight at once).
         samples: list[float] = []
         for _ in range(6):
             _hammer(server.url, example_traces, expected_rewards, 5, hang_up_every=2)
             samples.append(_rss_mib(server.proc.pid))
             if len(samples) >= 2 and samples[-1] - samples[-2] < 2:
                 break
-        rss_before = max(samples)
-        outcomes, wrong = _hammer(server.url, example_traces, expected_rewards, 20, hang_up_every=2)
-        time.sleep(1)  # let the batches of hung-up clients finish
-        rss_after = _rss_mib(server.proc.pid)
+        # Then 4 rounds of 5 s, each read at rest. Memory that requests keep grows in every
+        # round, by 200 KB for each request's body; a warm server's allocator still takes a few
+        # MiB in some rounds on a busy machine (one fresh-clone run grew 22 MiB in 20 s), but
+        # not in all of them.
+        outcomes: Counter[str] = Counter()
+        wrong: list[str] = []
+        rounds: list[tuple[int, float]] = []  # (requests answered, MiB grown) per round
+        rss = _rss_mib(server.proc.pid)
+        for _ in range(4):
+            got, bad = _hammer(server.url, example_traces, expected_rewards, 5, hang_up_every=2)
+            time.sleep(1)  # let the batches of hung-up clients finish
+            outcomes += got
+            wrong += bad
+            rss, before = _rss_mib(server.proc.pid), rss
+            rounds.append((got["200"], rss - before))
         health = httpx.get(f"{server.url}/health").json()
         metrics = httpx.get(f"{server.url}/metrics").text
         # A request after the load is answered exactly.
         t = example_traces[0]
         last = httpx.post(f"{server.url}/reward", json=_body(t), timeout=60).json()
-    print(f"outcomes {dict(outcomes)}; RSS {rss_before:.1f} -> {rss_after:.1f} MiB")
+    print(f"outcomes {dict(outcomes)}; rounds (answered, MiB grown) {rounds}")
     log = (tmp_path / "serve.log").read_text()
     assert not wrong
     assert set(outcomes) <= {"200", "hung up", "answered before hang-up"}, (outcomes, log[-3000:])
@@ -113,8 +121,9 @@ def test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat(
     gone = re.search(r'^stepgap_rejected_total\{reason="client_gone"\} (\S+)', metrics, re.M)
     assert gone and float(gone.group(1)) >= 1
     assert last["rewards"] == pytest.approx([expected_rewards[t.id]])
-    # Keeping each finished request's body would add 200 KB x requests (over 40 MiB).
-    assert rss_after - rss_before < 20, f"memory grew {rss_after - rss_before:.1f} MiB under load"
+    # Keeping each finished request's body would grow every round by 10 MiB or more.
+    assert all(answered >= 50 for answered, _ in rounds), rounds
+    assert min(grown for _, grown in rounds) < 4, f"memory grew in every round: {rounds}"
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
 
 
