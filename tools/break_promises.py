@@ -266,6 +266,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "server/finalize-503-before-the-client-times-out",
+        "serving/server.py",
+        "            {work, gone}, timeout=usable_seconds(seconds), return_when=FIRST",
+        "            {work, gone}, timeout=seconds, return_when=FIRST",
+        (
+            "tests/serving/test_server_inline.py::"
+            "test_a_finalize_past_its_deadline_gets_503_with_retry_after",
+        ),
+    ),
+    Mutation(
         "server/flat-memory",
         "serving/batching.py",
         "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]",
