@@ -85,22 +85,36 @@ class TokenMasks:
     def initial(self) -> int:
         return self.index.get_initial_state()
 
+    def _read(self, state: int) -> None:
+        """Fetch `state`'s token list from the index once: its forced token where it allows
+        one, else its mask (the next step's logits need it)."""
+        if state in self._forced:
+            return
+        allowed = self.index.get_allowed_tokens(state)
+        if len(allowed) == 1:
+            self._forced[state] = allowed[0]
+        else:
+            self._forced[state] = None
+            self._masks[state] = self._mask_of(allowed)
+
+    def _mask_of(self, tokens: Sequence[int]) -> Any:
+        import torch
+
+        allowed = torch.tensor(tokens, dtype=torch.long)
+        mask = torch.zeros(self.vocab, dtype=torch.bool)
+        mask[allowed[allowed < self.vocab]] = True
+        return mask.to(self.device)
+
     def forced(self, state: int) -> int | None:
         """The one token `state` allows, or None where it allows several."""
-        if state not in self._forced:
-            allowed = self.index.get_allowed_tokens(state)
-            self._forced[state] = allowed[0] if len(allowed) == 1 else None
+        self._read(state)
         return self._forced[state]
 
     def mask(self, state: int) -> Any:
         """Boolean (vocab,) tensor: True where a token is allowed in `state`."""
-        if state not in self._masks:
-            import torch
-
-            allowed = torch.tensor(self.index.get_allowed_tokens(state), dtype=torch.long)
-            mask = torch.zeros(self.vocab, dtype=torch.bool)
-            mask[allowed[allowed < self.vocab]] = True
-            self._masks[state] = mask.to(self.device)
+        self._read(state)
+        if state not in self._masks:  # a forced state, under `generate`'s logits processor
+            self._masks[state] = self._mask_of([self._forced[state]])  # type: ignore[list-item]
         return self._masks[state]
 
     def advance(self, state: int, token: int) -> int:

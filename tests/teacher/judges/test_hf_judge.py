@@ -151,3 +151,21 @@ def test_token_masks_hold_each_states_allowed_tokens_and_its_forced_one():
     assert masks.mask(state).nonzero().view(-1).tolist() == [tokenizer.eos_token_id]
     narrow = TokenMasks(index, 100, tokenizer.eos_token_id, torch.device("cpu"))
     assert narrow.mask(narrow.initial()).shape == (100,)  # ids past the model's rows: out
+
+    class Counting:  # each state's token list (147k ids for a string state) is fetched once
+        def __init__(self) -> None:
+            self.fetched: list[int] = []
+
+        def __getattr__(self, name):
+            return getattr(index, name)
+
+        def get_allowed_tokens(self, s):
+            self.fetched.append(s)
+            return index.get_allowed_tokens(s)
+
+    counting = Counting()
+    masks = TokenMasks(counting, len(tokenizer), tokenizer.eos_token_id, torch.device("cpu"))
+    first = masks.initial()
+    for _ in range(2):
+        masks.forced(first), masks.mask(first), masks.mask(state), masks.forced(state)
+    assert counting.fetched == [first, state]
