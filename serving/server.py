@@ -366,14 +366,13 @@ def create_app(
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         seconds = _timeout_of(request) or client_timeout
-        deadline = TraceDeadline.after(usable_seconds(seconds))
+        usable = usable_seconds(seconds)
+        deadline = TraceDeadline.after(usable)
         work = asyncio.ensure_future(
             asyncio.gather(*(asyncio.to_thread(inline.finalize, t, deadline) for t in traces))
         )
         gone = asyncio.ensure_future(_until_disconnected(request))
-        done, _ = await asyncio.wait(
-            {work, gone}, timeout=usable_seconds(seconds), return_when=FIRST
-        )
+        done, _ = await asyncio.wait({work, gone}, timeout=usable, return_when=FIRST)
         gone.cancel()
         if work not in done:
             deadline.cancel()  # the judge sends nothing more for these rollouts

@@ -268,8 +268,8 @@ MUTATIONS = [
     Mutation(
         "server/finalize-503-before-the-client-times-out",
         "serving/server.py",
-        "            {work, gone}, timeout=usable_seconds(seconds), return_when=FIRST",
-        "            {work, gone}, timeout=seconds, return_when=FIRST",
+        "        usable = usable_seconds(seconds)\n",
+        "        usable = seconds\n",
         (
             "tests/serving/test_server_inline.py::"
             "test_a_finalize_past_its_deadline_gets_503_with_retry_after",

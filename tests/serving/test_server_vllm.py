@@ -61,8 +61,9 @@ class EngineServer(StepgapServe):
         return time.monotonic() - start
 
 
-def held_while(server: EngineServer, call) -> int:
-    """The most requests the engine held (polled) while `call()` ran; what it raises, raised.
+def held_while(server: EngineServer, call):
+    """(what `call()` returned, the most requests the engine held, polled, while it ran);
+    what it raises, raised.
     How many reach the engine before a deadline or a hang-up depends on the machine's speed
     (~290 of the 600 steps on a slow two-core one): what is promised is that those it held
     are aborted there, not finished. The poll undercounts (a busy server answers /metrics
@@ -77,11 +78,11 @@ def held_while(server: EngineServer, call) -> int:
     watcher = threading.Thread(target=poll, daemon=True)
     watcher.start()
     try:
-        call()
+        result = call()
     finally:
         done.set()
         watcher.join(timeout=10)
-    return int(peak[0])
+    return result, int(peak[0])
 
 
 @pytest.fixture(scope="module")
@@ -119,15 +120,14 @@ def test_a_deadline_gets_503_and_the_requests_are_aborted_in_the_engine(server, 
     decoding for the 10 s and more they needed."""
     aborted = server.metric("stepgap_engine_aborted")
     start = time.monotonic()
-    answers = []
-    held = held_while(
+    r, held = held_while(
         server,
-        lambda: answers.append(
-            httpx.post(f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=30)
+        lambda: httpx.post(
+            f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=30
         ),
     )
     took = time.monotonic() - start
-    assert answers[0].status_code == 503, answers[0].text
+    assert r.status_code == 503, r.text
     assert took < CLIENT_TIMEOUT + 1
     assert server.idle(within=3) < 3
     assert held >= 1  # the engine was decoding them (the poll sees a few: /metrics waits too)
@@ -177,7 +177,7 @@ def test_a_gone_clients_requests_are_aborted_in_the_engine(server, example_trace
         with pytest.raises(httpx.ReadTimeout):  # the client gives up after a second
             httpx.post(f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=1.0)
 
-    held = held_while(server, hang_up)
+    _, held = held_while(server, hang_up)
     gone = time.monotonic()
     assert server.idle(within=CLIENT_TIMEOUT) < CLIENT_TIMEOUT - 1  # before its own deadline
     assert time.monotonic() - gone < CLIENT_TIMEOUT - 0.5
