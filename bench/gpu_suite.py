@@ -583,10 +583,17 @@ def section_judge(sizes: Sizes, work: Path) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-P", "-c", prelude, str(REPO), *argv], cwd=REPO)
     if done.returncode:
         raise RuntimeError(f"{script.name} exited with code {done.returncode} (its log is above)")
-    written = sorted(out.glob("*.json")) if out.is_dir() else []
-    if not written:
+    result = judge_report(work)
+    if result is None:
         raise RuntimeError(f"{script.name} wrote no JSON under {out}")
-    return {"script": script.name, "argv": argv[1:], "result": json.loads(written[-1].read_text())}
+    return {"script": script.name, "argv": argv[1:], "result": result}
+
+
+def judge_report(work: Path) -> dict[str, Any] | None:
+    """The judge bench's report as last written (it writes one after each run, so a section
+    killed at its budget or failed after some runs still has their figures)."""
+    written = sorted((work / "judge").glob("*.json"))
+    return json.loads(written[-1].read_text()) if written else None
 
 
 def _plain_trl(sizes: Sizes, base: str, data: Any, out: Path) -> dict[str, Any]:
@@ -840,18 +847,31 @@ def run_child(name: str, work: Path, tiny: bool, budget: float) -> dict[str, Any
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return {
+        killed = {
             "status": "error",
             "why": f"error: over its budget of {budget:.3g} s (killed)",
             "seconds": round(time.perf_counter() - start, 1),
         }
+        return with_partial(name, work, killed)
     if out.is_file():
-        return json.loads(out.read_text())
-    return {
-        "status": "error",
-        "why": f"error: its process exited with code {code} before writing figures",
-        "seconds": round(time.perf_counter() - start, 1),
-    }
+        result = json.loads(out.read_text())
+    else:
+        result = {
+            "status": "error",
+            "why": f"error: its process exited with code {code} before writing figures",
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    return with_partial(name, work, result)
+
+
+def with_partial(name: str, work: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """A judge section that did not end "ok" keeps the figures its bench wrote before it
+    stopped (`partial`)."""
+    if name == "judge" and result["status"] == "error":
+        partial = judge_report(work)
+        if partial is not None:
+            result["partial"] = partial
+    return result
 
 
 def headline(name: str, result: dict[str, Any]) -> str:

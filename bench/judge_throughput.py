@@ -14,18 +14,21 @@ Each engine answers them greedily under the judge schema:
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
   drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
   the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
-  most this decoding could give the HF path (timed after its manager is sized and warmed up;
-  on two CPU cores it was ~7x slower than plain `generate()`); `--cb-deadline S` stops it S
-  seconds after the script started (a time budget), its row counting the requests that ended
-  and every token streamed by then;
+  most this decoding could give the HF path (its paged cache sized for this workload, timed
+  after it is warmed up); `--cb-deadline S` stops it S seconds after the script started (a
+  time budget), its row counting the requests that ended and every token streamed by then;
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
   server started beforehand (`vllm serve FOLDER --served-model-name NAME`), asked by the
   `openai:` judge with `--served-concurrency` requests in flight (its schema is the judge's own,
   without `--max-string-chars`, so compare answer tokens/s there).
-`--profile` adds `profile`: the HF path's decode steps under `torch.profiler` (answers cut at 24
-tokens), the ops that take the host's and the device's time, and how busy the device was.
+`model_step` is the model alone: one decode forward of the transformers runs' batch over a
+prompt-length cache, without and with a padded row (and a bf16 GEMV's memory bandwidth on a
+GPU), to read the runs' steps against. `--profile` adds `profile`: the HF path's decode steps
+under `torch.profiler` (answers cut at 24 tokens), the ops that take the host's and the
+device's time, and how busy the device was. Both run before the timed runs, and the JSON is
+written after each run, so a run cut short by a time budget keeps what it measured.
 `--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
@@ -99,6 +102,9 @@ def figures(
     }
 
 
+PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
+
+
 def continuous_batching(
     judge: Any, requests: list, max_new_tokens: int, deadline: float | None = None
 ) -> dict[str, Any]:
@@ -109,6 +115,7 @@ def continuous_batching(
     the requests that finished and every token generated (they stream), so a bench with a time
     budget keeps its other figures and still gets answer tokens/s."""
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.utils import WorkloadHints
 
     prompts = [judge.prompt_ids(r) for r in requests]
@@ -123,7 +130,13 @@ def continuous_batching(
         max_generated_length=max_new_tokens,
         num_requests=len(prompts),
     )
-    manager = judge.model.init_continuous_batching(generation_config=config, workload_hints=hints)
+    # a paged cache for this workload, not one sized by the memory (on two CPU cores that one
+    # took 620K tokens, and clearing its attention mask alone took ~14 s)
+    pages = sum(-(-(len(p) + max_new_tokens) // PAGE) for p in prompts)
+    sizes = ContinuousBatchingConfig(page_size=PAGE, num_blocks=pages, max_batch_tokens=4096)
+    manager = judge.model.init_continuous_batching(
+        generation_config=config, continuous_batching_config=sizes, workload_hints=hints
+    )
     generated: dict[str, int] = {}  # tokens so far, by request
     finished = 0
     try:
@@ -203,6 +216,111 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
     return report
 
 
+def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str, Any]:
+    """The model alone, without the schema or any decoding loop: the median time of one greedy
+    decode forward of `batch` rows over a KV cache of `context` tokens, with no padding and
+    with one row left-padded (an explicit attention mask, as the judge's batches have); on a
+    GPU also a bf16 GEMV's memory bandwidth. A step near the HF path's says the model or the
+    device sets its pace, not the judge's loop; a bandwidth far under the card's says the
+    device does."""
+    import statistics
+
+    import torch
+    from transformers import DynamicCache
+
+    device = model.device
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, min(1000, vocab), (batch, context), device=device)
+
+    def timed(padded: bool) -> float:
+        mask = torch.ones_like(ids)
+        if padded:
+            mask[0, 0] = 0
+        cache = DynamicCache()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions,
+              past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+        token, seconds = ids[:, -1:], []
+        for k in range(steps + 1):  # the first one warms up
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            sync()
+            start = time.perf_counter()
+            out = model(
+                input_ids=token,
+                attention_mask=mask,
+                position_ids=positions[:, -1:] + 1 + k,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            sync()
+            seconds.append(time.perf_counter() - start)
+        return round(statistics.median(seconds[1:]) * 1e3, 2)
+
+    with torch.inference_mode():
+        report: dict[str, Any] = {
+            "batch": batch,
+            "context": context,
+            "step_ms": timed(padded=False),
+            "step_padded_ms": timed(padded=True),
+        }
+        if cuda:
+            weight = torch.randn(8192, 32768, dtype=torch.bfloat16, device=device)  # 512 MiB
+            x = torch.randn(batch, 8192, dtype=torch.bfloat16, device=device)
+            x @ weight
+            sync()
+            start = time.perf_counter()
+            for _ in range(10):
+                x @ weight
+            sync()
+            seconds = (time.perf_counter() - start) / 10
+            report["gemv_gb_per_s"] = round(weight.numel() * 2 / seconds / 1e9)
+            del weight
+    print(f"  model step: {report}", file=sys.stderr, flush=True)
+    return report
+
+
+def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report of the runs so far: `context` (the workload, the machine, notes), each run's
+    row, the ratios between runs, and how many judge objects each run shares with the best
+    plain run on the steps both answered."""
+    plain = {k: v for k, v in runs.items() if k.startswith("plain")}
+    judged = plain or {k: v for k, v in runs.items() if v["_results"] is not None}
+    best = max(judged, key=lambda k: judged[k]["steps_per_s"]) if judged else None
+    reference = runs[best]["_results"] if best else []
+    for r in runs.values():
+        if r["_results"] is None:
+            r["judges_equal_best_plain"] = "n/a"
+            continue
+        shared = min(len(reference), len(r["_results"]))
+        same = sum(
+            a.judge is not None and a.judge == b.judge
+            for a, b in zip(reference[:shared], r["_results"][:shared], strict=True)
+        )
+        r["judges_equal_best_plain"] = f"{same}/{shared}"
+
+    def ratio(a: str | None, b: str | None, field: str = "steps_per_s") -> float | None:
+        if a not in runs or b not in runs:
+            return None
+        return round(runs[a][field] / runs[b][field], 2)
+
+    tokens = "answer_tokens_per_s"
+    return {
+        **{k: v for k, v in context.items() if k != "profile"},
+        "best_plain": best,
+        "hf_vs_best_plain": ratio("hf", best),
+        "vllm_vs_best_plain": ratio("vllm", best),
+        "vllm_vs_hf": ratio("vllm", "hf"),
+        "vllm_vs_served": ratio("vllm", "served"),
+        "cb_tokens_vs_best_plain": ratio("cb", best, tokens),
+        "cb_tokens_vs_hf": ratio("cb", "hf", tokens),
+        "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
+        "profile": context.get("profile"),
+    }
+
+
 def table(report: dict[str, Any]) -> str:
     """The report as the lines a reader scans: the workload, one row per run, the ratios."""
     runs, cell = report["runs"], lambda v, width: f"{'-' if v is None else v!s:>{width}}"
@@ -231,6 +349,15 @@ def table(report: dict[str, Any]) -> str:
     notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
+    step = report.get("model_step")
+    if step:
+        bandwidth = (
+            f"; a bf16 GEMV reads {step['gemv_gb_per_s']} GB/s" if "gemv_gb_per_s" in step else ""
+        )
+        lines.append(
+            f"the model alone: a decode step of batch {step['batch']} over {step['context']} "
+            f"tokens {step['step_ms']} ms ({step['step_padded_ms']} ms with a padded row){bandwidth}"
+        )
     return "\n".join(lines)
 
 
@@ -302,40 +429,81 @@ def main() -> None:
     load = {"hf": round(time.perf_counter() - start, 1)}
     device, dtype = str(judge.model.device), str(judge.model.dtype)
     prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]
+    context: dict[str, Any] = {
+        "date": date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"),
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_at_start": os.getloadavg()[0],
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": "tiny random Qwen2" if args.tiny else args.model,
+        "device": device,
+        "dtype": dtype,
+        "steps": len(requests),
+        "hf_steps": len(hf_requests),
+        "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens)),
+        "max_new_tokens": args.max_new_tokens,
+        "max_string_chars": args.max_string_chars,
+        "load_s": load,
+        "complete": False,
+        "cb": "not asked for (--cb)",
+        "vllm": "not run yet",
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
+    path = out / f"judge_throughput-{tag}-{device.split(':')[0]}.json"
+
+    def save(complete: bool = False) -> dict[str, Any]:
+        """Write the report so far (after each run: a bench killed at a time budget keeps
+        what it measured); `complete` once every asked run has ended."""
+        report = compose({**context, "complete": complete}, runs)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        partial.replace(path)
+        return report
+
     batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
     if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
         start = time.perf_counter()
         judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge
         load["schema_index"] = round(time.perf_counter() - start, 1)
         run(judge, hf_requests[:2], "transformers warm-up", fast=True, batch_size=None)
+        # first the short diagnostics, so a run cut by a time budget has them
+        context["model_step"] = model_step(
+            judge.model, len(hf_requests), context["prompt_tokens_mean"]
+        )
+        save()
+        if args.profile:
+            context["profile"] = profile_decoding(judge, hf_requests, tokens=24)
+            save()
     for b in batches:
         runs[f"plain_b{b}"] = run(judge, hf_requests, f"plain_b{b}", fast=False, batch_size=b)
+        save()
     if not args.no_hf:
         runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
-    profiled = None
-    if args.profile and not args.no_hf:
-        profiled = profile_decoding(judge, hf_requests, tokens=24)
-    cb_note = None
+        save()
     if args.cb and not args.no_hf:
+        context["cb"] = "ran"
         try:
             deadline = None if args.cb_deadline is None else started + args.cb_deadline
             runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens, deadline)
             if "cut_at_deadline" in runs["cb"]:
-                cb_note = (
+                context["cb"] = (
                     f"cut at --cb-deadline {args.cb_deadline:g} s: {runs['cb']['cut_at_deadline']}"
                 )
         except Exception as exc:  # an older transformers, an attention it cannot page
-            cb_note = f"continuous batching failed: {type(exc).__name__}: {exc}"
-            print(f"  cb: {cb_note}", file=sys.stderr)
+            context["cb"] = f"continuous batching failed: {type(exc).__name__}: {exc}"
+            print(f"  cb: {context['cb']}", file=sys.stderr)
+        save()
     del judge
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    vllm_note = None
     if args.no_vllm:
-        vllm_note = "skipped (--no-vllm)"
+        context["vllm"] = "skipped (--no-vllm)"
     elif vllm_device() is None:
-        vllm_note = "vLLM is not installed here: no vLLM figure"
+        context["vllm"] = "vLLM is not installed here: no vLLM figure"
     else:
         start = time.perf_counter()
         engine = HFJudge(model, engine="vllm", **options)
@@ -343,8 +511,10 @@ def main() -> None:
         run(engine, requests[:16], "vllm warm-up")
         runs["vllm"] = run(engine, requests, "vllm")
         engine.close()
-    if vllm_note:
-        print(f"  vllm: {vllm_note}", file=sys.stderr)
+        context["vllm"] = "ran"
+    if context["vllm"] != "ran":
+        print(f"  vllm: {context['vllm']}", file=sys.stderr)
+    save()
     if args.served:
         import httpx
 
@@ -365,64 +535,7 @@ def main() -> None:
         run(served, requests[:16], "served warm-up")
         runs["served"] = run(served, requests, "served")
 
-    plain = {k: v for k, v in runs.items() if k.startswith("plain")}
-    judged = plain or {k: v for k, v in runs.items() if v["_results"] is not None}
-    best = max(judged, key=lambda k: judged[k]["steps_per_s"])
-    reference = runs[best]["_results"]
-    for r in runs.values():
-        if r["_results"] is None:
-            r["judges_equal_best_plain"] = "n/a"
-            continue
-        shared = min(len(reference), len(r["_results"]))
-        same = sum(
-            a.judge is not None and a.judge == b.judge
-            for a, b in zip(reference[:shared], r["_results"][:shared], strict=True)
-        )
-        r["judges_equal_best_plain"] = f"{same}/{shared}"
-
-    def ratio(a: str, b: str) -> float | None:
-        if a not in runs or b not in runs:
-            return None
-        return round(runs[a]["steps_per_s"] / runs[b]["steps_per_s"], 2)
-
-    def token_ratio(a: str, b: str) -> float | None:
-        if a not in runs or b not in runs:
-            return None
-        return round(runs[a]["answer_tokens_per_s"] / runs[b]["answer_tokens_per_s"], 2)
-
-    report = {
-        "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"),
-        "torch_threads": torch.get_num_threads(),
-        "load_avg_at_start": os.getloadavg()[0],
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "model": "tiny random Qwen2" if args.tiny else args.model,
-        "device": device,
-        "dtype": dtype,
-        "steps": len(requests),
-        "hf_steps": len(hf_requests),
-        "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens)),
-        "max_new_tokens": args.max_new_tokens,
-        "max_string_chars": args.max_string_chars,
-        "load_s": load,
-        "best_plain": best,
-        "hf_vs_best_plain": ratio("hf", best),
-        "vllm_vs_best_plain": ratio("vllm", best),
-        "vllm_vs_hf": ratio("vllm", "hf"),
-        "vllm_vs_served": ratio("vllm", "served"),
-        "cb_tokens_vs_best_plain": token_ratio("cb", best),
-        "cb_tokens_vs_hf": token_ratio("cb", "hf"),
-        "cb": cb_note or ("ran" if "cb" in runs else "not asked for (--cb)"),
-        "vllm": vllm_note or "ran",
-        "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
-        "profile": profiled,
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
-    path = out / f"judge_throughput-{tag}-{device.split(':')[0]}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    report = save(complete=True)
     print(table(report))  # after the JSON: figures are never lost to a table
     print(f"wrote {path}")
 

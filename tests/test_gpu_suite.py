@@ -51,7 +51,10 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert report["machine"]["torch"] == torch.__version__
 
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
+    assert judge["complete"] is True
     assert set(judge["runs"]) >= {"plain_b2", "hf", "cb"}, judge["runs"]
+    step = judge["model_step"]  # the model alone, for the HF path's steps to be read against
+    assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
     assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"
     assert all(r["answer_tokens_per_s"] > 0 for r in judge["runs"].values())
     assert judge["cb_tokens_vs_best_plain"] > 0
@@ -179,6 +182,22 @@ def test_a_section_over_its_budget_is_killed_and_recorded(tmp_path):
         "why": "error: over its budget of 0.5 s (killed)",
         "seconds": pytest.approx(0.5, abs=5),
     }
+
+
+def test_a_judge_section_killed_at_its_budget_keeps_what_its_bench_wrote(tmp_path):
+    """The judge bench writes its report after each run: a section killed at its budget (as
+    one was on an H100) reports the runs that ended, not nothing."""
+    written = {"complete": False, "model_step": {"step_ms": 104.2}, "runs": {"plain_b24": {}}}
+    (tmp_path / "judge").mkdir()
+    (tmp_path / "judge" / "judge_throughput-base-cuda.json").write_text(json.dumps(written))
+    suite = _suite()
+    result = suite.run_child("judge", tmp_path, tiny=True, budget=0.5)
+    assert result["why"] == "error: over its budget of 0.5 s (killed)"
+    assert result["partial"] == written
+    # a section that ended "ok" or was skipped has no partial figures
+    ok = {"status": "ok", "result": written}
+    assert suite.with_partial("judge", tmp_path, dict(ok)) == ok
+    assert "partial" not in suite.with_partial("sft", tmp_path, {"status": "error"})
 
 
 def test_step_clock_times_tokens_after_the_warmup():
