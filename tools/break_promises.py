@@ -472,7 +472,9 @@ MUTATIONS = [
         "    args, dataset = recipe.training_args, recipe.script_args.dataset\n",
         "    args, dataset = recipe.training_args, recipe.script_args.dataset\n"
         "    args.learning_rate = 0.0\n",
-        ("tests/student/test_train.py::test_accelerate_launch_from_the_repo_root",),
+        (
+            "tests/student/test_train.py::test_two_processes_train_like_one_with_twice_the_batch_and_resume",
+        ),
     ),
     Mutation(
         "tests/em-any-case",

@@ -162,36 +162,21 @@ def test_resume_continues_from_the_checkpoint_with_the_same_step_count(
         assert (again[name] - tensor).abs().max() < 1e-5, name
 
 
-def test_accelerate_launch_from_the_repo_root(tmp_path):
-    """`accelerate launch student/train.py --config student/configs/tiny.yaml`, shortened."""
-    accelerate = Path(sys.executable).parent / "accelerate"
-    out = tmp_path / "launched"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [
-        str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        "student/train.py", "--config", "student/configs/tiny.yaml",
-        "--set", f"output_dir={out}", "--set", "max_steps=6", "--set", "max_train_examples=4",
-        "--set", "logging_steps=1",
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads(proc.stdout[proc.stdout.rindex("\n{\n") + 1 :])  # the printed metrics
-    assert metrics["global_step"] == 6
-    assert proc.stderr.rstrip().endswith(f"wrote the LoRA adapter to {out}")
-    _assert_loss_falls(out)
-    assert (out / "adapter_model.safetensors").is_file()
-    assert json.loads((out / "adapter_config.json").read_text())["r"] == 64
-
-
-def _launch(out: Path, processes: int, batch: int, *extra: str) -> subprocess.CompletedProcess:
-    """`accelerate launch` with a shipped accelerate config of the tiny recipe, 4 steps on 8
-    examples; without CUDA, the multi-GPU layout runs CPU processes over gloo."""
-    layout = "multi_gpu.yaml" if processes > 1 else "single_gpu.yaml"
+def _launch(
+    out: Path, processes: int, batch: int, *extra: str, layout: str | None = None
+) -> subprocess.CompletedProcess:
+    """`accelerate launch` of the tiny recipe from the repository root, 4 steps on 8 examples:
+    with a shipped accelerate config (`layout`; without CUDA, the multi-GPU layout runs CPU
+    processes over gloo), or with none, as the README launches it."""
     accelerate = Path(sys.executable).parent / "accelerate"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    config = (
+        ["--config_file", str(ACCELERATE / layout)]
+        if layout
+        else ["--num_machines", "1", "--dynamo_backend", "no"]
+    )
     cmd = [
-        str(accelerate), "launch", "--config_file", str(ACCELERATE / layout),
+        str(accelerate), "launch", *config,
         "--num_processes", str(processes), "--mixed_precision", "no",
         "student/train.py", "--config", "student/configs/tiny.yaml",
         "--set", f"output_dir={out}", "--set", "max_steps=4", "--set", "max_train_examples=8",
@@ -211,13 +196,18 @@ def _losses(out: Path) -> list[float]:
 @pytest.mark.slow
 def test_two_processes_train_like_one_with_twice_the_batch_and_resume(tmp_path):
     """DDP on two CPU processes: both ranks train (each step takes 2 x 2 examples, so the losses
-    are those of one process with batch 4), rank 0 alone reports and writes, and a run cut
-    after step 2 resumes under two processes to the same adapter."""
+    are those of one process with batch 4, launched as the README does: no accelerate config),
+    rank 0 alone reports and writes, and a run cut after step 2 resumes under two processes to
+    the same adapter."""
     from safetensors.torch import load_file
 
     two, one = tmp_path / "two", tmp_path / "one"
-    proc = _launch(two, 2, 2)
-    _launch(one, 1, 4)
+    proc = _launch(two, 2, 2, layout="multi_gpu.yaml")
+    alone = _launch(one, 1, 4)
+    metrics = json.loads(alone.stdout[alone.stdout.rindex("\n{\n") + 1 :])  # printed metrics
+    assert metrics["global_step"] == 4
+    assert alone.stderr.rstrip().endswith(f"wrote the LoRA adapter to {one}")
+    assert json.loads((one / "adapter_config.json").read_text())["r"] == 64
     assert proc.stdout.count('"global_step": 4') == 1  # one report, from rank 0
     assert {p.name for p in (two / "checkpoint-4").glob("rng_state_*.pth")} == {
         "rng_state_0.pth", "rng_state_1.pth",
@@ -229,7 +219,7 @@ def test_two_processes_train_like_one_with_twice_the_batch_and_resume(tmp_path):
     # a crash after step 2, then the same launch with --resume
     shutil.rmtree(two / "checkpoint-4")
     (two / "adapter_model.safetensors").unlink()
-    resumed = _launch(two, 2, 2, "--resume")
+    resumed = _launch(two, 2, 2, "--resume", layout="multi_gpu.yaml")
     assert '"resumed_from": "' in resumed.stdout and "checkpoint-2" in resumed.stdout
     again = load_file(two / "adapter_model.safetensors")
     assert again.keys() == reference.keys()
