@@ -484,10 +484,12 @@ def main() -> None:
         runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
         save()
     if args.cb and not args.no_hf:
-        context["cb"] = "ran"
+        context["cb"] = "started; the bench stopped before it ended"
+        save()
         try:
             deadline = None if args.cb_deadline is None else started + args.cb_deadline
             runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens, deadline)
+            context["cb"] = "ran"
             if "cut_at_deadline" in runs["cb"]:
                 context["cb"] = (
                     f"cut at --cb-deadline {args.cb_deadline:g} s: {runs['cb']['cut_at_deadline']}"
@@ -505,6 +507,8 @@ def main() -> None:
     elif vllm_device() is None:
         context["vllm"] = "vLLM is not installed here: no vLLM figure"
     else:
+        context["vllm"] = "started; the bench stopped before it ended"
+        save()
         start = time.perf_counter()
         engine = HFJudge(model, engine="vllm", **options)
         load["vllm"] = round(time.perf_counter() - start, 1)
