@@ -404,6 +404,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from stepgap.io import replacing
     from stepgap.teacher.judges.hf import HFJudge
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
@@ -458,9 +459,8 @@ def main() -> None:
         """Write the report so far (after each run: a bench killed at a time budget keeps
         what it measured); `complete` once every asked run has ended."""
         report = compose({**context, "complete": complete}, runs)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        partial.replace(path)
+        with replacing(path) as partial:
+            partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return report
 
     batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]

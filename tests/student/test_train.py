@@ -208,6 +208,8 @@ def test_two_processes_train_like_one_with_twice_the_batch_and_resume(tmp_path):
     assert metrics["global_step"] == 4
     assert alone.stderr.rstrip().endswith(f"wrote the LoRA adapter to {one}")
     assert json.loads((one / "adapter_config.json").read_text())["r"] == 64
+    assert (one / "adapter_model.safetensors").is_file()
+    _assert_loss_falls(one)
     assert proc.stdout.count('"global_step": 4') == 1  # one report, from rank 0
     assert {p.name for p in (two / "checkpoint-4").glob("rng_state_*.pth")} == {
         "rng_state_0.pth", "rng_state_1.pth",
