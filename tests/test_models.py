@@ -80,3 +80,31 @@ def test_a_local_models_identity_follows_its_files_not_its_name(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\0" * ((3 << 20) - 1) + b"\1")  # same size
     assert model_identity(str(folder)) != first
     assert model_identity("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_a_gguf_files_metadata_is_read_once_per_load_and_gguf_is_restored_after(monkeypatch):
+    """transformers reads a GGUF file's metadata for each of tokenizer, config and weights (3.4 s
+    each for SmolLM2): inside one `quiet_gguf_load`, nested loads share one reading."""
+    import gguf
+    from transformers import AutoConfig
+
+    from stepgap.teacher.judges.hf import load_chat_tokenizer
+    from tests.fixtures.models import smollm2_gguf
+
+    opened: list[str] = []
+    real = gguf.GGUFReader
+
+    def counting(path, *args, **kwargs):
+        opened.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    path = str(smollm2_gguf())
+    with models.quiet_gguf_load(path) as kwargs:
+        assert kwargs == {"legacy": True}
+        tokenizer = load_chat_tokenizer(path)  # its own quiet_gguf_load, nested
+        config = AutoConfig.from_pretrained(*models.pretrained_source(path)[:1], gguf_file=path)
+    assert opened == [path]
+    assert gguf.GGUFReader is counting and models._GGUF_LOAD is None  # restored
+    assert config.model_type == "llama" and tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer("The capital of France")["input_ids"] == [504, 3575, 282, 4649]

@@ -100,15 +100,16 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(device, role)
-    tokenizer = load_chat_tokenizer(ref, revision)
     ref = resolve_model_ref(ref)
     source, kwargs = pretrained_source(ref)
     if revision:
         kwargs["revision"] = revision
-    with quiet_gguf_load(ref), explain_load_errors(ref, "model"):
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
-        ).to(device)
+    with quiet_gguf_load(ref):  # one reading of a GGUF file's metadata for both
+        tokenizer = load_chat_tokenizer(ref, revision)
+        with explain_load_errors(ref, "model"):
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
+            ).to(device)
     model.eval()
     return tokenizer, model
 
