@@ -42,6 +42,7 @@ run on a tiny random Qwen2 (real vocabulary, head size 32 as vLLM's CPU attentio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -49,6 +50,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,22 @@ def figures(
     }
 
 
+@contextlib.contextmanager
+def transformers_sdpa(model: Any) -> Iterator[None]:
+    """The model on transformers' own SDPA for the block, as it was after: continuous batching
+    takes no other implementation, and `model_step` sets it beside the judge's grouped heads."""
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+
+    grouped = model.config._attn_implementation == GROUPED_SDPA
+    if grouped:
+        model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        if grouped:
+            model.set_attn_implementation(GROUPED_SDPA)
+
+
 PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
 
 
@@ -134,30 +152,31 @@ def continuous_batching(
     # took 620K tokens, and clearing its attention mask alone took ~14 s)
     pages = sum(-(-(len(p) + max_new_tokens) // PAGE) for p in prompts)
     sizes = ContinuousBatchingConfig(page_size=PAGE, num_blocks=pages, max_batch_tokens=4096)
-    manager = judge.model.init_continuous_batching(
-        generation_config=config, continuous_batching_config=sizes, workload_hints=hints
-    )
     generated: dict[str, int] = {}  # tokens so far, by request
     finished = 0
-    try:
-        manager.warmup()
-        manager.start()
-        start = time.perf_counter()
-        manager.add_requests(inputs=prompts, max_new_tokens=max_new_tokens, streaming=True)
-        while finished < len(prompts) and (deadline is None or time.perf_counter() < deadline):
-            result = manager.get_result(timeout=1)
-            if result is None:
-                if not manager.is_running():
-                    raise RuntimeError("the continuous batching thread stopped")
-                continue
-            if result.error is not None:
-                raise RuntimeError(f"a request failed in continuous batching: {result.error}")
-            generated[result.request_id] = len(result.generated_tokens)
-            finished += result.is_finished()
-        seconds = time.perf_counter() - start
-    finally:
-        manager.stop(block=True, timeout=15, hard_stop=True)
-        manager.destroy()
+    with transformers_sdpa(judge.model):  # continuous batching takes no other attention
+        manager = judge.model.init_continuous_batching(
+            generation_config=config, continuous_batching_config=sizes, workload_hints=hints
+        )
+        try:
+            manager.warmup()
+            manager.start()
+            start = time.perf_counter()
+            manager.add_requests(inputs=prompts, max_new_tokens=max_new_tokens, streaming=True)
+            while finished < len(prompts) and (deadline is None or time.perf_counter() < deadline):
+                result = manager.get_result(timeout=1)
+                if result is None:
+                    if not manager.is_running():
+                        raise RuntimeError("the continuous batching thread stopped")
+                    continue
+                if result.error is not None:
+                    raise RuntimeError(f"a request failed in continuous batching: {result.error}")
+                generated[result.request_id] = len(result.generated_tokens)
+                finished += result.is_finished()
+            seconds = time.perf_counter() - start
+        finally:
+            manager.stop(block=True, timeout=15, hard_stop=True)
+            manager.destroy()
     tokens = sum(generated.values())
     if not tokens:
         raise RuntimeError(f"no token came back before the deadline ({seconds:.0f} s)")
@@ -219,14 +238,17 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
 def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str, Any]:
     """The model alone, without the schema or any decoding loop: the median time of one greedy
     decode forward of `batch` rows over a KV cache of `context` tokens, with no padding and
-    with one row left-padded (an explicit attention mask, as the judge's batches have); on a
-    GPU also a bf16 GEMV's memory bandwidth. A step near the HF path's says the model or the
-    device sets its pace, not the judge's loop; a bandwidth far under the card's says the
-    device does."""
+    with one row left-padded (an explicit attention mask, as the judge's batches have); where
+    the judge attends with grouped heads (`attend_grouped`, on a CPU), the padded step also
+    with transformers' own SDPA, which copies the heads; on a GPU also a bf16 GEMV's memory
+    bandwidth. A step near the HF path's says the model or the device sets its pace, not the
+    judge's loop; a bandwidth far under the card's says the device does."""
     import statistics
 
     import torch
     from transformers import DynamicCache
+
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
 
     device = model.device
     cuda = device.type == "cuda"
@@ -266,6 +288,9 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
             "step_ms": timed(padded=False),
             "step_padded_ms": timed(padded=True),
         }
+        if model.config._attn_implementation == GROUPED_SDPA:
+            with transformers_sdpa(model):
+                report["step_padded_copied_heads_ms"] = timed(padded=True)
         if cuda:
             weight = torch.randn(8192, 32768, dtype=torch.bfloat16, device=device)  # 512 MiB
             x = torch.randn(batch, 8192, dtype=torch.bfloat16, device=device)
@@ -354,9 +379,12 @@ def table(report: dict[str, Any]) -> str:
         bandwidth = (
             f"; a bf16 GEMV reads {step['gemv_gb_per_s']} GB/s" if "gemv_gb_per_s" in step else ""
         )
+        copied = step.get("step_padded_copied_heads_ms")
+        copied = f", {copied} ms with transformers' copied heads" if copied is not None else ""
         lines.append(
             f"the model alone: a decode step of batch {step['batch']} over {step['context']} "
-            f"tokens {step['step_ms']} ms ({step['step_padded_ms']} ms with a padded row){bandwidth}"
+            f"tokens {step['step_ms']} ms ({step['step_padded_ms']} ms with a padded row"
+            f"{copied}){bandwidth}"
         )
     return "\n".join(lines)
 

@@ -37,6 +37,66 @@ def auto_batch_size(model: Any, tokens_per_row: int, cap: int = 64) -> int:
     return max(1, min(cap, rows))
 
 
+GROUPED_SDPA = "stepgap_grouped_sdpa"  # the attention implementation `attend_grouped` sets
+
+
+def _grouped_sdpa(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers' SDPA attention, but a masked batch of a grouped-query model attends with
+    SDPA's own grouped heads (`enable_gqa`) instead of its key and value heads copied out to
+    every query head; anything else (no mask, no groups, a position bias, a paged cache) goes
+    to transformers' own function."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    special = kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
+    if attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1 or special:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask,
+            dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs,
+        )  # fmt: skip
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=True,
+    )  # fmt: skip
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attend_grouped(model: Any) -> bool:
+    """On a CPU, let a padded batch of a grouped-query model (Qwen2.5, SmolLM2) attend with
+    SDPA's grouped heads. transformers copies the key and value heads out to every query head
+    whenever an attention mask is given (CUDA's fast kernels take no mask with grouped heads),
+    and the judge's batches are left-padded: on two CPU cores that copy made a decode step of
+    SmolLM2-135M at batch 8 over 1.1K tokens 1.6x slower (287 ms against 183 ms), with
+    bit-identical logits either way. Returns whether the model now attends so (only an SDPA
+    model on a CPU does; a GPU keeps its kernels)."""
+    import torch
+
+    if model.device.type != "cpu" or getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):  # enable_gqa: 2.5
+        return False
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa)
+        AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # the masks SDPA gets
+        model.set_attn_implementation(GROUPED_SDPA)
+    except (ImportError, ValueError, AttributeError):  # a transformers without these
+        return False
+    return True
+
+
 @dataclass
 class Decoded:
     """One row's generated tokens and their log-probabilities under the constraint."""

@@ -53,7 +53,7 @@ from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
 from .constrained import TokenMasks, build_index, judge_regex
 from .cost import CostMeter
-from .decoding import Decoded, GreedyDecoder, auto_batch_size
+from .decoding import Decoded, GreedyDecoder, attend_grouped, auto_batch_size
 from .vllm_engine import (
     AsyncVLLMEngine,
     VLLMEngine,
@@ -170,6 +170,7 @@ class HFJudge:
             self.concurrency = ENGINE_CHUNK
         else:
             self.tokenizer, self.model = self.load(model, device, dtype)
+            attend_grouped(self.model)  # on a CPU: padded batches without copied heads
             self.config = self.model.config
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens

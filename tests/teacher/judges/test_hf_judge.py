@@ -70,6 +70,33 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
         assert rf.confidences == pytest.approx(rp.confidences, rel=1e-4)
 
 
+def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
+    tiny_qwen2, requests_, monkeypatch
+):
+    """On a CPU the judge's left-padded batches use SDPA's grouped heads, not transformers' copy
+    of each key and value head out to every query head: the same tokens and log-probabilities
+    as transformers' own SDPA, without a single copy."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+
+    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=40)
+    assert judge.model.config._attn_implementation == GROUPED_SDPA
+    prompts = [judge.prompt_ids(r) for r in requests_[:3]]
+    assert len({len(p) for p in prompts}) > 1  # rows of other lengths: padded
+    copies: list[int] = []
+    real = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda h, n: copies.append(n) or real(h, n))
+    grouped = judge.generate_ids(prompts)
+    assert copies == []
+    judge.model.set_attn_implementation("sdpa")
+    copied = judge.generate_ids(prompts)
+    assert copies and set(copies) == {2}  # the tiny Qwen2: 4 query heads, 2 key-value heads
+    assert [d.tokens for d in grouped] == [d.tokens for d in copied]
+    for g, c in zip(grouped, copied, strict=True):
+        assert g.logprobs == pytest.approx(c.logprobs, rel=1e-5, abs=1e-6)
+
+
 def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
     judge = HFJudge(str(tiny_qwen2), constrained=False)
     short, long = auto_batch_size(judge.model, 100), auto_batch_size(judge.model, 10**8)
