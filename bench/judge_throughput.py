@@ -105,19 +105,23 @@ def figures(
 
 
 @contextlib.contextmanager
-def transformers_sdpa(model: Any) -> Iterator[None]:
-    """The model on transformers' own SDPA for the block, as it was after: continuous batching
-    takes no other implementation, and `model_step` sets it beside the judge's grouped heads."""
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+def attention_as(model: Any, name: str) -> Iterator[None]:
+    """The model on attention implementation `name` for the block, as it was after: transformers'
+    own "sdpa" (continuous batching takes no other) or the judge's grouped heads (`model_step`
+    times both, on any device)."""
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA, attend_grouped
 
-    grouped = model.config._attn_implementation == GROUPED_SDPA
-    if grouped:
-        model.set_attn_implementation("sdpa")
+    saved = model.config._attn_implementation
+    if name != saved:
+        model.set_attn_implementation("sdpa" if name == GROUPED_SDPA else name)
+        if name == GROUPED_SDPA and not attend_grouped(model, devices=None):
+            model.set_attn_implementation(saved)
+            raise RuntimeError("this torch or transformers cannot attend with grouped heads")
     try:
         yield
     finally:
-        if grouped:
-            model.set_attn_implementation(GROUPED_SDPA)
+        if model.config._attn_implementation != saved:
+            model.set_attn_implementation(saved)
 
 
 PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
@@ -154,7 +158,7 @@ def continuous_batching(
     sizes = ContinuousBatchingConfig(page_size=PAGE, num_blocks=pages, max_batch_tokens=4096)
     generated: dict[str, int] = {}  # tokens so far, by request
     finished = 0
-    with transformers_sdpa(judge.model):  # continuous batching takes no other attention
+    with attention_as(judge.model, "sdpa"):  # continuous batching takes no other
         manager = judge.model.init_continuous_batching(
             generation_config=config, continuous_batching_config=sizes, workload_hints=hints
         )
@@ -238,10 +242,10 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
 def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str, Any]:
     """The model alone, without the schema or any decoding loop: the median time of one greedy
     decode forward of `batch` rows over a KV cache of `context` tokens, with no padding and
-    with one row left-padded (an explicit attention mask, as the judge's batches have); where
-    the judge attends with grouped heads (`attend_grouped`, on a CPU), the padded step also
-    with transformers' own SDPA, which copies the heads; on a GPU also a bf16 GEMV's memory
-    bandwidth. A step near the HF path's says the model or the device sets its pace, not the
+    with one row left-padded (an explicit attention mask, as the judge's batches have), the
+    padded step both with transformers' own SDPA (it copies the key and value heads) and with
+    SDPA's grouped heads (`attend_grouped`: the judge's on a CPU), `step_padded_ms` being the
+    judge's; on a GPU also a bf16 GEMV's memory bandwidth. A step near the HF path's says the model or the device sets its pace, not the
     judge's loop; a bandwidth far under the card's says the device does."""
     import statistics
 
@@ -285,12 +289,17 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
         report: dict[str, Any] = {
             "batch": batch,
             "context": context,
+            "attention": model.config._attn_implementation,  # as the judge runs
             "step_ms": timed(padded=False),
-            "step_padded_ms": timed(padded=True),
         }
-        if model.config._attn_implementation == GROUPED_SDPA:
-            with transformers_sdpa(model):
-                report["step_padded_copied_heads_ms"] = timed(padded=True)
+        with attention_as(model, "sdpa"):
+            report["step_padded_copied_heads_ms"] = timed(padded=True)
+        with attention_as(model, GROUPED_SDPA):
+            report["step_padded_grouped_heads_ms"] = timed(padded=True)
+        grouped = report["attention"] == GROUPED_SDPA
+        report["step_padded_ms"] = report[
+            "step_padded_grouped_heads_ms" if grouped else "step_padded_copied_heads_ms"
+        ]
         if cuda:
             weight = torch.randn(8192, 32768, dtype=torch.bfloat16, device=device)  # 512 MiB
             x = torch.randn(batch, 8192, dtype=torch.bfloat16, device=device)
@@ -379,12 +388,12 @@ def table(report: dict[str, Any]) -> str:
         bandwidth = (
             f"; a bf16 GEMV reads {step['gemv_gb_per_s']} GB/s" if "gemv_gb_per_s" in step else ""
         )
-        copied = step.get("step_padded_copied_heads_ms")
-        copied = f", {copied} ms with transformers' copied heads" if copied is not None else ""
         lines.append(
             f"the model alone: a decode step of batch {step['batch']} over {step['context']} "
-            f"tokens {step['step_ms']} ms ({step['step_padded_ms']} ms with a padded row"
-            f"{copied}){bandwidth}"
+            f"tokens {step['step_ms']} ms; with a padded row {step['step_padded_ms']} ms as the "
+            f"judge attends ({step['attention']}): {step['step_padded_copied_heads_ms']} ms with "
+            f"transformers' copied heads, {step['step_padded_grouped_heads_ms']} ms with grouped "
+            f"heads{bandwidth}"
         )
     return "\n".join(lines)
 

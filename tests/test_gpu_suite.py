@@ -55,7 +55,8 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert set(judge["runs"]) >= {"plain_b2", "hf", "cb"}, judge["runs"]
     step = judge["model_step"]  # the model alone, for the HF path's steps to be read against
     assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
-    assert step["step_padded_copied_heads_ms"] > 0  # on a CPU: transformers' SDPA beside it
+    assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
+    assert step["step_padded_ms"] == step["step_padded_grouped_heads_ms"]  # the judge's, on a CPU
     assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"
     assert all(r["answer_tokens_per_s"] > 0 for r in judge["runs"].values())
     assert judge["cb_tokens_vs_best_plain"] > 0

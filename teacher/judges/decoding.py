@@ -71,17 +71,19 @@ def _grouped_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
-def attend_grouped(model: Any) -> bool:
+def attend_grouped(model: Any, devices: tuple[str, ...] | None = ("cpu",)) -> bool:
     """On a CPU, let a padded batch of a grouped-query model (Qwen2.5, SmolLM2) attend with
     SDPA's grouped heads. transformers copies the key and value heads out to every query head
     whenever an attention mask is given (CUDA's fast kernels take no mask with grouped heads),
     and the judge's batches are left-padded: on two CPU cores that copy made a decode step of
     SmolLM2-135M at batch 8 over 1.1K tokens 1.6x slower (287 ms against 183 ms), with
-    bit-identical logits either way. Returns whether the model now attends so (only an SDPA
-    model on a CPU does; a GPU keeps its kernels)."""
+    bit-identical logits either way. Returns whether the model now attends so: only an SDPA
+    model on one of `devices` does (None: any; a GPU keeps its kernels unless a bench asks)."""
     import torch
 
-    if model.device.type != "cpu" or getattr(model.config, "_attn_implementation", None) != "sdpa":
+    if devices is not None and model.device.type not in devices:
+        return False
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
     if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):  # enable_gqa: 2.5
         return False
