@@ -71,7 +71,7 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 def tiny_nli(tmp_path_factory) -> Path:
     """Path of the tiny trained DebertaV2 NLI stand-in, labels in MoritzLaurer's order.
 
-    Building it takes about 55 s. With `STEPGAP_TEST_CACHE=DIR` set (for repeated local runs,
+    Building it takes about 35 s. With `STEPGAP_TEST_CACHE=DIR` set (for repeated local runs,
     e.g. `tools/break_promises.py`), it is built once into DIR, keyed by the fixture code, and
     reused; CI leaves it unset and builds it fresh."""
     cache = os.environ.get("STEPGAP_TEST_CACHE")

@@ -181,8 +181,11 @@ def _beside(peer: str) -> list[str]:
     return module.requirements_of(name, set(skipped))
 
 
-def _resolve(peer: str, folder: Path) -> tuple[subprocess.CompletedProcess, Path] | str:
-    """pip's dry run of stepgap beside `peer` (or why it is skipped)."""
+def _resolve(
+    peer: str, wheel: Path, folder: Path
+) -> tuple[subprocess.CompletedProcess, Path] | str:
+    """pip's dry run of stepgap's wheel beside `peer` (or why it is skipped). The wheel, not the
+    checkout: its metadata is the project's, and pip need not build it four times over."""
     try:
         beside = _beside(peer)
     except pytest.skip.Exception as exc:
@@ -190,20 +193,21 @@ def _resolve(peer: str, folder: Path) -> tuple[subprocess.CompletedProcess, Path
     report = folder / f"report-{peer}.json"
     run = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
-         "--report", str(report), f"{REPO}[teacher,train,serve]", *beside],
+         "--report", str(report), f"{wheel}[teacher,train,serve]", *beside],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     return run, report
 
 
 @pytest.fixture(scope="module")
-def resolutions(tmp_path_factory) -> dict[str, Any]:
+def resolutions(wheel, tmp_path_factory) -> dict[str, Any]:
     """Every peer's resolution, run side by side (each is mostly waiting on metadata)."""
     from concurrent.futures import ThreadPoolExecutor
 
     folder = tmp_path_factory.mktemp("pip")
     with ThreadPoolExecutor(len(PEERS)) as pool:
-        return dict(zip(PEERS, pool.map(lambda p: _resolve(p, folder), PEERS), strict=True))
+        resolved = pool.map(lambda p: _resolve(p, wheel, folder), PEERS)
+        return dict(zip(PEERS, resolved, strict=True))
 
 
 @pytest.mark.parametrize("peer", sorted(PEERS))

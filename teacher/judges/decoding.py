@@ -1,6 +1,7 @@
 """Greedy decoding of a judge's answers in batches on transformers: the batch size that fits in
-memory, and two decoders that give the same tokens (plain `generate`, and a KV-cache loop that
-drops finished rows and appends schema-forced tokens without a forward pass of their own).
+memory, two decoders that give the same tokens (plain `generate`, and a KV-cache loop that
+drops finished rows and appends schema-forced tokens without a forward pass of their own), and
+on a CPU, attention that takes the padded batches without copying key and value heads.
 
 Computing the prompts' shared prefix (chat template and system prompt) once per batch was
 retired: on an H200 with Qwen2.5-7B's architecture it made the judge slower (0.456 steps/s
