@@ -90,7 +90,7 @@ def pretrained_source(ref: str) -> tuple[str, dict[str, Any]]:
     return ref, {}
 
 
-_GGUF_LOAD: dict[str, Any] | None = None  # the memo of the GGUF load in progress (outermost)
+_GGUF_LOAD: dict[tuple[str, int, int], Any] | None = None  # the GGUF load in progress: its readers
 
 
 @contextlib.contextmanager

@@ -100,10 +100,11 @@ def test_a_gguf_files_metadata_is_read_once_per_load_and_gguf_is_restored_after(
 
     monkeypatch.setattr(gguf, "GGUFReader", counting)
     path = str(smollm2_gguf())
+    folder, source_kwargs = models.pretrained_source(path)
     with models.quiet_gguf_load(path) as kwargs:
         assert kwargs == {"legacy": True}
         tokenizer = load_chat_tokenizer(path)  # its own quiet_gguf_load, nested
-        config = AutoConfig.from_pretrained(*models.pretrained_source(path)[:1], gguf_file=path)
+        config = AutoConfig.from_pretrained(folder, **source_kwargs)
     assert opened == [path]
     assert gguf.GGUFReader is counting and models._GGUF_LOAD is None  # restored
     assert config.model_type == "llama" and tokenizer.eos_token == "<|im_end|>"
