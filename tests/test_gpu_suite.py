@@ -104,6 +104,38 @@ def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_pat
     assert "cut_at_deadline" not in row
 
 
+def test_model_step_times_both_attentions_and_reports_grouped_heads_that_fail(
+    tmp_path, monkeypatch
+):
+    """`model_step` times a padded decode step with transformers' SDPA and with grouped heads,
+    on the judge's model as it was after; where grouped heads cannot run (a device's kernels),
+    it says why and keeps the other figures, so a GPU run is not lost to it."""
+    import stepgap.teacher.judges.decoding as decoding
+    from stepgap.teacher.judges.hf import HFJudge
+    from tests.fixtures.models import build_qwen2
+
+    bench = _judge_bench()
+    judge = HFJudge(str(build_qwen2(tmp_path / "m")), engine="hf", max_new_tokens=8)
+    step = bench.model_step(judge.model, batch=2, context=16, steps=2)
+    assert step["attention"] == decoding.GROUPED_SDPA == judge.model.config._attn_implementation
+    assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
+    monkeypatch.setattr(decoding, "attend_grouped", lambda model, devices=None: False)
+    judge.model.set_attn_implementation("sdpa")  # as a GPU judge runs
+    step = bench.model_step(judge.model, batch=2, context=16, steps=2)
+    assert step["step_padded_grouped_heads_ms"] is None and "cannot" in step["grouped_heads_error"]
+    assert step["step_padded_ms"] == step["step_padded_copied_heads_ms"] > 0
+    assert judge.model.config._attn_implementation == "sdpa"
+    report = {
+        "model": "m", "device": "cuda:0", "dtype": "torch.bfloat16", "steps": 2, "hf_steps": 2,
+        "prompt_tokens_mean": 16, "load_s": {}, "best_plain": None, "runs": {}, "cb": "ran",
+        "vllm": "ran", "model_step": step, **dict.fromkeys((
+            "hf_vs_best_plain", "vllm_vs_best_plain", "vllm_vs_hf", "vllm_vs_served",
+            "cb_tokens_vs_best_plain", "cb_tokens_vs_hf",
+        )),
+    }  # fmt: skip
+    assert "cannot attend with grouped heads) with grouped heads" in bench.table(report)
+
+
 def _judge_bench():
     spec = importlib.util.spec_from_file_location("judge_throughput", JUDGE_SCRIPT)
     bench = importlib.util.module_from_spec(spec)
