@@ -90,7 +90,7 @@ def pretrained_source(ref: str) -> tuple[str, dict[str, Any]]:
     return ref, {}
 
 
-_GGUF_LOAD: dict[tuple[str, int, int], Any] | None = None  # the GGUF load in progress: its readers
+_GGUF_LOADING = False  # inside a quiet_gguf_load of a .gguf file (a nested one adds nothing)
 
 
 @contextlib.contextmanager
@@ -104,11 +104,11 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
     (3.4 s each for SmolLM2-135M on a CPU core: its vocabulary is parsed value by value), and
     rebuilds gguf's tensor-name map once per tensor (397 times, ~4 s): inside this context,
     and any nested in it (a tokenizer and its model loaded together), each is done once."""
-    global _GGUF_LOAD
+    global _GGUF_LOADING
     if not ref.endswith(".gguf"):
         yield {}
         return
-    if _GGUF_LOAD is not None:  # nested: the outer load's memo and patches hold
+    if _GGUF_LOADING:  # nested: the outer load's shared reader and patches hold
         yield {"legacy": True}
         return
     import functools
@@ -129,7 +129,7 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
             readers[key] = reader(path)
         return readers[key]
 
-    _GGUF_LOAD = readers
+    _GGUF_LOADING = True
     if bar is not None:
         gguf_utils.tqdm = functools.partial(bar, disable=True)
     gguf.GGUFReader = shared_reader  # transformers imports both from gguf at each call
@@ -140,7 +140,7 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
         if bar is not None:
             gguf_utils.tqdm = bar
-        _GGUF_LOAD = None
+        _GGUF_LOADING = False
 
 
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jinja")
