@@ -90,9 +90,6 @@ def pretrained_source(ref: str) -> tuple[str, dict[str, Any]]:
     return ref, {}
 
 
-_GGUF_LOADING = False  # inside a quiet_gguf_load of a .gguf file (a nested one adds nothing)
-
-
 @contextlib.contextmanager
 def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
     """While a `.gguf` file loads: no transformers progress bar for its dequantisation (a
@@ -104,12 +101,8 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
     (3.4 s each for SmolLM2-135M on a CPU core: its vocabulary is parsed value by value), and
     rebuilds gguf's tensor-name map once per tensor (397 times, ~4 s): inside this context,
     and any nested in it (a tokenizer and its model loaded together), each is done once."""
-    global _GGUF_LOADING
     if not ref.endswith(".gguf"):
         yield {}
-        return
-    if _GGUF_LOADING:  # nested: the outer load's shared reader and patches hold
-        yield {"legacy": True}
         return
     import functools
 
@@ -129,10 +122,10 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
             readers[key] = reader(path)
         return readers[key]
 
-    _GGUF_LOADING = True
     if bar is not None:
         gguf_utils.tqdm = functools.partial(bar, disable=True)
-    gguf.GGUFReader = shared_reader  # transformers imports both from gguf at each call
+    # transformers imports both from gguf at each call; a nested load's reader wraps this one
+    gguf.GGUFReader = shared_reader
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     try:
         yield {"legacy": True}
@@ -140,7 +133,6 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
         if bar is not None:
             gguf_utils.tqdm = bar
-        _GGUF_LOADING = False
 
 
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jinja")
