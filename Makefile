@@ -83,8 +83,9 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 	  tests/serving/test_interop_openrlhf_agent.py
 	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
+# --durations: each run names its slowest tests (the suite is held under 20 minutes on 2 cores).
 test: install $(VENV)/.interop
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 	$(MAKE) test-peers
 
 test-fast: install $(VENV)/.interop
