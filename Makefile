@@ -83,13 +83,17 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 	  tests/serving/test_interop_openrlhf_agent.py
 	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
-# --durations: each run names its slowest tests (the suite is held under 20 minutes on 2 cores).
+# The suite in TEST_WORKERS pytest-xdist processes (tests/conftest.py keeps the Ray tests on one),
+# each with one torch thread: one process left a core idle for most of the run (its subprocesses'
+# imports and its servers' waits are single-threaded), and two with two threads each fought for
+# the cores (2 cores: 804 s against 1,182-1,235 s). --durations names the slowest tests.
+TEST_WORKERS ?= 2
 test: install $(VENV)/.interop
-	$(BIN)/python -m pytest -q --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 	$(MAKE) test-peers
 
 test-fast: install $(VENV)/.interop
-	$(BIN)/python -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
