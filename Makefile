@@ -86,7 +86,7 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 # The suite in TEST_WORKERS pytest-xdist processes (tests/conftest.py keeps the Ray tests on one),
 # each with one torch thread: one process left a core idle for most of the run (its subprocesses'
 # imports and its servers' waits are single-threaded), and two with two threads each fought for
-# the cores (2 cores: 804 s against 1,182-1,235 s). --durations names the slowest tests.
+# the cores (2 cores, fresh clones: 833 s against 1,182 s). --durations names the slowest tests.
 TEST_WORKERS ?= 2
 test: install $(VENV)/.interop
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
