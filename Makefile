@@ -83,17 +83,20 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 	  tests/serving/test_interop_openrlhf_agent.py
 	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
-# The suite in TEST_WORKERS pytest-xdist processes (tests/conftest.py keeps the Ray tests on one),
-# each with one torch thread: one process left a core idle for most of the run (its subprocesses'
-# imports and its servers' waits are single-threaded), and two with two threads each fought for
-# the cores (2 cores, fresh clones: 833 s against 1,182 s). --durations names the slowest tests.
+# The suite in TEST_WORKERS pytest-xdist processes, each with one torch thread: one process left
+# a core idle for most of the run (its subprocesses' imports and its servers' waits are
+# single-threaded), and two with two threads each fought for the cores (2 cores, fresh clones:
+# 833 s against 1,182 s). The Ray tests may run in both workers, each on a cluster of its own
+# (xdist 3.8's --dist loadgroup cannot group tests under pytest 9). --durations names the
+# slowest tests.
 TEST_WORKERS ?= 2
+SUITE := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 test: install $(VENV)/.interop
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(SUITE) --durations=15
 	$(MAKE) test-peers
 
 test-fast: install $(VENV)/.interop
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+	$(SUITE) -m "not slow"
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py

@@ -157,14 +157,8 @@ def ray_cluster() -> Iterator[Any]:
         yield cluster
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the session's Ray cluster run last (otherwise in their order): once started,
     its processes (raylets, GCS, agents, Serve's controller) share the two cores with every
-    later test, and the load and deadline tests measure a server beside them. Under
-    pytest-xdist (`make test`, `--dist loadgroup`) they are one group: one worker runs them all
-    on one cluster."""
+    later test, and the load and deadline tests measure a server beside them."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
-    for item in items:
-        if "ray_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))

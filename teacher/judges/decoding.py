@@ -78,8 +78,9 @@ def attend_grouped(model: Any, devices: tuple[str, ...] | None = ("cpu",)) -> bo
     whenever an attention mask is given (CUDA's fast kernels take no mask with grouped heads),
     and the judge's batches are left-padded: on two CPU cores that copy made a padded decode
     step of SmolLM2-135M at batch 16 over 1,144 tokens 2.5x slower (994 ms against 394 ms,
-    the judge bench's `model_step`), with bit-identical logits either way. Returns whether the model now attends so: only an SDPA
-    model on one of `devices` does (None: any; a GPU keeps its kernels unless a bench asks)."""
+    the judge bench's `model_step`), with bit-identical logits either way. Returns whether the
+    model now attends so: only an SDPA model on one of `devices` does (None: any; a GPU keeps
+    its kernels unless a bench asks)."""
     import torch
 
     if devices is not None and model.device.type not in devices:
