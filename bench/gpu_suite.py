@@ -554,7 +554,7 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # (a random model writes until its token limit) under strings of at most 8 characters (the
 # schema's index over Qwen's vocabulary builds in ~4 s instead of ~12 s on a CPU core).
 JUDGE_ARGS = (
-    "--steps", "512", "--hf-steps", "24", "--batches", "24", "--profile", "--cb",
+    "--steps", "512", "--hf-steps", "24", "--batches", "24", "--profile", "--hf-grouped", "--cb",
     "--cb-deadline", "150",
 )  # fmt: skip
 TINY_JUDGE_ARGS = (

@@ -8,7 +8,9 @@ The workload is `--steps` distinct step checks (default 512): the example steps 
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
 Each engine answers them greedily under the judge schema:
 - `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
-  of `--batches` (the best of them is the reference);
+  of `--batches` (the best of them is the reference); `--plain-cache dynamic,static` adds
+  `plain_bN_static`, the same on transformers' static cache, where `generate` compiles the
+  decode step on a GPU (CUDA graphs);
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
@@ -124,6 +126,20 @@ def attention_as(model: Any, name: str) -> Iterator[None]:
             model.set_attn_implementation(saved)
 
 
+@contextlib.contextmanager
+def generation_cache(model: Any, cache: str) -> Iterator[None]:
+    """`generate` on transformers' `cache` ("dynamic": its default; "static": a preallocated
+    cache, with which `generate` compiles the decode forward on a GPU, CUDA graphs included)
+    for the block."""
+    config = model.generation_config
+    saved = config.cache_implementation
+    config.cache_implementation = None if cache == "dynamic" else cache
+    try:
+        yield
+    finally:
+        config.cache_implementation = saved
+
+
 PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
 
 
@@ -155,7 +171,9 @@ def continuous_batching(
     # a paged cache for this workload, not one sized by the memory (on two CPU cores that one
     # took 620K tokens, and clearing its attention mask alone took ~14 s)
     pages = sum(-(-(len(p) + max_new_tokens) // PAGE) for p in prompts)
-    sizes = ContinuousBatchingConfig(page_size=PAGE, num_blocks=pages, max_batch_tokens=4096)
+    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    page = "page_size" if "page_size" in fields else "block_size"  # transformers < 5.19
+    sizes = ContinuousBatchingConfig(**{page: PAGE}, num_blocks=pages, max_batch_tokens=4096)
     generated: dict[str, int] = {}  # tokens so far, by request
     finished = 0
     with attention_as(judge.model, "sdpa"):  # continuous batching takes no other
@@ -247,21 +265,28 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
     SDPA's grouped heads (`attend_grouped`: the judge's on a CPU), `step_padded_ms` being the
     judge's; on a GPU also a bf16 GEMV's memory bandwidth. A step near the HF path's says the
     model or the device sets its pace, not the judge's loop; a bandwidth far under the card's
-    says the device does. Grouped heads that fail on a device are reported, not raised."""
+    says the device does. `launch_ms` (the host's time to queue a step) near `step_ms`, and
+    `step_ms_by_batch` (1 row, and twice the batch on a GPU) flat, say a fixed cost per
+    forward on the host does. Grouped heads that fail on a device are reported, not raised."""
     import statistics
 
     import torch
     from transformers import DynamicCache
 
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA, without_cudnn_attention
 
     device = model.device
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, min(1000, vocab), (batch, context), device=device)
 
-    def timed(padded: bool) -> float:
+    def prompts(rows: int) -> Any:
+        return torch.randint(0, min(1000, vocab), (rows, context), device=device)
+
+    ids = prompts(batch)
+
+    def timed(ids: Any, padded: bool) -> float:
+        rows = ids.shape[0]
         mask = torch.ones_like(ids)
         if padded:
             mask[0, 0] = 0
@@ -271,7 +296,7 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
               past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
         token, seconds = ids[:, -1:], []
         for k in range(steps + 1):  # the first one warms up
-            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
             sync()
             start = time.perf_counter()
             out = model(
@@ -286,21 +311,62 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
             seconds.append(time.perf_counter() - start)
         return round(statistics.median(seconds[1:]) * 1e3, 2)
 
+    def launched(ids: Any) -> float:
+        """The host's time to queue one unpadded decode forward (no sync inside it): near
+        `step_ms`, the host sets the step's pace."""
+        cache = DynamicCache()
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        seconds = []
+        for k in range(steps + 1):
+            sync()
+            start = time.perf_counter()
+            model(
+                input_ids=ids[:, -1:],
+                position_ids=torch.full((ids.shape[0], 1), context + k, device=device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            seconds.append(time.perf_counter() - start)
+        sync()
+        return round(statistics.median(seconds[1:]) * 1e3, 2)
+
     with torch.inference_mode():
         report: dict[str, Any] = {
             "batch": batch,
             "context": context,
             "attention": model.config._attn_implementation,  # as the judge runs
-            "step_ms": timed(padded=False),
+            "step_ms": timed(ids, padded=False),
+            "launch_ms": launched(ids),
+            # how the step grows with the batch: flat says a fixed cost per forward sets it
+            "step_ms_by_batch": {
+                rows: timed(prompts(rows), padded=False)
+                for rows in ((1, 2 * batch) if cuda else (1,))
+            },
         }
         with attention_as(model, "sdpa"):
-            report["step_padded_copied_heads_ms"] = timed(padded=True)
+            report["step_padded_copied_heads_ms"] = timed(ids, padded=True)
         try:
             with attention_as(model, GROUPED_SDPA):
-                report["step_padded_grouped_heads_ms"] = timed(padded=True)
+                report["step_padded_grouped_heads_ms"] = timed(ids, padded=True)
         except RuntimeError as exc:  # a kernel without grouped heads and a mask: say so
             report["step_padded_grouped_heads_ms"] = None
             report["grouped_heads_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        if cuda:  # the same steps on the kernels the HF path decodes on (no cuDNN attention)
+            with without_cudnn_attention(device):
+                alt: dict[str, Any] = {
+                    "step_ms": timed(ids, padded=False),
+                    "step_ms_by_batch": {
+                        r: timed(prompts(r), padded=False) for r in (1, 2 * batch)
+                    },
+                }
+                with attention_as(model, "sdpa"):
+                    alt["step_padded_copied_heads_ms"] = timed(ids, padded=True)
+                try:
+                    with attention_as(model, GROUPED_SDPA):
+                        alt["step_padded_grouped_heads_ms"] = timed(ids, padded=True)
+                except RuntimeError as exc:
+                    alt["step_padded_grouped_heads_ms"] = f"{type(exc).__name__}: {exc}"[:300]
+            report["without_cudnn_attention"] = alt
         grouped = report["attention"] == GROUPED_SDPA
         report["step_padded_ms"] = report[
             "step_padded_grouped_heads_ms" if grouped else "step_padded_copied_heads_ms"
@@ -367,7 +433,7 @@ def table(report: dict[str, Any]) -> str:
         f"{report['model']} on {report['device']} ({report['dtype']}): {report['steps']} distinct "
         f"steps ({report['hf_steps']} for the transformers runs), prompts "
         f"{report['prompt_tokens_mean']} tokens on average; load {report['load_s']}",
-        f"{'run':<10} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
+        f"{'run':<16} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
         f"{'tok/step':>8} {'failed':>6} {'judges = best plain':>19}",
     ]
     for name, r in runs.items():
@@ -375,7 +441,7 @@ def table(report: dict[str, Any]) -> str:
         widths = (5, 5, 8, 8, 8)
         more = ("answer_tokens_per_step", "failed", "judges_equal_best_plain")
         cells = [cell(r.get(k), w) for k, w in zip(keys + more, widths + (8, 6, 19), strict=True)]
-        lines.append(f"{name:<10} " + " ".join(cells))
+        lines.append(f"{name:<16} " + " ".join(cells))
     pairs = {
         f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
         "vllm / best plain": "vllm_vs_best_plain",
@@ -399,7 +465,8 @@ def table(report: dict[str, Any]) -> str:
             f"the model alone: a decode step of batch {step['batch']} over {step['context']} "
             f"tokens {step['step_ms']} ms; with a padded row {step['step_padded_ms']} ms as the "
             f"judge attends ({step['attention']}): {step['step_padded_copied_heads_ms']} ms with "
-            f"transformers' copied heads, {grouped} with grouped heads{bandwidth}"
+            f"transformers' copied heads, {grouped} with grouped heads{bandwidth}; the host "
+            f"queues a step in {step['launch_ms']} ms; by batch {step['step_ms_by_batch']} ms"
         )
     return "\n".join(lines)
 
@@ -412,6 +479,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=512, help="distinct step checks (at least 512)")
     p.add_argument("--hf-steps", type=int, default=None, help="transformers runs: first N only")
     p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
+    p.add_argument(
+        "--plain-cache",
+        default="dynamic",
+        help="plain generate()'s KV caches to run, comma list of dynamic,static (static: "
+        "generate compiles the decode step on a GPU)",
+    )
+    p.add_argument(
+        "--hf-grouped",
+        action="store_true",
+        help="also the HF path on SDPA's grouped heads where it does not attend so (a GPU)",
+    )
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
     p.add_argument(
@@ -442,12 +520,18 @@ def main() -> None:
     started = time.perf_counter()
     if args.steps < 512 and not args.tiny:
         p.error("--steps: a GRPO-sized workload is at least 512 step checks")
+    unknown = set(args.plain_cache.split(",")) - {"dynamic", "static", ""}
+    if unknown:
+        p.error(
+            f"--plain-cache: unknown cache(s) {', '.join(sorted(unknown))}; known: dynamic, static"
+        )
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     from stepgap.io import replacing
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
     from stepgap.teacher.judges.hf import HFJudge
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
@@ -507,6 +591,7 @@ def main() -> None:
         return report
 
     batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
+    caches = [c.strip() for c in args.plain_cache.split(",") if c.strip()]
     if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
         start = time.perf_counter()
         judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge
@@ -521,10 +606,23 @@ def main() -> None:
             context["profile"] = profile_decoding(judge, hf_requests, tokens=24)
             save()
     for b in batches:
-        runs[f"plain_b{b}"] = run(judge, hf_requests, f"plain_b{b}", fast=False, batch_size=b)
-        save()
+        for cache in caches:
+            name = f"plain_b{b}" + ("" if cache == "dynamic" else f"_{cache}")
+            with generation_cache(judge.model, cache):
+                runs[name] = run(judge, hf_requests, name, fast=False, batch_size=b)
+            save()
     if not args.no_hf:
         runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
+        save()
+    if args.hf_grouped and not args.no_hf and judge.model.config._attn_implementation == "sdpa":
+        try:
+            with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU
+                runs["hf_grouped"] = run(
+                    judge, hf_requests, "hf_grouped", fast=True, batch_size=None
+                )
+        except RuntimeError as exc:  # no kernel takes grouped heads with a mask here
+            context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+            print(f"  hf_grouped: {context['hf_grouped']}", file=sys.stderr)
         save()
     if args.cb and not args.no_hf:
         context["cb"] = "started; the bench stopped before it ended"
