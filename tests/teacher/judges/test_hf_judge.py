@@ -97,6 +97,36 @@ def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
         assert g.logprobs == pytest.approx(c.logprobs, rel=1e-5, abs=1e-6)
 
 
+def test_the_fast_decoder_on_cuda_decodes_without_cudnn_attention_and_generate_keeps_it(
+    monkeypatch,
+):
+    """On a CUDA device the package's decode loop runs with SDPA's cuDNN kernel off (its host
+    time per call set an H100's decode step), and puts it back after; plain `generate`, the
+    reference, keeps torch's own choice; on a CPU nothing changes."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from stepgap.teacher.judges.decoding import GreedyDecoder, without_cudnn_attention
+
+    seen: dict[str, bool] = {}
+    monkeypatch.setattr(
+        GreedyDecoder, "_decode_fast", lambda self, p, m: seen.setdefault("fast", enabled())
+    )
+    monkeypatch.setattr(
+        GreedyDecoder, "_decode_plain", lambda self, p, m: seen.setdefault("plain", enabled())
+    )
+    enabled = torch.backends.cuda.cudnn_sdp_enabled
+    assert enabled()
+    cuda = SimpleNamespace(device=torch.device("cuda", 0))
+    GreedyDecoder(cuda, None, 8, fast=True).generate([[1]], [None])
+    GreedyDecoder(cuda, None, 8, fast=False).generate([[1]], [None])
+    assert seen == {"fast": False, "plain": True}
+    assert enabled() and torch.backends.cuda.flash_sdp_enabled()  # put back after the loop
+    with without_cudnn_attention(torch.device("cpu")):
+        assert enabled()
+
+
 def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
     judge = HFJudge(str(tiny_qwen2), constrained=False)
     short, long = auto_batch_size(judge.model, 100), auto_batch_size(judge.model, 10**8)
