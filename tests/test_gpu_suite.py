@@ -53,6 +53,9 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
     assert judge["complete"] is True
     assert set(judge["runs"]) >= {"plain_b2", "hf", "cb"}, judge["runs"]
+    assert judge["hf_path_steps"] == judge["runs"]["hf"]["steps"] == 4  # its batch can fill
+    assert judge["runs"]["plain_b2"]["steps"] == judge["hf_steps"] == 2
+    assert judge["runs"]["hf"]["judges_equal_best_plain"].endswith("/2")  # on the shared steps
     step = judge["model_step"]  # the model alone, for the HF path's steps to be read against
     assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
