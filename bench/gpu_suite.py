@@ -555,11 +555,12 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # schema's index over Qwen's vocabulary builds in ~4 s instead of ~12 s on a CPU core).
 JUDGE_ARGS = (
     "--steps", "512", "--hf-steps", "24", "--hf-path-steps", "128", "--batches", "24",
-    "--profile", "--cb", "--cb-deadline", "165",
+    "--plain-without-cudnn", "--profile", "--cb", "--cb-deadline", "165",
 )  # fmt: skip
 TINY_JUDGE_ARGS = (
     "--steps", "16", "--hf-steps", "2", "--hf-path-steps", "4", "--batches", "2",
-    "--max-new-tokens", "32", "--max-string-chars", "8", "--profile", "--cb",
+    "--plain-without-cudnn", "--max-new-tokens", "32", "--max-string-chars", "8", "--profile",
+    "--cb",
 )  # fmt: skip
 
 

