@@ -669,11 +669,15 @@ def main() -> None:
             context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]
             print(f"  hf_grouped: {context['hf_grouped']}", file=sys.stderr)
         save()
-    if args.cb and not args.no_hf:
+    deadline = None if args.cb_deadline is None else started + args.cb_deadline
+    if args.cb and not args.no_hf and deadline is not None and deadline - time.perf_counter() < 30:
+        # its warm-up alone took about 30 s on an H100: it would end past the deadline
+        context["cb"] = f"not run: under 30 s were left before --cb-deadline {args.cb_deadline:g}"
+        print(f"  cb: {context['cb']}", file=sys.stderr)
+    elif args.cb and not args.no_hf:
         context["cb"] = "started; the bench stopped before it ended"
         save()
         try:
-            deadline = None if args.cb_deadline is None else started + args.cb_deadline
             runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens, deadline)
             context["cb"] = "ran"
             if "cut_at_deadline" in runs["cb"]:
