@@ -5,6 +5,7 @@ a deadline still gets 503 + Retry-After, and a dropped rollout's steps are never
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import httpx
@@ -22,8 +23,8 @@ def _prefixes(response: str) -> list[str]:
     return [response[: m.end()] for m in re.finditer(r"</(information|tool_response)>", response)]
 
 
-def _reward(examples_dir, delay: float = 0.0, variant: str = "typed_shape"):
-    judge = CountingJudge(ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"), delay)
+def _reward(examples_dir, delay: float = 0.0, variant: str = "typed_shape", gate=None):
+    judge = CountingJudge(ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"), delay, gate)
     checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
     return StepGapReward(checker, variant), judge
 
@@ -40,15 +41,17 @@ def _final(traces) -> dict:
 def test_steps_sent_while_rolling_out_give_the_post_hoc_rewards(
     examples_dir, example_traces, expected_rewards
 ):
-    reward, judge = _reward(examples_dir, delay=0.05)
+    gate = threading.Event()  # the judge answers nothing until every step is sent
+    reward, judge = _reward(examples_dir, gate=gate)
     with LiveServer(create_app(reward)) as url:
         for t in example_traces:
             for text in _prefixes(t.response):
-                started = time.monotonic()
+                # answered while the judge cannot answer: /steps returns at once, not after it
                 r = httpx.post(f"{url}/steps", json={"trace_id": t.id, "question": t.question,
-                                                      "response": text})  # fmt: skip
+                                                      "response": text}, timeout=30)  # fmt: skip
                 assert r.status_code == 200 and r.json()["submitted"] == 1, r.text
-                assert time.monotonic() - started < 0.5  # returns at once, not after the judge
+        assert judge.asked == []
+        gate.set()
         r = httpx.post(f"{url}/reward", json=_final(example_traces), timeout=60)
         metrics = httpx.get(f"{url}/metrics").text
     assert r.status_code == 200, r.text
@@ -73,23 +76,25 @@ def test_a_finalize_past_its_deadline_gets_503_with_retry_after(examples_dir, ex
 
 
 def test_a_dropped_rollouts_steps_are_never_asked(examples_dir, example_traces):
-    reward, judge = _reward(examples_dir, delay=0.5)  # a judge in this process: one worker
+    gate = threading.Event()  # the judge is busy with the first rollout's step until it opens
+    reward, judge = _reward(examples_dir, gate=gate)  # a judge in this process: one worker
     first, other = example_traces[0], next(t for t in example_traces if len(t.steps) >= 3)
     with LiveServer(create_app(reward)) as url:
 
         def send(t) -> None:
             for text in _prefixes(t.response):
                 httpx.post(f"{url}/steps", json={"trace_id": t.id, "question": t.question,
-                                                 "response": text})  # fmt: skip
+                                                 "response": text}, timeout=30)  # fmt: skip
 
         send(first)
-        time.sleep(0.2)  # the judge is busy with the first rollout's step
         send(other)
-        gone = httpx.delete(f"{url}/steps/{other.id}").json()
-        time.sleep(0.6)
+        gone = httpx.delete(f"{url}/steps/{other.id}", timeout=30).json()
+        gate.set()
+        r = httpx.post(f"{url}/reward", json=_final([first]), timeout=60)  # its steps all end
         metrics = httpx.get(f"{url}/metrics").text
+    assert r.status_code == 200, r.text
     assert gone["dropped"] == len(other.steps) - 1  # every step it sent: none was under way
-    assert [trace_id for trace_id, _ in judge.asked] == [first.id]
+    assert {trace_id for trace_id, _ in judge.asked} == {first.id}
     assert f'stepgap_traces_dropped_total{{reason="abandoned"}} {len(other.steps) - 1}.0' in metrics
 
 
