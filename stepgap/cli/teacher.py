@@ -23,11 +23,13 @@ from stepgap.cli.options import (
 
 
 def _all_failed(counts, kept: str | None = None) -> int:
-    """Exit 1, saying why, when not one step got a label (a dead judge server, a wrong model);
-    `kept`: the output that was left as it was."""
+    """Exit 1 when not one step got a label (a dead judge server, a wrong model); the counts
+    line just above gives the most common reason, so it is not repeated; `kept`: the output
+    that was left as it was."""
     left = f"; {kept} was left as it was" if kept else ""
     print(
-        f"stepgap: every step failed; nothing was labelled: {counts.describe()}{left}",
+        f"stepgap: every step failed ({counts.errors} of {counts.verdicts}, the most common "
+        f"reason above); nothing was labelled{left}",
         file=sys.stderr,
     )
     return EXIT_NOTHING
