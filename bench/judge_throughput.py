@@ -355,13 +355,10 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
         sync()
         return round(statistics.median(seconds[1:]) * 1e3, 2)
 
-    with torch.inference_mode():
-        report: dict[str, Any] = {
-            "batch": batch,
-            "context": context,
-            "attention": model.config._attn_implementation,  # as the judge runs
+    def measured() -> dict[str, Any]:
+        """The unpadded step, by batch, and the padded one with copied and grouped heads."""
+        out: dict[str, Any] = {
             "step_ms": timed(ids, padded=False),
-            "launch_ms": launched(ids),
             # how the step grows with the batch: flat says a fixed cost per forward sets it
             "step_ms_by_batch": {
                 rows: timed(prompts(rows), padded=False)
@@ -369,29 +366,26 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
             },
         }
         with attention_as(model, "sdpa"):
-            report["step_padded_copied_heads_ms"] = timed(ids, padded=True)
+            out["step_padded_copied_heads_ms"] = timed(ids, padded=True)
         try:
             with attention_as(model, GROUPED_SDPA):
-                report["step_padded_grouped_heads_ms"] = timed(ids, padded=True)
+                out["step_padded_grouped_heads_ms"] = timed(ids, padded=True)
         except RuntimeError as exc:  # a kernel without grouped heads and a mask: say so
-            report["step_padded_grouped_heads_ms"] = None
-            report["grouped_heads_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            out["step_padded_grouped_heads_ms"] = None
+            out["grouped_heads_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return out
+
+    with torch.inference_mode():
+        report: dict[str, Any] = {
+            "batch": batch,
+            "context": context,
+            "attention": model.config._attn_implementation,  # as the judge runs
+            "launch_ms": launched(ids),
+            **measured(),
+        }
         if cuda:  # the same steps on the kernels the HF path decodes on (no cuDNN attention)
             with without_cudnn_attention(device):
-                alt: dict[str, Any] = {
-                    "step_ms": timed(ids, padded=False),
-                    "step_ms_by_batch": {
-                        r: timed(prompts(r), padded=False) for r in (1, 2 * batch)
-                    },
-                }
-                with attention_as(model, "sdpa"):
-                    alt["step_padded_copied_heads_ms"] = timed(ids, padded=True)
-                try:
-                    with attention_as(model, GROUPED_SDPA):
-                        alt["step_padded_grouped_heads_ms"] = timed(ids, padded=True)
-                except RuntimeError as exc:
-                    alt["step_padded_grouped_heads_ms"] = f"{type(exc).__name__}: {exc}"[:300]
-            report["without_cudnn_attention"] = alt
+                report["without_cudnn_attention"] = measured()
         grouped = report["attention"] == GROUPED_SDPA
         report["step_padded_ms"] = report[
             "step_padded_grouped_heads_ms" if grouped else "step_padded_copied_heads_ms"
@@ -563,7 +557,8 @@ def main() -> None:
     started = time.perf_counter()
     if args.steps < 512 and not args.tiny:
         p.error("--steps: a GRPO-sized workload is at least 512 step checks")
-    unknown = set(args.plain_cache.split(",")) - {"dynamic", "static", ""}
+    caches = [c.strip() for c in args.plain_cache.split(",") if c.strip()]
+    unknown = set(caches) - {"dynamic", "static"}
     if unknown:
         p.error(
             f"--plain-cache: unknown cache(s) {', '.join(sorted(unknown))}; known: dynamic, static"
@@ -637,7 +632,6 @@ def main() -> None:
         return report
 
     batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
-    caches = [c.strip() for c in args.plain_cache.split(",") if c.strip()]
     if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
         start = time.perf_counter()
         judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge

@@ -109,6 +109,7 @@ def test_the_fast_decoder_on_cuda_decodes_without_cudnn_attention_and_generate_k
 
     from stepgap.teacher.judges.decoding import GreedyDecoder, without_cudnn_attention
 
+    enabled = torch.backends.cuda.cudnn_sdp_enabled
     seen: dict[str, bool] = {}
     monkeypatch.setattr(
         GreedyDecoder, "_decode_fast", lambda self, p, m: seen.setdefault("fast", enabled())
@@ -116,7 +117,6 @@ def test_the_fast_decoder_on_cuda_decodes_without_cudnn_attention_and_generate_k
     monkeypatch.setattr(
         GreedyDecoder, "_decode_plain", lambda self, p, m: seen.setdefault("plain", enabled())
     )
-    enabled = torch.backends.cuda.cudnn_sdp_enabled
     assert enabled()
     cuda = SimpleNamespace(device=torch.device("cuda", 0))
     GreedyDecoder(cuda, None, 8, fast=True).generate([[1]], [None])
