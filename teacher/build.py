@@ -52,15 +52,20 @@ def build_judge(
 
         table.update(load_prices(prices))
     kind, model = JUDGES.parse(spec)
+    opened = None  # the cache file is made once the backend is built (not for a missing key)
     if cache is not False and JUDGES.takes(kind, "cache"):
-        options["cache"] = JudgeCache(cache or default_cache_path())  # type: ignore[arg-type]
+        opened = JudgeCache(cache or default_cache_path(), open_now=False)  # type: ignore[arg-type]
+        options["cache"] = opened
     elif cache:
         options["cache"] = cache  # a cache the backend cannot use: the option error says so
     if JUDGES.takes(kind, "meter"):
         options["meter"] = CostMeter(model=model, prices=table)
     if "max_tokens" in options and not JUDGES.takes(kind, "max_tokens"):
         options["max_new_tokens"] = options.pop("max_tokens")
-    return JUDGES.call(kind, model, **options)
+    backend = JUDGES.call(kind, model, **options)
+    if opened is not None:
+        opened.open()
+    return backend
 
 
 def require_specs(judge: object, nli: object, bundle: object) -> None:

@@ -56,24 +56,33 @@ def cache_key(
 class JudgeCache:
     """Key -> judge result, shared safely between threads and processes."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, open_now: bool = True) -> None:
+        """`open_now=False` touches no file until `open()` or the first lookup: a judge that
+        fails to build (no API key, a model that does not load) leaves no cache behind."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._conn() as conn:
+        if open_now:
+            self.open()
+
+    def open(self) -> JudgeCache:
+        """Create the file and its table where they are missing (an unwritable path fails here,
+        before any answer is paid for)."""
+        self._conn()
+        return self
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            conn.execute("PRAGMA busy_timeout=60000")
+            _switch_to_wal(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS judge_cache ("
                 " key TEXT PRIMARY KEY, model TEXT NOT NULL, value TEXT NOT NULL,"
                 " created REAL NOT NULL DEFAULT (julianday('now')))"
             )
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout=60000")
-            _switch_to_wal(conn)
-            conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
         return conn
 

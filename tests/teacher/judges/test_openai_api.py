@@ -139,6 +139,21 @@ def test_missing_key_without_base_url_is_a_clear_error(monkeypatch):
         load_judge("openai:gpt-4.1-mini")
 
 
+def test_a_judge_that_fails_to_build_leaves_no_cache_file(monkeypatch, tmp_path):
+    from stepgap.teacher.build import build_judge
+
+    cache = tmp_path / "cache" / "judge-cache.sqlite"
+    monkeypatch.setenv("STEPGAP_CACHE", str(cache))
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(JudgeConfigError, match=r"\$OPENAI_API_KEY"):
+        build_judge("openai:gpt-4.1-mini")
+    assert not cache.parent.exists()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    judge = build_judge("openai:gpt-4.1-mini")  # built: its cache is made at once
+    assert judge.cache is not None and cache.is_file() and len(judge.cache) == 0
+
+
 def test_price_table_file_and_prefix_match(tmp_path):
     from stepgap.teacher.judges.cost import load_prices, price_for
 
