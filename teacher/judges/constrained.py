@@ -5,6 +5,7 @@ confidences are read from."""
 
 from __future__ import annotations
 
+import array
 import json
 import re
 from collections.abc import Sequence
@@ -98,11 +99,15 @@ class TokenMasks:
             self._masks[state] = self._mask_of(allowed)
 
     def _mask_of(self, tokens: Sequence[int]) -> Any:
+        """The mask of a token list. A string state's list holds ~147k of Qwen's ids: through
+        `array` it becomes a tensor in 5 ms, where `torch.tensor` on the list took 18 ms (two
+        CPU cores), and a judge answer reaches a few hundred states."""
         import torch
 
-        allowed = torch.tensor(tokens, dtype=torch.long)
         mask = torch.zeros(self.vocab, dtype=torch.bool)
-        mask[allowed[allowed < self.vocab]] = True
+        if tokens:  # (frombuffer refuses an empty buffer)
+            allowed = torch.frombuffer(array.array("q", tokens), dtype=torch.int64)
+            mask[allowed[allowed < self.vocab]] = True
         return mask.to(self.device)
 
     def forced(self, state: int) -> int | None:
