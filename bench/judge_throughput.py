@@ -660,12 +660,15 @@ def main() -> None:
         # the same requests at the same batch size first: it compiles every shape the run uses
         longest = max(len(judge.prompt_ids(r)) for r in path_requests)
         size = auto_batch_size(judge.model, longest + args.max_new_tokens)
+        context["hf_static"] = "started; the bench stopped before it ended"
+        save()
         start = time.perf_counter()
         run(judge, path_requests, "hf_static warm-up", decoding="static", batch_size=size)
         load["hf_static_warmup"] = round(time.perf_counter() - start, 1)
         runs["hf_static"] = run(
             judge, path_requests, "hf_static", decoding="static", batch_size=size
         )
+        del context["hf_static"]  # it ran: its row says the rest
         save()
     if args.hf_grouped and not args.no_hf and judge.model.config._attn_implementation == "sdpa":
         try:

@@ -57,6 +57,7 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     static = judge["runs"]["hf_static"]  # timed after a warm-up, at the batch it fixed
     assert static["steps"] == 4 and isinstance(static["batch_size"], int)
     assert judge["hf_static_vs_hf"] > 0 and judge["hf_static_vs_best_plain"] > 0
+    assert "hf_static" not in judge  # no note: it ran (a cut run would say it started)
     assert judge["load_s"]["hf_static_warmup"] > 0
     assert judge["runs"]["plain_b2"]["steps"] == judge["hf_steps"] == 2
     assert judge["runs"]["hf"]["judges_equal_best_plain"].endswith("/2")  # on the shared steps
