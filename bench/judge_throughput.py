@@ -560,7 +560,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from stepgap.io import replacing
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA, auto_batch_size
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
     from stepgap.teacher.judges.hf import HFJudge
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
@@ -658,8 +658,7 @@ def main() -> None:
     # its warm-up compiles the decode step (CUDA graphs): allow it a minute and a half
     if not args.no_hf and "static" in decodings and not too_late("hf_static", 90):
         # the same requests at the same batch size first: it compiles every shape the run uses
-        longest = max(len(judge.prompt_ids(r)) for r in path_requests)
-        size = auto_batch_size(judge.model, longest + args.max_new_tokens)
+        size = judge.rows_by_memory(max(len(judge.prompt_ids(r)) for r in path_requests))
         context["hf_static"] = "started; the bench stopped before it ended"
         save()
         start = time.perf_counter()

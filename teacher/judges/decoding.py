@@ -135,6 +135,13 @@ DECODINGS = ("loop", "generate", "static")  # GreedyDecoder's ways to decode
 STATIC_WIDTH = 256  # "static" left-pads prompts to a multiple of this many tokens
 
 
+def check_decoding(decoding: str) -> str:
+    """`decoding` if it is one of `DECODINGS`, else a ValueError naming them."""
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+    return decoding
+
+
 class GreedyDecoder:
     """Greedy answers of one batch of tokenized prompts, each row held to its own token masks
     (None: free). `decoding` says how:
@@ -155,10 +162,8 @@ class GreedyDecoder:
         decoding: str = "loop",
         rows: int | None = None,
     ) -> None:
-        if decoding not in DECODINGS:
-            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
-        self.decoding, self.rows = decoding, rows
+        self.decoding, self.rows = check_decoding(decoding), rows
 
     def generate(
         self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]

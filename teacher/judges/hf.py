@@ -53,7 +53,7 @@ from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
 from .constrained import TokenMasks, build_index, judge_regex
 from .cost import CostMeter
-from .decoding import DECODINGS, Decoded, GreedyDecoder, attend_grouped, auto_batch_size
+from .decoding import Decoded, GreedyDecoder, attend_grouped, auto_batch_size, check_decoding
 from .vllm_engine import (
     AsyncVLLMEngine,
     VLLMEngine,
@@ -154,8 +154,6 @@ class HFJudge:
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if decoding not in DECODINGS:
-            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
         self.model_ref = model
         self.engine_name = choose_engine(engine, device, model)
         self.engine: VLLMEngine | AsyncVLLMEngine | None = None
@@ -180,7 +178,7 @@ class HFJudge:
         self.max_new_tokens = max_new_tokens
         self.constrained = constrained
         self.max_string_chars = max_string_chars
-        self.decoding = decoding
+        self.decoding = check_decoding(decoding)
         self.regexes: dict[type | None, str] = {}  # per answer schema (None: this judge's)
         self.answer_indexes: dict[type | None, Any] = {}  # their outlines-core indexes (HF)
         self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
@@ -284,7 +282,7 @@ class HFJudge:
             size = max(1, len(todo))
         else:
             longest = max((len(p) for p in prompts.values()), default=1)
-            size = self.batch_size or auto_batch_size(self.model, longest + self.max_new_tokens)
+            size = self.batch_size or self.rows_by_memory(longest)
         bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
         for batch in (todo[k : k + size] for k in range(0, len(todo), size)):
             if stop is not None and stop.is_set():
@@ -309,6 +307,11 @@ class HFJudge:
             bar.update(len(batch))
         bar.close()
         return results  # type: ignore[return-value]
+
+    def rows_by_memory(self, longest_prompt: int) -> int:
+        """The batch that fits in memory for prompts of up to `longest_prompt` tokens and
+        their answers (what `batch_size=None` picks)."""
+        return auto_batch_size(self.model, longest_prompt + self.max_new_tokens)
 
     def prompt_ids(self, request: JudgeRequest) -> list[int]:
         """The token ids of a request's chat prompt, ready for the answer."""
