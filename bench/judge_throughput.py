@@ -19,15 +19,16 @@ Each engine answers them greedily under the judge schema:
   `generate` on transformers' static cache, which compiles its decode step on a GPU (CUDA
   graphs), its batches padded to few shapes; timed after a warm-up on the same requests that
   compiles them (`load_s["hf_static_warmup"]`), at the batch by memory fixed for both;
-- `hf_grouped` (with `--hf-grouped`): the HF path on SDPA's grouped heads where it does not
-  attend so already (a GPU);
+- `hf_grouped` (with `--hf-grouped`): the HF path without copied key-value heads (its decode
+  steps' query heads folded onto their key-value head, `attend_grouped`) where it does not
+  attend so already (a GPU); run before `hf_static`, and not started with under 30 s left;
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
   drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
   the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
   most this decoding could give the HF path (its paged cache sized for this workload, timed
   after it is warmed up); `--deadline S` stops it S seconds after the script started (a
   time budget), its row counting the requests that ended and every token streamed by then,
-  and starts neither it nor `hf_static` with under 30 s and 90 s left;
+  and starts none of it, `hf_grouped` and `hf_static` with under 30, 30 and 90 s left;
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
@@ -274,7 +275,8 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
     decode forward of `batch` rows over a KV cache of `context` tokens, with no padding and
     with one row left-padded (an explicit attention mask, as the judge's batches have), the
     padded step both with transformers' own SDPA (it copies the key and value heads) and with
-    SDPA's grouped heads (`attend_grouped`: the judge's on a CPU), `step_padded_ms` being the
+    grouped heads (`attend_grouped`, the judge's on a CPU: a decode step's query heads folded
+    onto their key-value head), `step_padded_ms` being the
     judge's; on a GPU also a bf16 GEMV's memory bandwidth. A step near the HF path's says the
     model or the device sets its pace, not the judge's loop; a bandwidth far under the card's
     says the device does. `launch_ms` (the host's time to queue a step) near `step_ms`, and
@@ -424,6 +426,7 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
         "hf_vs_best_plain": ratio("hf", best),
         "hf_static_vs_best_plain": ratio("hf_static", best),
         "hf_static_vs_hf": ratio("hf_static", "hf"),
+        "hf_grouped_vs_hf": ratio("hf_grouped", "hf"),
         "vllm_vs_best_plain": ratio("vllm", best),
         "vllm_vs_hf": ratio("vllm", "hf"),
         "vllm_vs_served": ratio("vllm", "served"),
@@ -460,6 +463,7 @@ def table(report: dict[str, Any]) -> str:
         f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
         "hf_static / best plain": "hf_static_vs_best_plain",
         "hf_static / hf": "hf_static_vs_hf",
+        "hf_grouped / hf": "hf_grouped_vs_hf",
         "vllm / best plain": "vllm_vs_best_plain",
         "vllm / hf": "vllm_vs_hf",
         "vllm / served": "vllm_vs_served",
@@ -468,7 +472,7 @@ def table(report: dict[str, Any]) -> str:
     }
     unasked = ("ran", "not asked for (--cb)", "skipped (--no-vllm)")
     notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
-    notes += [f"hf_static: {report['hf_static']}"] if "hf_static" in report else []
+    notes += [f"{k}: {report[k]}" for k in ("hf_grouped", "hf_static") if k in report]
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report.get(v) is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
     step = report.get("model_step")
@@ -517,7 +521,7 @@ def main() -> None:
     p.add_argument(
         "--hf-grouped",
         action="store_true",
-        help="also the HF path on SDPA's grouped heads where it does not attend so (a GPU)",
+        help="also the HF path without copied key-value heads where it does not attend so (a GPU)",
     )
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
@@ -534,8 +538,8 @@ def main() -> None:
         type=float,
         default=None,
         metavar="S",
-        help="a time budget, S seconds after this script started: cb ends there, and cb and "
-        "hf_static are not started with under 30 s and 90 s left",
+        help="a time budget, S seconds after this script started: cb ends there, and cb, "
+        "hf_grouped and hf_static are not started with under 30, 30 and 90 s left",
     )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
@@ -655,6 +659,17 @@ def main() -> None:
         print(f"  {name}: {context[name]}", file=sys.stderr)
         return True
 
+    grouped = args.hf_grouped and judge.model.config._attn_implementation == "sdpa"
+    if grouped and not args.no_hf and not too_late("hf_grouped", 30):
+        try:
+            with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU
+                runs["hf_grouped"] = run(
+                    judge, path_requests, "hf_grouped", decoding="loop", batch_size=None
+                )
+        except RuntimeError as exc:  # no kernel takes grouped heads with a mask here
+            context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+            print(f"  hf_grouped: {context['hf_grouped']}", file=sys.stderr)
+        save()
     # its warm-up compiles the decode step (CUDA graphs): allow it a minute and a half
     if not args.no_hf and "static" in decodings and not too_late("hf_static", 90):
         # the same requests at the same batch size first: it compiles every shape the run uses
@@ -668,16 +683,6 @@ def main() -> None:
             judge, path_requests, "hf_static", decoding="static", batch_size=size
         )
         del context["hf_static"]  # it ran: its row says the rest
-        save()
-    if args.hf_grouped and not args.no_hf and judge.model.config._attn_implementation == "sdpa":
-        try:
-            with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU
-                runs["hf_grouped"] = run(
-                    judge, path_requests, "hf_grouped", decoding="loop", batch_size=None
-                )
-        except RuntimeError as exc:  # no kernel takes grouped heads with a mask here
-            context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]
-            print(f"  hf_grouped: {context['hf_grouped']}", file=sys.stderr)
         save()
     # cb's warm-up alone took about 30 s on an H100: with less, it would end past the deadline
     if args.cb and not args.no_hf and not too_late("cb", 30):

@@ -73,9 +73,10 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
 def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
     tiny_qwen2, requests_, monkeypatch
 ):
-    """On a CPU the judge's left-padded batches use SDPA's grouped heads, not transformers' copy
-    of each key and value head out to every query head: the same tokens and log-probabilities
-    as transformers' own SDPA, without a single copy."""
+    """On a CPU the judge's left-padded batches attend with grouped heads (decode steps' query
+    heads folded onto their key-value head, prompts on SDPA's `enable_gqa`), not transformers'
+    copy of each key and value head out to every query head: the same tokens and
+    log-probabilities as transformers' own SDPA, without a single copy."""
     import transformers.integrations.sdpa_attention as sdpa
 
     from stepgap.teacher.judges.decoding import GROUPED_SDPA
