@@ -277,7 +277,10 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
     padded step both with transformers' own SDPA (it copies the key and value heads) and with
     grouped heads (`attend_grouped`, the judge's on a CPU: a decode step's query heads folded
     onto their key-value head), `step_padded_ms` being the
-    judge's; on a GPU also a bf16 GEMV's memory bandwidth. A step near the HF path's says the
+    judge's; each over the judge's cache (`growing_cache`: a step written in place), and the
+    judge's padded step again over transformers' `DynamicCache` (which copies the whole cache
+    at every step), `step_padded_dynamic_cache_ms`; on a GPU also a bf16 GEMV's memory
+    bandwidth. A step near the HF path's says the
     model or the device sets its pace, not the judge's loop; a bandwidth far under the card's
     says the device does. `launch_ms` (the host's time to queue a step) near `step_ms`, and
     `step_ms_by_batch` (1 row, and twice the batch on a GPU) flat, say a fixed cost per
@@ -288,6 +291,7 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
     from transformers import DynamicCache
 
     from stepgap.teacher.judges.decoding import GROUPED_SDPA, without_cudnn_attention
+    from stepgap.teacher.judges.kv_cache import growing_cache
 
     device = model.device
     cuda = device.type == "cuda"
@@ -299,12 +303,12 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
 
     ids = prompts(batch)
 
-    def timed(ids: Any, padded: bool) -> float:
+    def timed(ids: Any, padded: bool, dynamic: bool = False) -> float:
         rows = ids.shape[0]
         mask = torch.ones_like(ids)
         if padded:
             mask[0, 0] = 0
-        cache = DynamicCache()
+        cache = DynamicCache() if dynamic else growing_cache(model, room=steps + 1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         model(input_ids=ids, attention_mask=mask, position_ids=positions,
               past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
@@ -345,9 +349,11 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
         return round(statistics.median(seconds[1:]) * 1e3, 2)
 
     def measured() -> dict[str, Any]:
-        """The unpadded step, by batch, and the padded one with copied and grouped heads."""
+        """The unpadded step, by batch, and the padded one with copied and grouped heads, and
+        as the judge attends over transformers' DynamicCache."""
         out: dict[str, Any] = {
             "step_ms": timed(ids, padded=False),
+            "step_padded_dynamic_cache_ms": timed(ids, padded=True, dynamic=True),
             # how the step grows with the batch: flat says a fixed cost per forward sets it
             "step_ms_by_batch": {
                 rows: timed(prompts(rows), padded=False)
@@ -486,7 +492,8 @@ def table(report: dict[str, Any]) -> str:
             f"the model alone: a decode step of batch {step['batch']} over {step['context']} "
             f"tokens {step['step_ms']} ms; with a padded row {step['step_padded_ms']} ms as the "
             f"judge attends ({step['attention']}): {step['step_padded_copied_heads_ms']} ms with "
-            f"transformers' copied heads, {grouped} with grouped heads{bandwidth}; the host "
+            f"transformers' copied heads, {grouped} with grouped heads, "
+            f"{step.get('step_padded_dynamic_cache_ms')} ms over DynamicCache{bandwidth}; the host "
             f"queues a step in {step['launch_ms']} ms; by batch {step['step_ms_by_batch']} ms"
         )
     return "\n".join(lines)

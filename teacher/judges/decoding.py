@@ -266,7 +266,8 @@ class GreedyDecoder:
         of schema-forced tokens after a chosen token joins that token's forward pass (the
         chunk is right-padded; padding stays in the cache, masked out)."""
         import torch
-        from transformers import DynamicCache
+
+        from .kv_cache import growing_cache
 
         device = self.model.device
         eos, pad, limit = (
@@ -274,7 +275,7 @@ class GreedyDecoder:
             self.tokenizer.pad_token_id,
             self.max_new_tokens,
         )
-        cache = DynamicCache()
+        cache = growing_cache(self.model, room=limit)  # a step writes its tokens in place
         with torch.inference_mode():
             logits, attention = self._prefill(prompts, cache)
             next_pos = attention.sum(-1)

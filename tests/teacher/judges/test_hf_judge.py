@@ -51,16 +51,26 @@ def test_constrained_decoding_gives_schema_valid_judges_from_random_weights(
 
 
 @pytest.mark.slow
-def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_):
+def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_, monkeypatch):
     """The project's decoder (one batch, finished rows dropped, schema-forced tokens appended
-    without a pass of their own) gives the tokens of plain `generate()` at batch 1, and so the
-    same judge objects, with the same confidences up to float rounding."""
+    without a pass of their own, over a cache that writes each step in place) gives the tokens
+    of plain `generate()` at batch 1, and so the same judge objects, with the same confidences
+    up to float rounding."""
+    from stepgap.teacher.judges import kv_cache
+
     judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300)
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
     judge.decoding = "generate"
     plain = [judge.generate_ids([p])[0] for p in prompts]
     judge.decoding = "loop"
+    caches = []
+    real = kv_cache.growing_cache
+    monkeypatch.setattr(
+        kv_cache, "growing_cache", lambda *a, **k: caches.append(real(*a, **k)) or caches[-1]
+    )
     fast = judge.generate_ids(prompts)
+    assert len(caches) == 1 and {layer.room for layer in caches[0].layers} == {300}
+    assert caches[0].layers[0].length > max(len(p) for p in prompts)  # it held the answers
     assert [d.tokens for d in fast] == [d.tokens for d in plain]
     assert all(d.forward_passes < len(d.tokens) for d in fast)  # forced tokens rode along
     assert all(d.forward_passes == len(d.tokens) for d in plain)

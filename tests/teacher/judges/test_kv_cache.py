@@ -1,0 +1,86 @@
+"""The decoding loop's KV cache, which writes each step in place (`kv_cache.GrowingLayer`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import DynamicLayer
+
+from stepgap.teacher.judges.kv_cache import GrowingLayer, growing_cache
+
+
+def _states(rows: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(rows, 2, length, 8, generator=generator) for _ in range(2))
+
+
+def test_a_growing_layer_holds_what_a_dynamic_one_does_and_writes_steps_in_place():
+    """Prompt, then steps of 1 and 3 tokens, past its room, with rows dropped on the way: the
+    keys and values (and the lengths transformers reads) are a DynamicLayer's at each update,
+    and a step within the room writes into the same buffer."""
+    growing, dynamic = GrowingLayer(room=4), DynamicLayer()
+    buffers = []
+    for seed, (rows, length) in enumerate([(3, 10), (3, 1), (3, 3), (3, 1), (3, 1), (3, 3)]):
+        if seed == 4:
+            keep = torch.tensor([0, 2])
+            growing.batch_select_indices(keep)
+            dynamic.batch_select_indices(keep)
+        keys, values = _states(rows if seed < 4 else 2, length, seed)
+        got = growing.update(keys, values)
+        want = dynamic.update(keys, values)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert growing.get_seq_length() == dynamic.get_seq_length()
+        assert growing.get_mask_sizes(1) == dynamic.get_mask_sizes(1)
+        buffers.append(growing.buffers[0].data_ptr())
+    # 10 + room 4 holds the steps of 1 and 3 tokens; the next 1 grows it, once; a row drop
+    # keeps only the rows left; 3 more fit the grown room
+    assert buffers[0] == buffers[1] == buffers[2]
+    assert buffers[3] != buffers[2] and buffers[4] != buffers[3] and buffers[5] == buffers[4]
+    assert growing.buffers[0].shape[-2] == 10 + 1 + 3 + 1 + 4
+
+
+@pytest.fixture(scope="module")
+def small_qwen2() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).eval()
+
+
+def test_a_padded_batch_decodes_the_same_logits_over_the_growing_cache(small_qwen2):
+    """A left-padded batch's prefill and decode steps (one token, then a chunk of two) give
+    bit-identical logits over the growing cache and over transformers' DynamicCache."""
+    ids = torch.randint(3, 300, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    logits = []
+    for cache in (DynamicCache(), growing_cache(small_qwen2, room=2)):
+        with torch.inference_mode():
+            step_mask, positions = mask, (mask.cumsum(-1) - 1).clamp(min=0)
+            out = [small_qwen2(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               past_key_values=cache, use_cache=True).logits]  # fmt: skip
+            last = positions[:, -1:]
+            for width in (1, 2, 1):  # past the room of 2: the buffer grows
+                step = out[-1][:, -1:].argmax(-1).repeat(1, width)
+                step_mask = torch.cat([step_mask, torch.ones_like(step)], dim=1)
+                out.append(small_qwen2(
+                    input_ids=step, attention_mask=step_mask,
+                    position_ids=last + 1 + torch.arange(width), past_key_values=cache,
+                    use_cache=True,
+                ).logits)  # fmt: skip
+                last = last + width
+        logits.append(out)
+    for dynamic, growing in zip(*logits, strict=True):
+        assert torch.equal(dynamic, growing)
+
+
+def test_a_model_with_sliding_window_layers_keeps_transformers_cache(small_qwen2):
+    config = Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=8)
+    config.layer_types = ["sliding_attention", "full_attention"]
+    model = type("Model", (), {"config": config})()
+    assert isinstance(growing_cache(model, room=4), DynamicCache)
+    cache = growing_cache(small_qwen2, room=4)
+    assert [type(layer) for layer in cache.layers] == [GrowingLayer, GrowingLayer]
