@@ -65,6 +65,7 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
     assert step["step_padded_ms"] == step["step_padded_grouped_heads_ms"]  # the judge's, on a CPU
+    assert step["step_padded_dynamic_cache_ms"] > 0  # the judge's attention, transformers' cache
     assert step["launch_ms"] > 0 and set(step["step_ms_by_batch"]) == {"1"}  # 2x batch: GPU only
     assert step["step_ms_by_batch"]["1"] > 0
     assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"

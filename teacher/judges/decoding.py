@@ -1,8 +1,12 @@
 """Greedy decoding of a judge's answers in batches on transformers: the batch size that fits in
 memory, decoders that give the same tokens (plain `generate`; a KV-cache loop that drops
-finished rows and appends schema-forced tokens without a forward pass of their own; `generate`
-on a static cache, compiled on a GPU), on a CPU, attention that takes the padded batches
-without copying key and value heads, and on a GPU, SDPA kept off cuDNN's attention kernel.
+finished rows, appends schema-forced tokens without a forward pass of their own and writes
+each step into its cache in place, `kv_cache`; `generate` on a static cache, compiled on a
+GPU), on a CPU, attention that takes the padded batches without copying key and value heads,
+and on a GPU, SDPA kept off cuDNN's attention kernel.
+
+The prompts share little: 117 of 1,144 tokens on average for the example steps (SmolLM2's
+tokenizer), the chat template and the start of the system prompt.
 
 Computing the prompts' shared prefix (chat template and system prompt) once per batch was
 retired: on an H200 with Qwen2.5-7B's architecture it made the judge slower (0.456 steps/s
