@@ -276,15 +276,15 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
     with one row left-padded (an explicit attention mask, as the judge's batches have), the
     padded step both with transformers' own SDPA (it copies the key and value heads) and with
     grouped heads (`attend_grouped`, the judge's on a CPU: a decode step's query heads folded
-    onto their key-value head), `step_padded_ms` being the
-    judge's; each over the judge's cache (`growing_cache`: a step written in place), and the
-    judge's padded step again over transformers' `DynamicCache` (which copies the whole cache
-    at every step), `step_padded_dynamic_cache_ms`; on a GPU also a bf16 GEMV's memory
-    bandwidth. A step near the HF path's says the
-    model or the device sets its pace, not the judge's loop; a bandwidth far under the card's
-    says the device does. `launch_ms` (the host's time to queue a step) near `step_ms`, and
-    `step_ms_by_batch` (1 row, and twice the batch on a GPU) flat, say a fixed cost per
-    forward on the host does. Grouped heads that fail on a device are reported, not raised."""
+    onto their key-value head), `step_padded_ms` being the judge's; each over the judge's
+    cache (`growing_cache`: a step written in place), and the judge's padded step again over
+    transformers' `DynamicCache` (which copies the whole cache at every step),
+    `step_padded_dynamic_cache_ms`; on a GPU also a bf16 GEMV's memory bandwidth. A step near
+    the HF path's says the model or the device sets its pace, not the judge's loop; a
+    bandwidth far under the card's says the device does. `launch_ms` (the host's time to queue
+    a step) near `step_ms`, and `step_ms_by_batch` (1 row, and twice the batch on a GPU) flat,
+    say a fixed cost per forward on the host does. Grouped heads that fail on a device are
+    reported, not raised."""
     import statistics
 
     import torch
