@@ -28,8 +28,9 @@ def auto_batch_size(model: Any, tokens_per_row: int, cap: int = 64) -> int:
     model's device (GPU) or of the machine (CPU) for the KV cache and its per-layer copies."""
     import torch
 
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    config = config or model.config
+    from .kv_cache import text_config
+
+    config = text_config(model)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -65,22 +66,24 @@ def _grouped_sdpa(
       heads that share a key-value head become rows of one query of that head, the mask
       repeated to match, so any SDPA kernel that takes a mask (CUDA's memory-efficient one
       too) reads each key and value head once;
-    - a long one (a prompt) on a CPU: SDPA's own grouped heads (`enable_gqa`);
-    anything else (no mask, no groups, a position bias, a paged cache, a mask per head, a long
-    query on a GPU, whose kernels take no mask with grouped heads) goes to transformers'."""
+    - anything else on a CPU (a prompt, a mask per head): SDPA's own grouped heads
+      (`enable_gqa`);
+    and the rest (no mask, no groups, a position bias, a paged cache, anything else off a CPU,
+    whose kernels take no mask with grouped heads) goes to transformers'."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
     special = kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
     batch, heads, length, dim = query.shape
-    long_on_gpu = length > FOLDED_QUERIES and query.device.type != "cpu"
-    if attention_mask is None or groups == 1 or special or long_on_gpu:
+    masked = attention_mask is not None and groups > 1 and not special
+    fold = masked and length <= FOLDED_QUERIES and attention_mask.shape[1] == 1
+    if not (fold or (masked and query.device.type == "cpu")):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask,
             dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs,
         )  # fmt: skip
-    if length <= FOLDED_QUERIES and attention_mask.shape[1] == 1:
+    if fold:
         # query head h reads key-value head h // groups (transformers' `repeat_kv` order)
         folded = query.reshape(batch, key.shape[1], groups * length, dim)
         out = torch.nn.functional.scaled_dot_product_attention(

@@ -50,7 +50,7 @@ class GrowingLayer(DynamicLayer):
             buffer[..., : self.length, :].copy_(old[..., : self.length, :])
         return buffer
 
-    def get_seq_length(self, *args: Any) -> int:
+    def get_seq_length(self) -> int:
         return self.length
 
     def batch_select_indices(self, indices: Any) -> None:
@@ -60,12 +60,18 @@ class GrowingLayer(DynamicLayer):
             self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
 
 
+def text_config(model: Any) -> Any:
+    """The config of `model`'s language model (its own, or a multimodal model's text part):
+    the layers, heads and head size its KV cache has."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    return config or model.config
+
+
 def growing_cache(model: Any, room: int) -> Cache:
     """A cache of `GrowingLayer`s, one per layer of `model`, each with `room` positions to
     spare (the answer's tokens) after the prompt; transformers' `DynamicCache` for a model with
     layers of another kind (a sliding window), which a full layer would not attend as."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    config = config or model.config
+    config = text_config(model)
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return DynamicCache()

@@ -63,8 +63,8 @@ def test_grouped_attention_leaves_a_prompt_on_a_gpu_and_unmasked_batches_to_tran
     monkeypatch,
 ):
     """Off a CPU a prompt goes to transformers' SDPA (CUDA's kernels take no mask with grouped
-    heads: SDPA would fall back to its slowest one), as does a batch without a mask; a decode
-    step off a CPU is folded."""
+    heads: SDPA would fall back to its slowest one), as do a batch without a mask and a decode
+    step with a mask per head; a decode step off a CPU is folded."""
     handed: list[int] = []
     monkeypatch.setattr(
         sdpa, "sdpa_attention_forward",
@@ -78,3 +78,6 @@ def test_grouped_attention_leaves_a_prompt_on_a_gpu_and_unmasked_batches_to_tran
     module, query, key, value, mask = _attention_inputs(1, device="meta")
     out, _ = decoding._grouped_sdpa(module, query, key, value, mask)
     assert handed == [80, 1] and out.shape == (3, 1, 6, 16) and out.device.type == "meta"
+    per_head = mask.expand(3, 6, 1, mask.shape[-1])  # a mask for each query head: not folded
+    decoding._grouped_sdpa(module, query, key, value, per_head)
+    assert handed == [80, 1, 1]
