@@ -43,6 +43,10 @@ the runs' steps against. `--profile` adds `profile`: the HF path's decode steps
 under `torch.profiler` (answers cut at 24 tokens), the ops that take the host's and the
 device's time, and how busy the device was. Both run before the timed runs, and the JSON is
 written after each run, so a run cut short by a time budget keeps what it measured.
+Each run of the KV-cache loop (`hf`, `hf_grouped`) adds `decode` (`DecodeStats`): its batches,
+their prefill seconds, and its decode forwards with a forward's time cut into the model call,
+the wait for its tokens (on a GPU, the device's unfinished work) and the loop's own host work,
+so a run says whether the model, the device or the judge's loop set its pace.
 `--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
@@ -91,16 +95,34 @@ def run(judge: Any, requests: list, name: str, **settings: Any) -> dict[str, Any
     """Answer every request once with `settings` applied to the judge; time it. The schema's
     per-state token masks start afresh (the index is kept), so no run gains from the masks an
     earlier run built (the first run used to build them for the next: 283 states on 24 steps)."""
+    from stepgap.teacher.judges.decoding import DecodeStats
+
     for key, value in settings.items():
         setattr(judge, key, value)
     getattr(judge, "token_masks", {}).clear()
+    if hasattr(judge, "decode_stats"):
+        judge.decode_stats = DecodeStats()
     start = time.perf_counter()
     results = judge.judge(requests)
     seconds = time.perf_counter() - start
     tokens = sum(r.usage.get("completion_tokens", 0) for r in results if r.usage)
     failed = sum(1 for r in results if r.judge is None)
-    return figures(
-        name, len(requests), seconds, tokens, settings.get("batch_size"), failed, results
+    row = figures(name, len(requests), seconds, tokens, settings.get("batch_size"), failed, results)
+    stats = getattr(judge, "decode_stats", None)
+    if stats is not None and stats.batches:  # the KV-cache loop ran: where its time went
+        row["decode"] = stats.summary()
+        print(f"  {name}: {decode_line(row['decode'])}", file=sys.stderr, flush=True)
+    return row
+
+
+def decode_line(decode: dict[str, Any]) -> str:
+    """One line of the KV-cache loop's timings: prefill, then a decode forward's parts."""
+    return (
+        f"{decode['batches']} batches of {decode['rows'] / decode['batches']:.0f} rows, "
+        f"prefill {decode['prefill_s']:.1f} s, {decode['forwards']} decode forwards of "
+        f"{decode['forward_ms']:.1f} ms (model call {decode['forward_model_ms']:.1f}, "
+        f"waiting for tokens {decode['forward_wait_ms']:.1f}, "
+        f"the loop's own work {decode['forward_host_ms']:.1f})"
     )
 
 
@@ -481,6 +503,7 @@ def table(report: dict[str, Any]) -> str:
     notes += [f"{k}: {report[k]}" for k in ("hf_grouped", "hf_static") if k in report]
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report.get(v) is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
+    lines += [f"{name}: {decode_line(r['decode'])}" for name, r in runs.items() if "decode" in r]
     step = report.get("model_step")
     if step:
         bandwidth = (

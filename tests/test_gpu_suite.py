@@ -61,6 +61,9 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert judge["load_s"]["hf_static_warmup"] > 0
     assert judge["runs"]["plain_b2"]["steps"] == judge["hf_steps"] == 2
     assert judge["runs"]["hf"]["judges_equal_best_plain"].endswith("/2")  # on the shared steps
+    decode = judge["runs"]["hf"]["decode"]  # where the KV-cache loop's time went
+    assert decode["rows"] == 4 and decode["forwards"] > 0 and decode["forward_model_ms"] > 0
+    assert "decode" not in judge["runs"]["plain_b2"] and "decode" not in judge["runs"]["cb"]
     step = judge["model_step"]  # the model alone, for the HF path's steps to be read against
     assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0

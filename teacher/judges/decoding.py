@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,6 +159,41 @@ class Decoded:
     forward_passes: int = 0  # the model calls that produced this row's tokens
 
 
+@dataclass
+class DecodeStats:
+    """Where the KV-cache loop's time went, summed over its batches: what sets a decode step's
+    pace (the model, the device, or the loop's own host work) is read from these, on a GPU as
+    on a CPU. On a GPU a forward call returns once its kernels are queued and the loop then
+    waits for its tokens; on a CPU the call does the work and the waits are ~0."""
+
+    batches: int = 0
+    rows: int = 0
+    prompt_tokens: int = 0  # left-padded width x rows: what the prefills computed
+    forwards: int = 0  # decode forward passes, after the prefills
+    prefill_s: float = 0.0  # from a batch's start until its first tokens reached the host
+    model_s: float = 0.0  # inside the decode forward calls
+    wait_s: float = 0.0  # waiting for each step's tokens to reach the host
+    host_s: float = 0.0  # the rest: schema states, masks, the next step's inputs
+
+    def add(self, **batch: float) -> None:
+        """Count one batch: its rows, prompt tokens, forwards and seconds (the fields')."""
+        self.batches += 1
+        for field, value in batch.items():
+            setattr(self, field, getattr(self, field) + value)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures, rounded, with the time per decode forward and its shares."""
+        decode = self.model_s + self.wait_s + self.host_s
+        per = 1000 / self.forwards if self.forwards else 0.0
+        return {
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in vars(self).items()},
+            "forward_ms": round(decode * per, 2),
+            "forward_model_ms": round(self.model_s * per, 2),
+            "forward_wait_ms": round(self.wait_s * per, 2),
+            "forward_host_ms": round(self.host_s * per, 2),
+        }
+
+
 DECODINGS = ("loop", "generate", "static")  # GreedyDecoder's ways to decode
 STATIC_WIDTH = 256  # "static" left-pads prompts to a multiple of this many tokens
 
@@ -188,9 +224,11 @@ class GreedyDecoder:
         *,
         decoding: str = "loop",
         rows: int | None = None,
+        stats: DecodeStats | None = None,
     ) -> None:
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
         self.decoding, self.rows = check_decoding(decoding), rows
+        self.stats = stats if stats is not None else DecodeStats()  # the loop's timings
 
     def generate(
         self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
@@ -283,8 +321,11 @@ class GreedyDecoder:
             self.max_new_tokens,
         )
         cache = growing_cache(self.model, room=limit)  # a step writes its tokens in place
+        clock = time.perf_counter
+        started, decoding_since, model_s, wait_s, forwards = clock(), 0.0, 0.0, 0.0, 0
         with torch.inference_mode():
             logits, attention = self._prefill(prompts, cache)
+            prompt_width = attention.shape[1]
             next_pos = attention.sum(-1)
             rows = [Decoded([], [], 1) for _ in prompts]
             states = [m.initial() if m is not None else None for m in masks]
@@ -303,10 +344,14 @@ class GreedyDecoder:
                     scores = scores.masked_fill(~allowed, float("-inf"))
                 chosen = scores.argmax(-1)
                 picked = scores.log_softmax(-1).gather(1, chosen.view(-1, 1)).view(-1)
+                asked = clock()
+                tokens, logprobs = chosen.tolist(), picked.tolist()  # waits for the device
+                if not decoding_since:  # the prefill's tokens: its time ends here
+                    decoding_since = clock()
+                else:
+                    wait_s += clock() - asked
                 keep, chunks = [], []
-                for j, (r, t, lp) in enumerate(
-                    zip(active, chosen.tolist(), picked.tolist(), strict=True)
-                ):
+                for j, (r, t, lp) in enumerate(zip(active, tokens, logprobs, strict=True)):
                     row, m = rows[r], masks[r]
                     row.tokens.append(t)
                     row.logprobs.append(lp)
@@ -344,6 +389,7 @@ class GreedyDecoder:
                     step_mask[j, : len(c)] = 1
                 lengths = torch.tensor([len(c) for c in chunks], device=device)
                 attention = torch.cat([attention, step_mask.to(device)], dim=1)
+                called = clock()
                 out = self.model(
                     input_ids=step.to(device),
                     attention_mask=attention,
@@ -351,10 +397,22 @@ class GreedyDecoder:
                     past_key_values=cache,
                     use_cache=True,
                 )
+                model_s += clock() - called
+                forwards += 1
                 logits = out.logits[torch.arange(len(chunks), device=device), lengths - 1]
                 next_pos = next_pos + lengths
                 for r in active:
                     rows[r].forward_passes += 1
+        self.stats.add(
+            rows=len(prompts),
+            prompt_tokens=len(prompts) * prompt_width,
+            forwards=forwards,
+            prefill_s=decoding_since - started,
+            model_s=model_s,
+            wait_s=wait_s,
+            # what the forwards and the waits leave of the decoding: the loop's own work
+            host_s=clock() - decoding_since - model_s - wait_s,
+        )
         return rows
 
     def _prefill(self, prompts: Sequence[Sequence[int]], cache: Any) -> tuple[Any, Any]:

@@ -53,7 +53,14 @@ from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
 from .constrained import TokenMasks, build_index, judge_regex
 from .cost import CostMeter
-from .decoding import Decoded, GreedyDecoder, attend_grouped, auto_batch_size, check_decoding
+from .decoding import (
+    Decoded,
+    DecodeStats,
+    GreedyDecoder,
+    attend_grouped,
+    auto_batch_size,
+    check_decoding,
+)
 from .vllm_engine import (
     AsyncVLLMEngine,
     VLLMEngine,
@@ -179,6 +186,7 @@ class HFJudge:
         self.constrained = constrained
         self.max_string_chars = max_string_chars
         self.decoding = check_decoding(decoding)
+        self.decode_stats = DecodeStats()  # where the KV-cache loop's time went, all calls
         self.regexes: dict[type | None, str] = {}  # per answer schema (None: this judge's)
         self.answer_indexes: dict[type | None, Any] = {}  # their outlines-core indexes (HF)
         self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
@@ -354,7 +362,12 @@ class HFJudge:
     def decoder(self, rows: int | None = None) -> GreedyDecoder:
         """The decoder with this judge's model and its current settings."""
         return GreedyDecoder(
-            self.model, self.tokenizer, self.max_new_tokens, decoding=self.decoding, rows=rows
+            self.model,
+            self.tokenizer,
+            self.max_new_tokens,
+            decoding=self.decoding,
+            rows=rows,
+            stats=self.decode_stats,
         )
 
     def _result(self, decoded: Decoded, prompt_tokens: int, answer: type | None) -> JudgeResult:

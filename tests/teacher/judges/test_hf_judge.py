@@ -74,6 +74,21 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_, monkey
     assert [d.tokens for d in fast] == [d.tokens for d in plain]
     assert all(d.forward_passes < len(d.tokens) for d in fast)  # forced tokens rode along
     assert all(d.forward_passes == len(d.tokens) for d in plain)
+    # its timings: one batch, its forwards (the row decoded longest took part in each), the
+    # padded prompt it computed, and a decode that the model call, the waits and the loop's
+    # own work add up to
+    stats = judge.decode_stats
+    assert (stats.batches, stats.rows) == (1, 3)
+    assert stats.forwards == max(d.forward_passes for d in fast) - 1 > 0
+    assert stats.prompt_tokens == 3 * max(len(p) for p in prompts)
+    assert stats.prefill_s > 0 and stats.model_s > 0 and stats.host_s > 0 and stats.wait_s >= 0
+    summary = stats.summary()
+    assert summary["forward_ms"] == pytest.approx(
+        summary["forward_model_ms"] + summary["forward_wait_ms"] + summary["forward_host_ms"],
+        abs=0.03,
+    )
+    judge.generate_ids(prompts[:1])  # a second batch adds to the same figures
+    assert (judge.decode_stats.batches, judge.decode_stats.rows) == (2, 4)
     for f, p, n in zip(fast, plain, prompts, strict=True):
         rf, rp = judge._result(f, len(n), None), judge._result(p, len(n), None)
         assert rf.judge is not None and rf.judge == rp.judge and rf.usage == rp.usage
