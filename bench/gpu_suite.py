@@ -547,8 +547,9 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 
 # bench/judge_throughput.py's GRPO-sized workload: 512 distinct steps for vLLM (where it is
 # installed; where not, the run says so), the first 24 for plain `generate` at batch 24 (0.8
-# steps/s on an H100, 2026-11-28), the first 64 for the package's HF path (its batch by memory
-# can fill: up to 64 rows) as its KV-cache loop, as that loop without copied key-value heads
+# steps/s on an H100, 2026-11-28), one full batch by memory for the package's HF path (up to
+# 256 rows on a GPU: a GRPO step's thousands of checks fill each) as its KV-cache loop (with
+# where its decode time goes), as that loop without copied key-value heads
 # (decode steps' query heads folded), and as `generate` on a static cache (compiled: CUDA
 # graphs; timed after a warm-up that compiles its shapes), a profile of the loop's decode
 # steps, and transformers' continuous batching without the schema, which stops 165 s after the
@@ -558,11 +559,11 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # strings of at most 8 characters (the schema's index over Qwen's vocabulary builds in ~4 s
 # instead of ~12 s on a CPU core).
 JUDGE_ARGS = (
-    "--steps", "512", "--hf-steps", "24", "--hf-path-steps", "64", "--batches", "24",
+    "--steps", "512", "--hf-steps", "24", "--hf-path-steps", "auto", "--batches", "24",
     "--hf-decoding", "loop,static", "--hf-grouped", "--profile", "--cb", "--deadline", "165",
 )  # fmt: skip
 TINY_JUDGE_ARGS = (
-    "--steps", "16", "--hf-steps", "2", "--hf-path-steps", "4", "--batches", "2",
+    "--steps", "6", "--hf-steps", "2", "--hf-path-steps", "auto", "--batches", "2",
     "--plain-without-cudnn", "--hf-decoding", "loop,static", "--max-new-tokens", "32",
     "--max-string-chars", "8", "--profile", "--cb",
 )  # fmt: skip

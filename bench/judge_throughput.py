@@ -51,7 +51,8 @@ so a run says whether the model, the device or the judge's loop set its pace.
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
 way, up to N rows: `--hf-path-steps M` gives the HF path (and `hf_grouped`) the first M, so
-its batch by memory (up to 64 rows) can fill. The transformers model is freed before vLLM
+its batch by memory (up to 64 rows on a CPU, 256 on a GPU) can fill; `--hf-path-steps auto`
+gives it as many as that batch takes, one full batch. The transformers model is freed before vLLM
 starts (it takes most of a GPU's memory).
 Prints steps/s, answer tokens/s, the ratios, and how many judge objects each run shares with
 the best plain run on the steps both answered; writes JSON to bench/results/. `--model` takes
@@ -531,9 +532,9 @@ def main() -> None:
     p.add_argument("--hf-steps", type=int, default=None, help="transformers runs: first N only")
     p.add_argument(
         "--hf-path-steps",
-        type=int,
         default=None,
-        help="the package's HF path: first N (default: --hf-steps), so its batch can fill",
+        help="the package's HF path: first N (default: --hf-steps), so its batch can fill; "
+        "'auto': as many as its batch by memory takes, one full batch",
     )
     p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
     p.add_argument(
@@ -606,10 +607,10 @@ def main() -> None:
 
         folder = Path(tempfile.mkdtemp(prefix="judge-bench-")) / "tiny-qwen2"
         model = str(build_qwen2(folder, hidden=128))
+    if args.hf_path_steps not in (None, "auto") and not args.hf_path_steps.isdigit():
+        p.error(f"--hf-path-steps: a number or 'auto', got {args.hf_path_steps!r}")
     requests = workload(args.traces, args.steps)
     hf_requests = requests[: args.hf_steps] if args.hf_steps else requests
-    # the package's path may take more: its batch by memory fills only on more steps
-    path_requests = requests[: args.hf_path_steps] if args.hf_path_steps else hf_requests
     options = {
         "device": args.device,
         "dtype": args.dtype,
@@ -621,7 +622,12 @@ def main() -> None:
     judge = HFJudge(model, engine="hf", **options)
     load = {"hf": round(time.perf_counter() - start, 1)}
     device, dtype = str(judge.model.device), str(judge.model.dtype)
-    prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]
+    prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]  # every example step
+    # the package's path may take more: its batch by memory fills only on more steps
+    path_steps = args.hf_path_steps or len(hf_requests)
+    if path_steps == "auto":  # one full batch: a GRPO step's thousands of checks fill each
+        path_steps = judge.rows_by_memory(max(prompt_tokens))
+    path_requests = requests[: int(path_steps)]
     context: dict[str, Any] = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "

@@ -209,6 +209,32 @@ def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
         HFJudge(str(tiny_qwen2), batch_size=0)
 
 
+def test_batch_by_memory_takes_more_rows_on_a_gpu(tiny_qwen2, monkeypatch):
+    """With memory to spare, a batch takes at most 64 rows on a CPU (a forward's time grows
+    with its rows there) and 256 on a GPU (it barely does), from a quarter of the device's free
+    memory there."""
+    import torch
+
+    from stepgap.teacher.judges import decoding
+
+    judge = HFJudge(str(tiny_qwen2), constrained=False)
+    assert auto_batch_size(judge.model, 100) == decoding.CPU_ROWS == 64
+    assert auto_batch_size(judge.model, 100, cap=300) == 300  # the machine's memory allows it
+    free: list[int] = [10**12]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free[0], 2 * free[0]))
+    pool = {"reserved": 0, "allocated": 0}  # torch's cache of freed blocks counts as free
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: pool["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: pool["allocated"])
+    monkeypatch.setattr(type(judge.model), "device", property(lambda m: torch.device("cuda")))
+    assert auto_batch_size(judge.model, 100) == decoding.GPU_ROWS == 256
+    # the tiny Qwen2 in fp32 keeps 1,024 bytes a token: K and V, 16 dims, 4 bytes each, for
+    # 2 layers x 2 key-value heads and one layer's copy to its 4 query heads
+    free[0] = 4 * 1024 * 100 * 100  # a quarter of it holds 100 rows of 100 tokens
+    assert auto_batch_size(judge.model, 100) == 100
+    pool.update(reserved=4 * 1024 * 100 * 50 + 7, allocated=7)  # 50 rows' worth, cached
+    assert auto_batch_size(judge.model, 100) == 150
+
+
 def test_unconstrained_random_model_failures_are_reported_not_guessed(tiny_qwen2, requests_):
     judge = load_judge(f"hf:{tiny_qwen2}", constrained=False, max_new_tokens=16)
     results = judge.judge(requests_[:3])
