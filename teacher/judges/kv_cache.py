@@ -50,6 +50,24 @@ class GrowingLayer(DynamicLayer):
             buffer[..., : self.length, :].copy_(old[..., : self.length, :])
         return buffer
 
+    def place(self, keys: Any, values: Any, first_row: int, rows: int, width: int) -> None:
+        """Write one prefilled part of a batch (`keys`, `values`: its rows, their prompt
+        positions ending at `width`) into this layer, sized for the batch's `rows` rows and
+        `width` positions at its first part. The positions left of a part's own width are
+        the batch's left padding: masked, and zeros, since a masked position's key and value
+        still enter the attention's products and must be finite."""
+        if self.buffers is None:
+            self.lazy_initialization(keys, values)
+            _, heads, _, dim = keys.shape
+            self.buffers = tuple(
+                t.new_zeros((rows, heads, width + self.room, dim)) for t in (keys, values)
+            )
+            self.length = width
+            self.keys, self.values = (b[..., :width, :] for b in self.buffers)
+        n, w = keys.shape[0], keys.shape[-2]
+        for buffer, part in zip(self.buffers, (keys, values), strict=True):
+            buffer[first_row : first_row + n, :, width - w : width, :].copy_(part)
+
     def get_seq_length(self) -> int:
         return self.length
 

@@ -81,3 +81,11 @@ def test_grouped_attention_leaves_a_prompt_on_a_gpu_and_unmasked_batches_to_tran
     per_head = mask.expand(3, 6, 1, mask.shape[-1])  # a mask for each query head: not folded
     decoding._grouped_sdpa(module, query, key, value, per_head)
     assert handed == [80, 1, 1]
+
+
+def test_a_cpu_prefills_about_one_judge_prompt_a_forward_and_a_gpu_the_whole_batch():
+    cpu = types.SimpleNamespace(device=torch.device("cpu"))
+    assert decoding.prefill_rows(cpu, 1144) == 1  # a judge prompt
+    assert decoding.prefill_rows(cpu, 256) == decoding.CPU_PREFILL_TOKENS // 256 == 4
+    gpu = types.SimpleNamespace(device=torch.device("meta"))  # not a CPU
+    assert decoding.prefill_rows(gpu, 1144) >= 4096

@@ -84,3 +84,44 @@ def test_a_model_with_sliding_window_layers_keeps_transformers_cache(small_qwen2
     assert isinstance(growing_cache(model, room=4), DynamicCache)
     cache = growing_cache(small_qwen2, room=4)
     assert [type(layer) for layer in cache.layers] == [GrowingLayer, GrowingLayer]
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_batch_prefilled_a_part_at_a_time_decodes_as_one_prefilled_at_once(
+    small_qwen2, monkeypatch, rows
+):
+    """The decoder's prefill a part of the batch at a time (on a CPU: `prefill_rows`), each
+    part left-padded to its own width and placed at the right of the batch's rows, gives the
+    prefill's logits, and then a decode step's, of the whole batch in one forward (to float
+    rounding: other matrix shapes); the batch's left padding holds zeros."""
+    from types import SimpleNamespace
+
+    from stepgap.teacher.judges import decoding
+
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 300, (n,), generator=generator).tolist() for n in (12, 7, 9)]
+    decoder = decoding.GreedyDecoder(
+        small_qwen2, SimpleNamespace(pad_token_id=0, eos_token_id=1), max_new_tokens=4
+    )
+    results = []
+    for part in (3, rows):
+        monkeypatch.setattr(decoding, "prefill_rows", lambda model, width, part=part: part)
+        cache = growing_cache(small_qwen2, room=4)
+        with torch.inference_mode():
+            logits, attention = decoder._prefill(prompts, cache)
+            step = logits.argmax(-1, keepdim=True)
+            attention = torch.cat([attention, torch.ones_like(step)], dim=1)
+            after = small_qwen2(
+                input_ids=step, attention_mask=attention, past_key_values=cache,
+                position_ids=attention.sum(-1, keepdim=True) - 1, use_cache=True,
+            ).logits[:, -1]  # fmt: skip
+        results.append((logits, after, cache))
+    (whole, whole_after, _), (parted, parted_after, cache) = results
+    assert torch.allclose(whole, parted, atol=1e-5) and torch.equal(
+        whole.argmax(-1), parted.argmax(-1)
+    )
+    assert torch.allclose(whole_after, parted_after, atol=1e-5)
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 12 + 1 and layer.buffers[0].shape[-2] == 12 + 4
+    if rows == 1:  # each row its own width: the 7-token prompt's 5 padded positions are zeros
+        assert not layer.keys[1, :, :5].any() and layer.keys[1, :, 5:12].abs().sum() > 0
