@@ -47,13 +47,11 @@ def auto_batch_size(model: Any, tokens_per_row: int, cap: int | None = None) -> 
     per_token = 2 * head_dim * width * (config.num_hidden_layers * kv_heads + heads)
     if model.device.type == "cuda":  # free on the device, and free in torch's own pool
         pool = torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
-        free = torch.cuda.mem_get_info(model.device)[0] + pool
+        free, most = torch.cuda.mem_get_info(model.device)[0] + pool, GPU_ROWS
     else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free, most = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), CPU_ROWS
     rows = int(free // 4 // max(1, per_token * tokens_per_row))
-    if cap is None:
-        cap = GPU_ROWS if model.device.type == "cuda" else CPU_ROWS
-    return max(1, min(cap, rows))
+    return max(1, min(most if cap is None else cap, rows))
 
 
 GROUPED_SDPA = "stepgap_grouped_sdpa"  # the attention implementation `attend_grouped` sets
@@ -434,7 +432,10 @@ class GreedyDecoder:
 
         ids, attention = self._left_padded(prompts)
         rows = prefill_rows(self.model, ids.shape[1])
-        if rows >= len(prompts) or not all(isinstance(x, GrowingLayer) for x in cache.layers):
+        # parts are placed into growing layers; transformers' own cache (a sliding window)
+        # has no layers before its first update, and takes the batch in one forward
+        growing = bool(cache.layers) and all(isinstance(x, GrowingLayer) for x in cache.layers)
+        if rows >= len(prompts) or not growing:
             return self._forward_prompts(ids, attention, cache), attention
         logits = []
         for first in range(0, len(prompts), rows):

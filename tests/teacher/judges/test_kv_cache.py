@@ -125,3 +125,30 @@ def test_a_batch_prefilled_a_part_at_a_time_decodes_as_one_prefilled_at_once(
     assert layer.get_seq_length() == 12 + 1 and layer.buffers[0].shape[-2] == 12 + 4
     if rows == 1:  # each row its own width: the 7-token prompt's 5 padded positions are zeros
         assert not layer.keys[1, :, :5].any() and layer.keys[1, :, 5:12].abs().sum() > 0
+
+
+def test_a_model_with_sliding_window_layers_prefills_its_batch_in_one_forward(monkeypatch):
+    """Its cache is transformers' own (no layers until the first update), so the prefill in
+    parts, which places each part into growing layers, does not apply: one forward of the
+    whole batch, as before."""
+    from types import SimpleNamespace
+
+    from stepgap.teacher.judges import decoding
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
+        use_sliding_window=True, sliding_window=8, max_window_layers=1,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    cache = growing_cache(model, room=4)
+    assert isinstance(cache, DynamicCache) and not cache.layers
+    monkeypatch.setattr(decoding, "prefill_rows", lambda model, width: 1)
+    decoder = decoding.GreedyDecoder(
+        model, SimpleNamespace(pad_token_id=0, eos_token_id=1), max_new_tokens=4
+    )
+    with torch.inference_mode():
+        logits, attention = decoder._prefill([[5, 6, 7, 8], [9, 10]], cache)
+    assert logits.shape == (2, 300) and attention.shape == (2, 4)
+    assert cache.get_seq_length() == 4 and cache.layers[0].keys.shape[0] == 2
