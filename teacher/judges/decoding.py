@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .constrained import SchemaConstraint, TokenMasks
@@ -172,7 +173,8 @@ class DecodeStats:
     """Where the KV-cache loop's time went, summed over its batches: what sets a decode step's
     pace (the model, the device, or the loop's own host work) is read from these, on a GPU as
     on a CPU. On a GPU a forward call returns once its kernels are queued and the loop then
-    waits for its tokens; on a CPU the call does the work and the waits are ~0."""
+    waits for its tokens; on a CPU the call does the work and the waits are ~0. Batches of
+    calls on several threads (a server's) add up without losing one."""
 
     batches: int = 0
     rows: int = 0
@@ -182,23 +184,29 @@ class DecodeStats:
     model_s: float = 0.0  # inside the decode forward calls
     wait_s: float = 0.0  # waiting for each step's tokens to reach the host
     host_s: float = 0.0  # the rest: schema states, masks, the next step's inputs
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
 
     def add(self, **batch: float) -> None:
         """Count one batch: its rows, prompt tokens, forwards and seconds (the fields')."""
-        self.batches += 1
-        for field, value in batch.items():
-            setattr(self, field, getattr(self, field) + value)
+        with self._lock:
+            self.batches += 1
+            for name, value in batch.items():
+                setattr(self, name, getattr(self, name) + value)
 
     def summary(self) -> dict[str, Any]:
         """The figures, rounded, with the time per decode forward and its shares."""
-        decode = self.model_s + self.wait_s + self.host_s
-        per = 1000 / self.forwards if self.forwards else 0.0
+        with self._lock:
+            counts = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        decode = counts["model_s"] + counts["wait_s"] + counts["host_s"]
+        per = 1000 / counts["forwards"] if counts["forwards"] else 0.0
         return {
-            **{k: round(v, 3) if isinstance(v, float) else v for k, v in vars(self).items()},
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in counts.items()},
             "forward_ms": round(decode * per, 2),
-            "forward_model_ms": round(self.model_s * per, 2),
-            "forward_wait_ms": round(self.wait_s * per, 2),
-            "forward_host_ms": round(self.host_s * per, 2),
+            "forward_model_ms": round(counts["model_s"] * per, 2),
+            "forward_wait_ms": round(counts["wait_s"] * per, 2),
+            "forward_host_ms": round(counts["host_s"] * per, 2),
         }
 
 
@@ -269,12 +277,15 @@ class GreedyDecoder:
 
         width = max([width or 0, *(len(p) for p in prompts)])
         pad = self.tokenizer.pad_token_id
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[row, width - len(p) :] = 1
-        return ids.to(self.model.device), mask.to(self.model.device)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+        return ids.to(self.model.device), self._left_padding_mask(prompts, width)
+
+    def _left_padding_mask(self, prompts: Sequence[Sequence[int]], width: int) -> Any:
+        """The attention mask of `prompts` left-padded to `width`: 0 on padding, 1 on tokens."""
+        import torch
+
+        rows = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+        return torch.tensor(rows, dtype=torch.long, device=self.model.device)
 
     def _decode_plain(
         self,
@@ -430,12 +441,13 @@ class GreedyDecoder:
 
         from .kv_cache import GrowingLayer
 
-        ids, attention = self._left_padded(prompts)
-        rows = prefill_rows(self.model, ids.shape[1])
+        width = max(len(p) for p in prompts)
+        rows = prefill_rows(self.model, width)
         # parts are placed into growing layers; transformers' own cache (a sliding window)
         # has no layers before its first update, and takes the batch in one forward
         growing = bool(cache.layers) and all(isinstance(x, GrowingLayer) for x in cache.layers)
         if rows >= len(prompts) or not growing:
+            ids, attention = self._left_padded(prompts)
             return self._forward_prompts(ids, attention, cache), attention
         logits = []
         for first in range(0, len(prompts), rows):
@@ -443,8 +455,8 @@ class GreedyDecoder:
             part = DynamicCache()
             logits.append(self._forward_prompts(part_ids, part_attention, part))
             for layer, done in zip(cache.layers, part.layers, strict=True):
-                layer.place(done.keys, done.values, first, len(prompts), ids.shape[1])
-        return torch.cat(logits), attention
+                layer.place(done.keys, done.values, first, len(prompts), width)
+        return torch.cat(logits), self._left_padding_mask(prompts, width)
 
     def _forward_prompts(self, ids: Any, attention: Any, cache: Any) -> Any:
         """One forward of left-padded prompts into `cache`: their last position's logits."""

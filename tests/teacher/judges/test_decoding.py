@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import types
 
 import pytest
@@ -89,3 +91,27 @@ def test_a_cpu_prefills_about_one_judge_prompt_a_forward_and_a_gpu_the_whole_bat
     assert decoding.prefill_rows(cpu, 256) == decoding.CPU_PREFILL_TOKENS // 256 == 4
     gpu = types.SimpleNamespace(device=torch.device("meta"))  # not a CPU
     assert decoding.prefill_rows(gpu, 1144) >= 4096
+
+
+def test_decode_stats_added_from_many_threads_lose_no_batch():
+    """A server's calls decode on several threads into one judge's figures."""
+    stats = decoding.DecodeStats()
+
+    def add() -> None:
+        for _ in range(5000):
+            stats.add(rows=2, forwards=1, model_s=0.5)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often enough for an unguarded sum to lose some
+    try:
+        threads = [threading.Thread(target=add) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert (stats.batches, stats.rows, stats.forwards) == (40000, 80000, 40000)
+    summary = stats.summary()
+    assert summary["model_s"] == 20000.0 and summary["forward_model_ms"] == 500.0
+    assert "_lock" not in summary
