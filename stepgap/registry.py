@@ -31,7 +31,11 @@ class UnknownBackendError(ValueError):
 
 
 class BackendOptionError(ValueError):
-    """An option the backend's factory does not take."""
+    """An option the backend's factory does not take: `option`, and the ones `taken`."""
+
+    def __init__(self, message: str, option: str = "", taken: frozenset[str] = frozenset()):
+        super().__init__(message)
+        self.option, self.taken = option, taken
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,9 @@ class Registry(Generic[T]):
                 accepted = ", ".join(sorted(taken)) or "none"
                 raise BackendOptionError(
                     f"the {self.what} backend {name!r} takes no option {key!r} "
-                    f"(it takes: {accepted})"
+                    f"(it takes: {accepted})",
+                    option=key,
+                    taken=taken,
                 )
             given[key] = value
         return factory(arg, **given)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from stepgap.registry import Default, Registry
+from stepgap.registry import BackendOptionError, Default, Registry
 from stepgap.tree import TreeConfig
 
 from .checker import Checker
@@ -87,6 +87,29 @@ REFUSED_KEYS = {
 JUDGE, NLI, BUNDLE = "judge (stages A-C)", "NLI (stages D-E) and the tree", "offline bundle"
 
 
+# `build_judge`'s options and the `CheckerConfig` fields (flags) that set them
+JUDGE_FIELDS = {
+    "base_url": "base_url",
+    "api_key_env": "api_key_env",
+    "response_format": "response_format",
+    "concurrency": "concurrency",
+    "engine_slots": "engine_slots",
+    "max_retries": "max_retries",
+    "timeout": "timeout",
+    "invalid_retries": "invalid_retries",
+    "max_tokens": "max_tokens",
+    "logprobs": "no_logprobs",
+    "device": "judge_device",
+    "dtype": "judge_dtype",
+    "batch_size": "judge_batch_size",
+    "engine": "engine",
+    "kv_cache_gib": "kv_cache_gib",
+    "max_string_chars": "max_string_chars",
+    "constrained": "unconstrained",
+    "base": "student_base",
+}
+
+
 class CheckerConfig(BaseModel):
     """What `build_checker` is given, as data. The flags of `stepgap check`, `label`, `serve`
     and `baseline` are made from these fields (name, default, type, choices, help), and a reward
@@ -146,7 +169,7 @@ class CheckerConfig(BaseModel):
         "transformers; auto: vLLM where it is installed and runs on the judge's device",
         JUDGE,
     )
-    kv_cache_gib: float | None = _option(
+    kv_cache_gib: PositiveFloat | None = _option(
         None,
         "vllm engine: GiB of KV cache (default: vLLM's share of the GPU; 2 on CPU)",
         JUDGE,
@@ -202,28 +225,8 @@ class CheckerConfig(BaseModel):
     def judge_options(self) -> dict[str, Any]:
         """The judge fields as keyword arguments of `build_judge`: a field left at its default
         is a `Default` (it goes only to backends that take it), a field set must be taken."""
-        options = {
-            "base_url": "base_url",
-            "api_key_env": "api_key_env",
-            "response_format": "response_format",
-            "concurrency": "concurrency",
-            "engine_slots": "engine_slots",
-            "max_retries": "max_retries",
-            "timeout": "timeout",
-            "invalid_retries": "invalid_retries",
-            "max_tokens": "max_tokens",
-            "logprobs": "no_logprobs",
-            "device": "judge_device",
-            "dtype": "judge_dtype",
-            "batch_size": "judge_batch_size",
-            "engine": "engine",
-            "kv_cache_gib": "kv_cache_gib",
-            "max_string_chars": "max_string_chars",
-            "constrained": "unconstrained",
-            "base": "student_base",
-        }
         result: dict[str, Any] = {}
-        for option, name in options.items():
+        for option, name in JUDGE_FIELDS.items():
             value = getattr(self, name)
             if name in ("no_logprobs", "unconstrained"):
                 value = not value  # the flags say what is turned off
@@ -245,16 +248,30 @@ class CheckerConfig(BaseModel):
         options = self.judge_options()
         if online:
             options["online"] = Default(True)  # for backends with an online mode
-        return build_checker(
-            self.judge,
-            self.nli,
-            bundle=self.bundle,
-            nli_precision=self.nli_precision,
-            nli_providers=parse_providers(self.nli_provider),
-            tree=self.tree,
-            device=self.device,
-            judge_options=options,
-        )
+        try:
+            return build_checker(
+                self.judge,
+                self.nli,
+                bundle=self.bundle,
+                nli_precision=self.nli_precision,
+                nli_providers=parse_providers(self.nli_provider),
+                tree=self.tree,
+                device=self.device,
+                judge_options=options,
+            )
+        except BackendOptionError as exc:  # said in flags, the judge's own
+            if exc.option not in JUDGE_FIELDS:
+                raise
+            flag = "--" + JUDGE_FIELDS[exc.option].replace("_", "-")
+            judge = self.judge or f"of --bundle {self.bundle}"
+            taken = exc.taken | ({"max_tokens"} if "max_new_tokens" in exc.taken else set())
+            takes = [f"--{JUDGE_FIELDS[o].replace('_', '-')}" for o in JUDGE_FIELDS if o in taken]
+            raise BackendOptionError(
+                f"{flag} does not apply to the judge {judge}"
+                + (f" (its flags: {', '.join(takes)})" if takes else ""),
+                option=exc.option,
+                taken=exc.taken,
+            ) from None
 
 
 def build_checker(

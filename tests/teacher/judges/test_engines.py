@@ -138,3 +138,14 @@ def test_a_merged_folder_is_written_once_and_never_half(tmp_path, monkeypatch):
     first = merged_folder("x:1", load)
     assert merged_folder("x:1", load) == first and calls == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x-1"]
+
+
+def test_a_kv_cache_of_no_size_is_refused_before_any_engine_starts(vllm_on, monkeypatch):
+    """From Python (a reward built in the trainer) as from the flags: vLLM would start, then
+    fail naming its GPU memory share instead."""
+    from stepgap.teacher.judges.hf import HFJudge
+
+    monkeypatch.setattr(vllm_engine, "vllm_device", lambda: pytest.fail("looked for vLLM"))
+    for size in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="kv_cache_gib must be more than 0 GiB"):
+            HFJudge("unused", engine="vllm", kv_cache_gib=size)
