@@ -1,4 +1,4 @@
-"""The student's SFT target: the paper's full judge JSON against the compact one (issue #20).
+"""The student's SFT target: the paper's full judge JSON against the compact one.
 
     python bench/compact_target.py [--recipes tiny smollm2-135m] [--smollm2-steps N] [--out DIR]
 

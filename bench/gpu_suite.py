@@ -1,5 +1,5 @@
-"""GPU suite (issue #20, benchmark 4): judge throughput, LoRA SFT tokens/s, QLoRA 7B peak memory
-and ONNX NLI on CUDA in one command that writes one JSON, under 9 minutes on one H100.
+"""GPU suite: judge throughput, LoRA SFT tokens/s, QLoRA 7B peak memory and ONNX NLI on CUDA in
+one command that writes one JSON, under 9 minutes on one H100.
 
     python bench/gpu_suite.py [--tiny] [--only sft,qlora] [--total-budget S]
         [--out bench/results/gpu_suite.json]
@@ -13,7 +13,9 @@ a section ended "error", after writing the JSON. On a GPU
 the causal LM has Qwen2.5-7B's architecture (its config, random weights made on the GPU, the real
 Qwen2.5 vocabulary: no download); speed and memory do not depend on weight values. `--tiny` runs
 the same code with a tiny Qwen2 and a tiny DeBERTa on the CPU (the test suite does this), so that a
-GPU run is one call with nothing to debug. BENCHMARKS.md ("GPU suite") gives the command for a GPU machine without network access.
+GPU run is one call with nothing to debug; it runs in the package's development environment
+(`make install`: the `train`, `export` and `demo` extras among others). BENCHMARKS.md ("GPU
+suite") gives the command for a GPU machine without network access.
 """
 
 from __future__ import annotations
@@ -895,7 +897,12 @@ def headline(name: str, result: dict[str, Any]) -> str:
     judge = result["result"]  # bench/judge_throughput.py's report
     ratios = {"HF path": "hf_vs_best_plain", "vLLM": "vllm_vs_best_plain"}
     shown = [f"{k} {judge[v]}x" for k, v in ratios.items() if judge.get(v) is not None]
-    return ", ".join(shown) + f" best plain generate ({judge['best_plain']})"
+    line = ", ".join(shown) + f" best plain generate ({judge['best_plain']})"
+    counted = [r for r in judge.get("runs", {}).values() if isinstance(r.get("failed"), int)]
+    failed, steps = sum(r["failed"] for r in counted), sum(r["steps"] for r in counted)
+    if failed:  # timings of answers cut short (a random model at its token limit), say so
+        line += f"; {failed} of {steps} answers failed (timing only)"
+    return line
 
 
 def run_suite(
@@ -946,9 +953,13 @@ def run_suite(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--tiny", action="store_true", help="tiny models on the CPU (the test)")
-    p.add_argument("--only", default=",".join(SECTIONS), help="comma list of sections to run")
+    p.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma list of sections to run, of {', '.join(SECTIONS)}",
+    )
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu_suite.json"))
     p.add_argument(
         "--fetch-wheels",

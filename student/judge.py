@@ -24,6 +24,7 @@ from stepgap.data_builders.student_target import (
 )
 from stepgap.models import explain_load_errors, model_identity
 from stepgap.schema import Judge
+from stepgap.teacher.judges.base import JudgeConfigError
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm, load_chat_tokenizer
 from stepgap.teacher.judges.openai_api import OpenAIJudge
 from stepgap.teacher.judges.vllm_engine import merged_folder
@@ -139,12 +140,39 @@ class ServedStudentJudge(OpenAIJudge):
         nli_features: bool = False,
         earlier_evidence_chars: int | None = None,
         target: str = "full",
+        tokenizer: str | None = None,
         **options: Any,
     ) -> None:
         self.nli_features = nli_features
         self.earlier_evidence_chars = earlier_evidence_chars
         self.target = check_target(target)
         super().__init__(model, **options)
+        # the student's own tokenizer (a bundle's `student/`, where it ships one): the first
+        # answer's prompt tokens show whether the server tokenizes as the student was trained
+        self.tokenizer = load_chat_tokenizer(tokenizer) if tokenizer else None
+        self.tokens_checked = self.tokenizer is None
+
+    def answered(self, messages: list[dict[str, Any]], completion: Any) -> None:
+        """The first answer's prompt tokens, as the server counted them, against the student's
+        tokenizer: a server that tokenizes otherwise (another tokenizer or model, as vLLM
+        rebuilding a compact vocabulary's tokenizer from the model's type) answers other
+        prompts than the student was trained on, and its labels are not the student's."""
+        served = completion.usage.get("prompt_tokens")
+        if self.tokens_checked or not served:
+            return
+        self.tokens_checked = True
+        text = self.tokenizer.apply_chat_template(  # type: ignore[union-attr]
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        local = len(self.tokenizer(text, add_special_tokens=False).input_ids)  # type: ignore[misc]
+        if abs(served - local) > max(8, local // 20):
+            raise JudgeConfigError(
+                f"the server at {self.base_url or 'the OpenAI API'} counts {served} tokens in a "
+                f"prompt that the student's tokenizer makes {local}: it does not tokenize as the "
+                "student was trained to read, and its answers would not be the student's. Serve "
+                "the bundle's own tokenizer (vLLM: --tokenizer ./student; SGLang: "
+                "--tokenizer-path ./student), or the model the bundle holds"
+            )
 
     @property
     def provenance(self) -> dict[str, str | None]:

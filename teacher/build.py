@@ -312,12 +312,13 @@ def build_checker(
 
             served_options = dict(options)
 
-            def served(meta: dict[str, Any]) -> JudgeBackend:
+            def served(meta: dict[str, Any], tokenizer: Path | None = None) -> JudgeBackend:
                 return build_judge(
                     f"openai-student:{name}",
                     nli_features=bool(meta.get("nli_features", False)),
                     earlier_evidence_chars=meta.get("earlier_evidence_chars"),
                     target=meta.get("target") or "full",  # the schema it was trained to write
+                    tokenizer=str(tokenizer) if tokenizer else None,  # checked against the server
                     **served_options,
                 )
 

@@ -163,6 +163,43 @@ def _judge_bench():
     return bench
 
 
+def test_without_plain_runs_nothing_is_called_best_plain_and_failed_answers_are_said():
+    """--no-hf (vLLM beside a served engine): no ratio to a best plain run that did not run,
+    judge objects compared with the fastest run that has them; and the suite's one line says
+    when the timed answers failed (a random model cut at its token limit)."""
+    from types import SimpleNamespace
+
+    bench = _judge_bench()
+    answers = [SimpleNamespace(judge={"claim_supported": True})] * 512
+    vllm = bench.figures("vllm", 512, 40.0, 80000, None, 0, answers)
+    served = bench.figures("served", 512, 80.0, 80000, None, 0, answers)
+    context = {"model": "m", "device": "cpu", "dtype": "torch.float32", "steps": 512,
+               "hf_steps": 512, "prompt_tokens_mean": 1000, "load_s": {}, "cb": "ran",
+               "vllm": "ran"}  # fmt: skip
+    report = bench.compose(context, {"vllm": vllm, "served": served})
+    assert report["best_plain"] is None and report["vllm_vs_best_plain"] is None
+    assert report["judges_compared_with"] == "vllm" and report["vllm_vs_served"] == 2.0
+    assert report["runs"]["served"]["judges_equal_best_plain"] == "512/512"
+    lines = bench.table(report).splitlines()
+    assert "512 distinct steps (no transformers runs)" in lines[0]
+    assert lines[1].split()[-3:] == ["judges", "=", "vllm"]
+    assert "best plain" not in lines[-1] and "vllm / served: 2.0x" in lines[-1]
+
+    suite = _suite()
+    plain = bench.figures("plain_b2", 2, 4.0, 64, 2, 2, None)
+    hf = bench.figures("hf", 6, 3.0, 192, None, 6, None)
+    cb = bench.figures("cb", 6, 2.0, 192, None, "n/a", None)
+    judge = {"best_plain": "plain_b2", "hf_vs_best_plain": 4.0, "vllm_vs_best_plain": None,
+             "runs": {"plain_b2": plain, "hf": hf, "cb": cb}}  # fmt: skip
+    line = suite.headline("judge", {"status": "ok", "result": judge})
+    assert (
+        line == "HF path 4.0x best plain generate (plain_b2); 8 of 8 answers failed (timing only)"
+    )
+    hf["failed"] = 0
+    plain["failed"] = 0
+    assert "failed" not in suite.headline("judge", {"status": "ok", "result": judge})
+
+
 def test_the_judge_table_shows_a_cb_run_cut_at_its_deadline():
     """A cut cb run has no tokens per step (its tokens include unfinished answers): the table
     shows a dash there instead of failing after the run (as it once did on a GPU)."""

@@ -434,7 +434,7 @@ MUTATIONS = [
         "    )",
         ("tests/export/test_push.py::test_dry_run_lists_exactly_the_bundle_files_and_the_card",),
     ),
-    # Test power (issue 17): bugs that the suite's earlier fixtures could not see (a constant NLI
+    # Test power: bugs that the suite's earlier fixtures could not see (a constant NLI
     # model, a student tested on its training steps, effects never asserted).
     Mutation(
         "tests/nli-label-columns",

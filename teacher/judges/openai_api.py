@@ -314,16 +314,19 @@ class OpenAIJudge:
                 options: dict[str, Any] = {"max_retries": 1} if probing else {}
                 if request.deadline is not None and (left := request.deadline.remaining()):
                     options["timeout"] = left  # the trace's deadline, not the fixed timeout
+                messages = format_messages(request.messages, fmt, schema)
                 raw = await (
                     client.with_options(**options) if options else client
                 ).chat.completions.with_raw_response.create(
                     model=self.model,
-                    messages=format_messages(request.messages, fmt, schema),
+                    messages=messages,
                     logprobs=self.logprobs or None,
                     **self.params,
                     **format_params(fmt, schema),
                 )
-                return Completion.of(raw.content)
+                completion = Completion.of(raw.content)
+                self.answered(messages, completion)
+                return completion
             except openai.APIStatusError as exc:
                 refused = exc.status_code in (400, 422) or exc.status_code >= 500
                 if not (probing and refused) or exc.status_code == 503:
@@ -333,6 +336,10 @@ class OpenAIJudge:
                     fmt, exc.status_code, redact(str(exc))[:200], self.formats[1],
                 )  # fmt: skip
                 self.formats.pop(0)
+
+    def answered(self, messages: list[dict[str, Any]], completion: Completion) -> None:
+        """Each completion, with the messages that asked for it: a judge that knows how its
+        model tokenizes checks here that the server runs that model (a JudgeConfigError)."""
 
     async def _judge_one(self, client: Any, request: JudgeRequest) -> JudgeResult:
         import openai

@@ -320,15 +320,16 @@ def student_answers(tiny_student, example_traces) -> dict[str, dict]:
 
 
 def test_a_bundle_with_its_student_served_elsewhere(bundles, student_answers, in_memory, tmp_path,
-                                                     examples_dir, example_traces):  # fmt: skip
+                                                     examples_dir, example_traces, capsys):  # fmt: skip
     """`check --bundle B --judge openai:NAME --base-url URL`: the student answers from an
     OpenAI-compatible server (here the test server, replaying what the student itself answers
     to each prompt), asked with the student's schema; the bundle's ONNX NLI and thresholds
     decide, so the verdicts are the in-process ones."""
-    from tests.fixtures.openai_server import FakeOpenAI
+    from tests.fixtures.openai_server import FakeOpenAI, counted_by
 
     answers = student_answers
-    server = FakeOpenAI(answers=answers).start()
+    student = bundles["merged"] / "student"
+    server = FakeOpenAI(answers=answers, prompt_tokens=counted_by(student)).start()
     try:
         out = tmp_path / "served.jsonl"
         assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle",
@@ -336,6 +337,21 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, student_answers, in
                      server.base_url, "--no-cache", "--no-progress", "-o", str(out)]) == 0  # fmt: skip
     finally:
         server.stop()
+    # a server that tokenizes otherwise (vLLM's own tokenizer of a qwen2 folder, for this
+    # student's compact vocabulary) answers other prompts: refused at its first answer, with
+    # what to serve instead, and nothing written
+    other = FakeOpenAI(answers=answers, prompt_tokens=counted_by(student, 4)).start()
+    try:
+        wrong = tmp_path / "wrong.jsonl"
+        assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle",
+                     str(bundles["merged"]), "--judge", "openai:stepgap-student", "--base-url",
+                     other.base_url, "--no-cache", "--no-progress", "-o", str(wrong)]) == 2  # fmt: skip
+    finally:
+        other.stop()
+    err = capsys.readouterr().err
+    assert f"the server at {other.base_url} counts " in err
+    assert "Serve the bundle's own tokenizer (vLLM: --tokenizer ./student" in err
+    assert not wrong.exists()
     from stepgap.io import read_models
     from stepgap.schema import Verdict
 
@@ -357,7 +373,9 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, student_answers, in
     assert "llama.cpp cannot take this student: `convert_hf_to_gguf.py`" in recipe
     assert 'convert_hf_to_gguf.py" ./student' not in recipe
     adapter_recipe = (bundles["adapter"] / "SERVING.md").read_text()
-    assert "--enable-lora --lora-modules stepgap-student=./student" in adapter_recipe
+    assert ("--enable-lora --lora-modules stepgap-student=./student --max-lora-rank 64 "
+            "--tokenizer ./student --port 8000") in adapter_recipe  # fmt: skip
+    assert "--lora-paths stepgap-student=./student --tokenizer-path ./student" in adapter_recipe
     assert "llama.cpp cannot take this student, merged or not" in adapter_recipe
     schema = server.response_formats[0]["json_schema"]["schema"]
     assert {"pipeline_path", "gap_type"} <= set(schema["properties"])  # the student's schema
@@ -481,7 +499,7 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
 
     from stepgap.serving import OfflineChecker, StepGapReward, process_reward
     from tests.fixtures.live_server import LiveServer
-    from tests.fixtures.openai_server import FakeOpenAI
+    from tests.fixtures.openai_server import FakeOpenAI, counted_by
     from tests.serving.test_interop_verl import batch
 
     student = bundles["merged"] / "student"
@@ -501,7 +519,7 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
             "sandbox_fusion": None,
         },
     })  # fmt: skip
-    server = FakeOpenAI(answers=student_answers).start()
+    server = FakeOpenAI(answers=student_answers, prompt_tokens=counted_by(student)).start()
     process_reward.reset()
     try:
         with LiveServer(NaiveRouter([server.base_url.removesuffix("/v1")]).app) as router:

@@ -151,7 +151,9 @@ def test_a_served_compact_student_is_asked_and_parsed_in_its_schema(
     monkeypatch.setattr(
         OfflineChecker,
         "from_bundle",
-        classmethod(lambda cls, path, served_judge, **kw: served_judge({"target": "compact"})),
+        classmethod(
+            lambda cls, path, served_judge, **kw: served_judge({"target": "compact"}, None)
+        ),
     )
     server = FakeOpenAI(answers=answers).start()
     try:
