@@ -1,0 +1,141 @@
+"""What the judge's schema constraint costs vLLM's engine, by structured-output backend: the
+same prompts greedily, under the judge's regular expression on xgrammar (vLLM's default, what
+`--engine vllm` runs) and on llguidance, and without a constraint, side by side in one run.
+
+    python bench/vllm_constraint.py [--model hf:REF] [--steps 28] [--backends xgrammar,guidance]
+
+A vLLM engine computes each step's allowed-token mask of every constrained request on the host,
+between the model's forwards, over the whole vocabulary: Qwen2.5's 151,936 tokens for the
+Qwen2.5-7B student. The default model is the tests' tiny random Qwen2 on Qwen's real vocabulary,
+whose forward costs almost nothing, so a run's time is the engine's own work and the mask's.
+Each backend runs in a process of its own (one engine each); `unconstrained` answers as many
+tokens per step as the xgrammar run gave, with log-probabilities, as the judge asks for them.
+Prints seconds, answer tokens/s, the ratios to the unconstrained run, and how many answers each
+backend gives token for token as xgrammar does (random weights write free text that the
+backends' readings of the vocabulary can part on); writes JSON to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ("xgrammar", "guidance")
+
+
+def one(model: str, steps: int, backend: str, max_tokens: int | None) -> dict[str, Any]:
+    """One engine: `steps` example steps under the judge's regex on `backend` (`none`: no
+    constraint, `max_tokens` answer tokens each); after a two-prompt warm-up."""
+    from vllm import LLM, SamplingParams
+
+    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.vllm_engine import engine_args, sampling_params
+
+    sys.path.insert(0, str(REPO / "bench"))  # the judge bench's workload
+    from judge_throughput import workload
+
+    judge = HFJudge(model, engine="hf", max_new_tokens=320, max_string_chars=40)
+    prompts = [
+        {"prompt_token_ids": judge.prompt_ids(r)}
+        for r in workload(str(REPO / "examples" / "traces.jsonl"), steps)
+    ]
+    eos = judge.tokenizer.eos_token_id
+    if backend == "none":
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    else:
+        params = sampling_params(320, judge.answer_regex(None), eos)
+    args = engine_args(judge.model_ref, dtype=None, max_model_len=4096, kv_cache_gib=2)
+    del judge
+    llm = LLM(
+        **args, structured_outputs_config={"backend": "xgrammar" if backend == "none" else backend}
+    )
+    llm.generate(prompts[:2], params, use_tqdm=False)  # the grammar compiles once per engine
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    return {"seconds": round(seconds, 2), "tokens": tokens}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default=None, help="hf: model reference (default: tiny Qwen2)")
+    p.add_argument("--steps", type=int, default=28, help="example steps, one batch")
+    p.add_argument("--backends", default=",".join(BACKENDS), help="vLLM structured-output backends")
+    p.add_argument("--out", default=str(REPO / "bench" / "results"), help="JSON report folder")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one backend
+    p.add_argument("--max-tokens", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:  # the child writes its run where the parent reads it (vLLM prints to stdout)
+        run = one(args.model, args.steps, args.one, args.max_tokens)
+        Path(args.result).write_text(json.dumps(run), encoding="utf-8")
+        return
+    model = args.model
+    if model is None:
+        sys.path.insert(0, str(REPO))
+        from tests.fixtures.models import build_qwen2
+
+        model = str(build_qwen2(Path(tempfile.mkdtemp(prefix="constraint-")) / "tiny", hidden=128))
+
+    def child(backend: str, max_tokens: int | None = None) -> dict[str, Any]:
+        argv = [sys.executable, __file__, "--model", model, "--steps", str(args.steps)]
+        result = Path(tempfile.mkdtemp(prefix="constraint-")) / f"{backend}.json"
+        argv += ["--one", backend, "--result", str(result)]
+        argv += ["--max-tokens", str(max_tokens)] if max_tokens else []
+        print(f"== {backend}", file=sys.stderr, flush=True)
+        done = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
+        if done.returncode or not result.is_file():
+            sys.exit(f"{backend}: exit {done.returncode}\n{done.stderr[-3000:]}")
+        return json.loads(result.read_text(encoding="utf-8"))
+
+    backends = [b for b in args.backends.split(",") if b]
+    runs = {b: child(b) for b in backends}
+    reference = runs[backends[0]]["tokens"]
+    mean = max(1, round(sum(map(len, reference)) / len(reference)))
+    runs["unconstrained"] = child("none", mean)
+    rows = {}
+    for name, run in runs.items():
+        tokens = sum(map(len, run["tokens"]))
+        same = sum(a == b for a, b in zip(run["tokens"], reference, strict=True))
+        rows[name] = {
+            "seconds": run["seconds"],
+            "answer_tokens": tokens,
+            "answer_tokens_per_s": round(tokens / run["seconds"], 1),
+            f"same_tokens_as_{backends[0]}": f"{same}/{len(reference)}",
+        }
+    free = rows["unconstrained"]["answer_tokens_per_s"]
+    for row in rows.values():
+        row["tokens_per_s_vs_unconstrained"] = round(row["answer_tokens_per_s"] / free, 3)
+    report = {
+        "model": args.model or "tiny random Qwen2 (Qwen2.5's vocabulary)",
+        "steps": args.steps,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "runs": rows,
+    }
+    print(f"{report['model']}: {args.steps} example steps, one batch")
+    for name, row in rows.items():
+        print(
+            f"{name:<14} {row['seconds']:>7} s {row['answer_tokens']:>6} tokens "
+            f"{row['answer_tokens_per_s']:>7} tok/s ({row['tokens_per_s_vs_unconstrained']}x "
+            f"unconstrained), same tokens as {backends[0]}: "
+            f"{row[f'same_tokens_as_{backends[0]}']}"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vllm_constraint.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
