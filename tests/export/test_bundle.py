@@ -329,25 +329,28 @@ def test_a_bundle_with_its_student_served_elsewhere(bundles, student_answers, in
 
     answers = student_answers
     student = bundles["merged"] / "student"
-    server = FakeOpenAI(answers=answers, prompt_tokens=counted_by(student)).start()
-    try:
-        out = tmp_path / "served.jsonl"
-        assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle",
-                     str(bundles["merged"]), "--judge", "openai:stepgap-student", "--base-url",
-                     server.base_url, "--no-cache", "--no-progress", "-o", str(out)]) == 0  # fmt: skip
-    finally:
-        server.stop()
+
+    def check_served(out, tokens_per_word: int = 0) -> tuple[int, FakeOpenAI]:
+        """`check` against the student served by a server counting prompt tokens with the
+        student's tokenizer, or `tokens_per_word` a word: its exit status and the server."""
+        counted = counted_by(student, tokens_per_word)
+        server = FakeOpenAI(answers=answers, prompt_tokens=counted).start()
+        try:
+            return main(["check", str(examples_dir / "traces.jsonl"), "--bundle",
+                         str(bundles["merged"]), "--judge", "openai:stepgap-student", "--base-url",
+                         server.base_url, "--no-cache", "--no-progress", "-o", str(out)]), server  # fmt: skip
+        finally:
+            server.stop()
+
+    out = tmp_path / "served.jsonl"
+    status, server = check_served(out)
+    assert status == 0
     # a server that tokenizes otherwise (vLLM's own tokenizer of a qwen2 folder, for this
     # student's compact vocabulary) answers other prompts: refused at its first answer, with
     # what to serve instead, and nothing written
-    other = FakeOpenAI(answers=answers, prompt_tokens=counted_by(student, 4)).start()
-    try:
-        wrong = tmp_path / "wrong.jsonl"
-        assert main(["check", str(examples_dir / "traces.jsonl"), "--bundle",
-                     str(bundles["merged"]), "--judge", "openai:stepgap-student", "--base-url",
-                     other.base_url, "--no-cache", "--no-progress", "-o", str(wrong)]) == 2  # fmt: skip
-    finally:
-        other.stop()
+    wrong = tmp_path / "wrong.jsonl"
+    status, other = check_served(wrong, tokens_per_word=4)
+    assert status == 2
     err = capsys.readouterr().err
     assert f"the server at {other.base_url} counts " in err
     assert "Serve the bundle's own tokenizer (vLLM: --tokenizer ./student" in err
