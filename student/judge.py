@@ -149,7 +149,12 @@ class ServedStudentJudge(OpenAIJudge):
         super().__init__(model, **options)
         # the student's own tokenizer (a bundle's `student/`, where it ships one): the first
         # answer's prompt tokens show whether the server tokenizes as the student was trained
-        self.tokenizer = load_chat_tokenizer(tokenizer) if tokenizer else None
+        self.tokenizer = None
+        if tokenizer:
+            try:
+                self.tokenizer = load_chat_tokenizer(tokenizer)
+            except (OSError, ValueError) as exc:  # no chat template, say: nothing to check with
+                log.warning("the served student's tokens are not checked: %s", exc)
         self.tokens_checked = self.tokenizer is None
 
     def answered(self, messages: list[dict[str, Any]], completion: Any) -> None:

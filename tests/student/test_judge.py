@@ -171,3 +171,14 @@ def test_a_served_compact_student_is_asked_and_parsed_in_its_schema(
         want = teacher[(v.trace_id, v.step)]
         assert (v.label, v.path) == (want.label, want.path), (v.trace_id, v.step, v.error)
         assert _reasoning(v.judge) == [""] * 4
+
+
+def test_a_served_student_without_a_readable_tokenizer_is_asked_unchecked(tmp_path, caplog):
+    """A bundle whose `student/` tokenizer does not load (no chat template, a broken file)
+    still asks its served student, as before the tokenizer check, and says it is not checked."""
+    from stepgap.student.judge import ServedStudentJudge
+
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    judge = ServedStudentJudge("m", base_url="http://127.0.0.1:9/v1", tokenizer=str(tmp_path))
+    assert judge.tokenizer is None and judge.tokens_checked
+    assert "the served student's tokens are not checked" in caplog.text
