@@ -179,6 +179,14 @@ class HFJudge:
             self.engine = (AsyncVLLMEngine if online else VLLMEngine)(args)
             # a checker hands it 16 x this many requests at a time: the engine batches them
             self.concurrency = ENGINE_CHUNK
+            if max_string_chars is not None and constrained:
+                log.warning(
+                    "max_string_chars=%d on vLLM: vLLM's structured outputs (xgrammar) take ~7 ms "
+                    "of host time per answer per decode step to hold strings to a length on a "
+                    "152K-token vocabulary, ten times the rest of a step (bench/vllm_constraint.py;"
+                    " without the cap, 0.83x the unconstrained rate); leave it unset on vLLM",
+                    max_string_chars,
+                )
         else:
             self.tokenizer, self.model = self.load(model, device, dtype)
             attend_grouped(self.model)  # on a CPU: padded batches without copied heads

@@ -149,3 +149,24 @@ def test_a_kv_cache_of_no_size_is_refused_before_any_engine_starts(vllm_on, monk
     for size in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="kv_cache_gib must be more than 0 GiB"):
             HFJudge("unused", engine="vllm", kv_cache_gib=size)
+
+
+def test_a_string_cap_on_vllm_is_warned_of(vllm_on, tiny_qwen2, monkeypatch, caplog):
+    """xgrammar holds capped strings at ~7 ms a row per decode step on Qwen's vocabulary
+    (bench/vllm_constraint.py): a judge asked for both says so once, at its start; the HF
+    path, or vLLM without the cap, says nothing. The engine itself is not started here."""
+    from stepgap.teacher.judges import hf
+
+    vllm_on("cpu")
+    started = []
+    monkeypatch.setattr(hf, "VLLMEngine", lambda args: started.append(args) or object())
+    hf.HFJudge(str(tiny_qwen2), engine="vllm", max_string_chars=40)
+    assert len(started) == 1
+    warned = [
+        r.getMessage() for r in caplog.records if "max_string_chars=40 on vLLM" in r.getMessage()
+    ]
+    assert len(warned) == 1 and "leave it unset on vLLM" in warned[0]
+    caplog.clear()
+    hf.HFJudge(str(tiny_qwen2), engine="vllm")
+    hf.HFJudge(str(tiny_qwen2), engine="hf", max_string_chars=40)
+    assert "on vLLM" not in caplog.text
