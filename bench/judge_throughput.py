@@ -428,12 +428,14 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
     """The report of the runs so far: `context` (the workload, the machine, notes), each run's
     row, the ratios between runs, and how many judge objects each run shares with the best
     plain run on the steps both answered."""
-    plain = {k: v for k, v in runs.items() if k.startswith("plain")}
-    best = max(plain, key=lambda k: plain[k]["steps_per_s"]) if plain else None
+
+    def fastest(names: list[str]) -> str | None:
+        return max(names, key=lambda k: runs[k]["steps_per_s"]) if names else None
+
+    best = fastest([k for k in runs if k.startswith("plain")])
     # judge objects are compared with the best plain run, or without one (--no-hf) the
     # fastest run that has them (vLLM in process beside a served engine)
-    judged = plain or {k: v for k, v in runs.items() if v["_results"] is not None}
-    compared = max(judged, key=lambda k: judged[k]["steps_per_s"]) if judged else None
+    compared = best or fastest([k for k, v in runs.items() if v["_results"] is not None])
     reference = runs[compared]["_results"] if compared else []
     for r in runs.values():
         if r["_results"] is None:
