@@ -23,6 +23,7 @@ from stepgap.registry import Default, Registry
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
 from stepgap.teacher.checker import Checker, provenance
+from stepgap.teacher.judges.base import close_judge
 from stepgap.teacher.nli.base import NLIBackend
 from stepgap.tree import JudgeResult, TreeConfig, nli_label
 
@@ -316,7 +317,8 @@ def run_baseline(
             raise ValueError(f"baseline {kind} takes no {flag.split()[0]}")
     check_output(output, input_path)
     traces = list(iter_traces(input_path, report))
-    if isinstance(judge, str):
+    built = isinstance(judge, str)
+    if built:
         from stepgap.teacher.build import build_judge
 
         judge = build_judge(judge, **(judge_options or {}))
@@ -327,10 +329,14 @@ def run_baseline(
     baseline = BASELINES.call(
         name, arg, nli=nli, judge=judge, tree=Default(tree), chunk_words=chunk_words
     )
-    verdicts = baseline(traces)
     n = 0
-    with JsonlWriter(output, input_path) as out:
-        for v in verdicts:
-            out.write(v)
-            n += 1
+    try:
+        verdicts = baseline(traces)
+        with JsonlWriter(output, input_path) as out:
+            for v in verdicts:
+                out.write(v)
+                n += 1
+    finally:
+        if built:  # a judge passed in is the caller's to close
+            close_judge(judge)
     return n

@@ -393,7 +393,7 @@ def mine(
     `batch_size`, `max_new_tokens`).
     """
     from stepgap.io import ErrorReport, read_models
-    from stepgap.teacher.judges import load_judge
+    from stepgap.teacher.judges import close_judge, load_judge
 
     report = report if report is not None else ErrorReport()
     options = judge_options or {}
@@ -413,12 +413,16 @@ def mine(
 
         nli_backend = load_nli(nli, device=device)
     judge = load_judge(f"student:{student}", **options)
-    comparisons = compare(judge, verdicts, nli_backend, tree)  # type: ignore[arg-type]
+    try:
+        comparisons = compare(judge, verdicts, nli_backend, tree)  # type: ignore[arg-type]
+        features = nli_backend if judge.nli_features else None  # type: ignore[attr-defined]
+        budget = getattr(judge, "earlier_evidence_chars", None)  # the student's own prompt
+    finally:  # on vLLM its engine holds most of the GPU's memory, which the augmentation needs
+        close_judge(judge)
+    del judge
     result = select_hard_negatives(
         comparisons, gold_steps, held_out_fraction=held_out_fraction, seed=seed
     )
-    features = nli_backend if judge.nli_features else None  # type: ignore[attr-defined]
-    budget = getattr(judge, "earlier_evidence_chars", None)  # the student's own prompt
     out = write_mined(result, verdicts, output, features, budget)  # type: ignore[arg-type]
     summary = {**pool_info, **result.summary()}
     if augment_config and result.train:
@@ -434,7 +438,10 @@ def mine(
             overrides=overrides,
         )
         augmented = load_judge(f"student:{adapter}", **options)
-        after = compare(augmented, verdicts, nli_backend, tree)  # type: ignore[arg-type]
+        try:
+            after = compare(augmented, verdicts, nli_backend, tree)  # type: ignore[arg-type]
+        finally:
+            close_judge(augmented)
         summary["augmented_adapter"] = str(adapter)
         summary["short_circuit_after"] = asdict(ShortCircuit.of(after))
         summary["agreement_after"] = asdict(Agreement.of(after))

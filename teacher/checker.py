@@ -32,7 +32,7 @@ from stepgap.tree import (
     nli_pairs_needed,
 )
 
-from .judges.base import JudgeBackend, JudgeRequest, JudgeStopped, TraceDeadline
+from .judges.base import JudgeBackend, JudgeRequest, JudgeStopped, TraceDeadline, close_judge
 from .judges.replay import ReplayJudge
 from .nli.base import NLIBackend
 from .nli.replay import ReplayNLI
@@ -170,6 +170,11 @@ class Checker:
             for t, judged in zip(traces, self.judge_traces(traces), strict=True)
         ]
         return _decide_batch(items, self.nli, self.config, PROMPT_VERSION, self.provenance)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Free what the judge holds (a vLLM engine and its GPU memory); the checker is not
+        used after."""
+        close_judge(self.judge)
 
     @property
     def provenance(self) -> dict[str, object]:

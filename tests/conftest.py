@@ -56,6 +56,19 @@ def hub_offline(monkeypatch, tmp_path) -> Path:
     return tmp_path / "hf"
 
 
+@pytest.fixture
+def offline_undone(monkeypatch) -> None:
+    """A bundle loaded in this process switches it offline (`serving.offline.go_offline`):
+    switched back after the test, for the tests that reach a Hub on 127.0.0.1."""
+    import huggingface_hub.constants
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, os.environ.get(name, "0"))
+    monkeypatch.setattr(
+        huggingface_hub.constants, "HF_HUB_OFFLINE", huggingface_hub.constants.HF_HUB_OFFLINE
+    )
+
+
 @pytest.fixture(scope="session")
 def examples_dir() -> Path:
     return EXAMPLES

@@ -14,6 +14,7 @@ import argparse
 import functools
 import importlib
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -177,6 +178,29 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+def vllm_logs_as_ours(verbose: int) -> None:
+    """vLLM logs INFO lines to stdout unless told otherwise: dozens at each engine start, from
+    its engine's processes too. A command's vLLM logs at the command's level, on stderr. Set in
+    the environment, which vLLM and its engine's processes read as they import it; a user's own
+    VLLM_LOGGING_* settings stay."""
+    level = "DEBUG" if verbose >= 2 else "INFO" if verbose else "WARNING"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", level)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+def libraries_without_bars() -> None:
+    """`--no-progress` for the libraries too: the Hub's setting, which transformers reads as it
+    imports and a vLLM judge passes to its engine (`use_tqdm_on_load`), covers their
+    download and weight-loading bars."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    if "transformers" in sys.modules:  # imported already: it read the Hub's setting before
+        from transformers.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -198,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.ERROR)
     # each command lists its skipped records once, at its end (`options.finish`)
     logging.getLogger("stepgap.io.skipped").setLevel(logging.ERROR)
+    vllm_logs_as_ours(args.verbose)
+    if getattr(args, "no_progress", False):
+        libraries_without_bars()
     install_redaction()
     try:
         return int(args._run(args) or 0)

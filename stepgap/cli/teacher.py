@@ -35,6 +35,14 @@ def _all_failed(counts, kept: str | None = None) -> int:
     return EXIT_NOTHING
 
 
+def _close(judged_by: object) -> None:
+    """A local judge's engine shut down here, not killed at exit (vLLM then warns that its
+    engine "exited unexpectedly"); a Ray pool's actors end with the job."""
+    from stepgap.teacher.judges import close_judge
+
+    close_judge(getattr(judged_by, "judge", None))
+
+
 def _print_meter(judged_by: object) -> None:
     """The judge's API calls, cache hits, tokens and cost, when it keeps a meter."""
     meter = getattr(getattr(judged_by, "judge", None), "meter", None)
@@ -48,15 +56,18 @@ def check(args: argparse.Namespace) -> int:
 
     report = ErrorReport()
     judged_by = checker(args)
-    counts = check_file(
-        args.input,
-        judged_by,
-        args.output,
-        report,
-        # a Ray pool takes every trace in one stream (--batch-size is then per actor call)
-        batch_size=args.batch_size if args.ray is None else sys.maxsize,
-        progress=not args.no_progress,
-    )
+    try:
+        counts = check_file(
+            args.input,
+            judged_by,
+            args.output,
+            report,
+            # a Ray pool takes every trace in one stream (--batch-size is then per actor call)
+            batch_size=args.batch_size if args.ray is None else sys.maxsize,
+            progress=not args.no_progress,
+        )
+    finally:
+        _close(judged_by)
     print(f"stepgap: {counts.describe()}", file=sys.stderr)
     _print_meter(judged_by)
     if not counts.verdicts and not report.errors:
@@ -83,19 +94,22 @@ def label(args: argparse.Namespace) -> int:
     shard = parse_shard(args.shard)
     report = ErrorReport()
     judged_by = checker(args)
-    summary = label_file(
-        args.input,
-        judged_by,
-        args.output,
-        report,
-        shard=shard,
-        limit=args.limit,
-        batch_size=args.batch_size,
-        fsync=args.fsync,
-        progress=not args.no_progress,
-        summary_path=args.summary,
-        retry_errors=not args.keep_errors,
-    )
+    try:
+        summary = label_file(
+            args.input,
+            judged_by,
+            args.output,
+            report,
+            shard=shard,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            fsync=args.fsync,
+            progress=not args.no_progress,
+            summary_path=args.summary,
+            retry_errors=not args.keep_errors,
+        )
+    finally:
+        _close(judged_by)
     _print_meter(judged_by)
     retried = f", {summary.retried} failed step(s) asked again" if summary.retried else ""
     print(

@@ -104,6 +104,15 @@ class JudgeBackend(Protocol):
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]: ...
 
 
+def close_judge(judge: object) -> None:
+    """Let a judge free what it holds where it has a `close` (a local judge on vLLM: its engine,
+    its processes and the GPU memory they reserve), before the next model needs that memory or
+    the process exits; a judge without one holds nothing to free."""
+    close = getattr(judge, "close", None)
+    if callable(close):
+        close()
+
+
 class JudgeConfigError(RuntimeError):
     """The judge cannot work at all (credentials, model name): stop, do not label errors."""
 

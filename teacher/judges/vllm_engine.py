@@ -154,6 +154,8 @@ def engine_args(
     """vLLM engine arguments of a judge: greedy answers need no seed; prefix caching on. The
     dtype is the judge's (`fp32`, `bf16`, ... as the HF path names them); unset, vLLM's own
     choice on a GPU (the checkpoint's), float32 on a CPU (as the HF path there)."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
     device = vllm_device()
     dtype = DTYPES.get(dtype or "", dtype) or ("float32" if device == "cpu" else "auto")
     args: dict[str, Any] = {
@@ -162,6 +164,7 @@ def engine_args(
         "enable_prefix_caching": True,
         "max_logprobs": 1,
         "disable_log_stats": True,
+        "use_tqdm_on_load": not are_progress_bars_disabled(),  # `--no-progress` sets the Hub's
     }
     if revision:
         args["revision"] = revision

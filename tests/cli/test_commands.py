@@ -79,3 +79,52 @@ def test_module_entry_point():
         [sys.executable, "-m", "stepgap.cli", "--version"], capture_output=True, text=True
     )
     assert out.stdout.startswith("stepgap ")
+
+
+def test_no_progress_quiets_the_bars_of_the_libraries_too(
+    tmp_path, examples_dir, capfd, monkeypatch, offline_undone
+):
+    """`--no-progress` covers transformers' weight-loading bar (a bundle's student printed one
+    with the flag before), and the Hub's bars: the flag sets the Hub's setting, which a vLLM
+    judge passes to its engine (tests/teacher/judges/test_engines.py)."""
+    import importlib
+
+    hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")  # the module, not the class
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setattr(hub_tqdm, "HF_HUB_DISABLE_PROGRESS_BARS", None)  # as read at import
+    monkeypatch.setattr(hub_tqdm, "progress_bar_states", {})
+    monkeypatch.setattr(hf_logging, "_tqdm_active", True)
+    first = (examples_dir / "traces.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    traces = tmp_path / "one.jsonl"
+    traces.write_text(first + "\n", encoding="utf-8")
+    bundle = Path(__file__).parents[1] / "export" / "made_before" / "bundle"
+    run = ["check", str(traces), "--bundle", str(bundle), "--engine", "hf", "-o"]
+    assert main([*run, str(tmp_path / "a.jsonl")]) == 0
+    assert "Loading weights" in capfd.readouterr().err  # what the flag is to quiet
+    assert main([*run, str(tmp_path / "b.jsonl"), "--no-progress"]) == 0
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err, err
+    assert hub_tqdm.are_progress_bars_disabled()
+
+
+def test_check_and_label_close_their_local_judge(
+    tmp_path, examples_dir, monkeypatch, offline_undone
+):
+    """A local judge is closed when its command is done: on vLLM, its engine is shut down
+    rather than killed at exit (where vLLM warns that its engine "exited unexpectedly")."""
+    from stepgap.teacher.judges.hf import HFJudge
+
+    closed = []
+    monkeypatch.setattr(HFJudge, "close", lambda self: closed.append(self))
+    first = (examples_dir / "traces.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    traces = tmp_path / "one.jsonl"
+    traces.write_text(first + "\n", encoding="utf-8")
+    bundle = Path(__file__).parents[1] / "export" / "made_before" / "bundle"
+    common = [str(traces), "--engine", "hf", "--no-progress", "-o"]
+    assert main(["check", *common, str(tmp_path / "c.jsonl"), "--bundle", str(bundle)]) == 0
+    assert len(closed) == 1
+    # its base model as a teacher judge: answers cut at 8 tokens, every step failed (exit 1)
+    assert main(["label", *common, str(tmp_path / "l.jsonl"), "--judge", f"hf:{bundle / 'base'}",
+                 "--max-tokens", "8", "--nli", f"replay:{examples_dir / 'nli_replay.jsonl'}"]) == 1  # fmt: skip
+    assert len(closed) == 2 and closed[0] is not closed[1]

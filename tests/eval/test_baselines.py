@@ -141,12 +141,15 @@ def two_traces(traces, tmp_path):
     return path, traces[:2]
 
 
-def test_llm_baselines_through_an_openai_server(two_traces, tmp_path):
+def test_llm_baselines_through_an_openai_server(two_traces, tmp_path, monkeypatch):
     from stepgap.cli import main
+    from stepgap.eval.baselines import run_baseline
     from stepgap.eval.llm_baselines import PromptOnlyAnswer, build_llm_requests
     from stepgap.io import read_models
     from stepgap.schema import Verdict
+    from stepgap.teacher.judges import JudgeCache, load_judge
     from stepgap.teacher.judges.base import answer_json_schema
+    from stepgap.teacher.judges.openai_api import OpenAIJudge
     from tests.fixtures.openai_server import FakeOpenAI, prompt_key
 
     path, (case1, case2) = two_traces
@@ -160,6 +163,8 @@ def test_llm_baselines_through_an_openai_server(two_traces, tmp_path):
     for t in (case1, case2):
         for r in build_llm_requests(t):
             answers[prompt_key(r.messages)] = scripted.get((r.trace_id, r.step), _answer())
+    closed = []  # a judge the baseline built is closed when it is done (a vLLM engine freed)
+    monkeypatch.setattr(OpenAIJudge, "close", lambda self: closed.append(self), raising=False)
     server = FakeOpenAI(answers=answers).start()
     try:
         got = {}
@@ -171,6 +176,11 @@ def test_llm_baselines_through_an_openai_server(two_traces, tmp_path):
                 "--response-format", "json_schema",
             ]) == 0  # fmt: skip
             got[kind] = {(v.trace_id, v.step): v for _, v in read_models(out, Verdict)}
+        assert len(closed) == 2
+        given = load_judge("openai:gpt-4.1-mini", base_url=server.base_url,
+                           cache=JudgeCache(tmp_path / "cache.sqlite"), response_format="json_schema")  # fmt: skip
+        run_baseline("llm-only", path, tmp_path / "given.jsonl", judge=given)
+        assert len(closed) == 2  # one passed in is the caller's
         # one request per step, carrying the baseline's schema; the second variant came from the
         # judge cache, parsed back into the baseline's answer
         assert len(server.events) == 6

@@ -247,14 +247,24 @@ def test_short_circuit_of_empty_pool_has_no_rate():
 
 
 def test_cli_mine_and_augment_with_the_tiny_student(
-    tiny_student, tiny_nli, examples_dir, tmp_path, capsys
+    tiny_student, tiny_nli, examples_dir, tmp_path, capsys, monkeypatch
 ):
     """The trained tiny student as it ships (its judge objects through the tree and the NLI
-    stand-in) over the pool's held-out traces, then augmentation at the recipe's rate / 10."""
+    stand-in) over the pool's held-out traces, then augmentation at the recipe's rate / 10.
+    Each judge is closed when its comparisons are done, the first before the augmentation
+    trains (on vLLM its engine holds most of the GPU's memory)."""
     from stepgap.cli import main
-    from stepgap.student.judge import TRAIN_TRACES, student_meta
+    from stepgap.student import mining
+    from stepgap.student.judge import TRAIN_TRACES, StudentJudge, student_meta
 
     from .conftest import TINY
+
+    events = []
+    monkeypatch.setattr(StudentJudge, "close", lambda self: events.append(("closed", self)))
+    trains = mining.augment
+    monkeypatch.setattr(
+        mining, "augment", lambda *a, **k: events.append(("augment", None)) or trains(*a, **k)
+    )
 
     adapter, _ = tiny_student
     trained = set(student_meta(adapter)[TRAIN_TRACES])
@@ -270,6 +280,8 @@ def test_cli_mine_and_augment_with_the_tiny_student(
         ]
     )  # fmt: skip
     assert rc == 0
+    assert [e for e, _ in events] == ["closed", "augment", "closed"]
+    assert events[0][1] is not events[2][1]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["training_traces_in_pool"] == len({v.trace_id for v in pool} & trained)
     assert summary["short_circuit"]["steps"] == len(held)

@@ -170,3 +170,19 @@ def test_a_string_cap_on_vllm_is_warned_of(vllm_on, tiny_qwen2, monkeypatch, cap
     hf.HFJudge(str(tiny_qwen2), engine="vllm")
     hf.HFJudge(str(tiny_qwen2), engine="hf", max_string_chars=40)
     assert "on vLLM" not in caplog.text
+
+
+def test_vllm_loads_weights_without_a_bar_when_the_hubs_bars_are_off(vllm_on, monkeypatch):
+    """`--no-progress` turns the Hub's bars off (stepgap.cli); vLLM's engine, which may load in
+    a process of its own, is told so by its arguments."""
+    import importlib
+
+    hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")  # the module, not the class
+
+    vllm_on("cpu")
+    monkeypatch.setattr(hub_tqdm, "HF_HUB_DISABLE_PROGRESS_BARS", None)  # as read at import
+    monkeypatch.setattr(hub_tqdm, "progress_bar_states", {})
+    kwargs = {"dtype": None, "max_model_len": None, "kv_cache_gib": None}
+    assert vllm_engine.engine_args("m", **kwargs)["use_tqdm_on_load"] is True
+    hub_tqdm.disable_progress_bars()
+    assert vllm_engine.engine_args("m", **kwargs)["use_tqdm_on_load"] is False

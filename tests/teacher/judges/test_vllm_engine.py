@@ -7,7 +7,10 @@ vLLM reads it merged into a folder of its own, written once."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,7 +53,7 @@ def _check(bundle: Path, traces, engine: str):
     try:
         return checker.check(traces)
     finally:
-        checker.judge.close()
+        checker.close()
 
 
 def test_the_student_on_vllm_gives_the_hf_answers_on_every_example_step(
@@ -110,3 +113,28 @@ def test_smollm2_on_vllm_gives_the_hf_labels(tmp_path, models_dir, example_trace
     assert len(a) == 4
     assert [v.label for v in a] == [v.label for v in b]
     assert [v.judge for v in a] == [v.judge for v in b]
+
+
+def test_stepgap_check_on_vllm_keeps_its_output_streams_clean(
+    bundle, models_dir, examples_dir, tmp_path
+):
+    """A command on the engine as a user runs it: vLLM's INFO lines (dozens a start, on stdout
+    by vLLM's default) stay out unless `-v`, `--no-progress` covers its weight-loading bar, and
+    the engine is shut down by the command, not killed at exit (vLLM's "engine core exited
+    unexpectedly" warning)."""
+    first = (examples_dir / "traces.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    traces = tmp_path / "one.jsonl"
+    traces.write_text(first + "\n", encoding="utf-8")
+    out = tmp_path / "v.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")}
+    done = subprocess.run(
+        [sys.executable, "-m", "stepgap.cli", "check", str(traces), "--bundle", str(bundle),
+         "--engine", "vllm", "--no-progress", "-o", str(out)],
+        capture_output=True, text=True, env={**env, "STEPGAP_MODELS": str(models_dir)},
+        timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == ""
+    for noise in (" INFO ", "Loading safetensors", "exited unexpectedly"):
+        assert noise not in done.stderr, done.stderr
+    assert "stepgap: wrote 2 verdicts" in done.stderr
