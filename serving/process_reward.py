@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from stepgap.io import key_lines
+from stepgap.io import key_lines, nearest_name
 from stepgap.serving.reward_function import RewardOptions, StepGapReward
 from stepgap.teacher.build import REFUSED_KEYS, CheckerConfig
 from stepgap.tree import TreeConfig
@@ -133,8 +133,10 @@ def reward_config(path: str | Path) -> tuple[CheckerConfig, RewardOptions]:
             else None
         )  # fmt: skip
         if part is None:
+            close = nearest_name(name, known)
+            hint = f"did you mean {close}? " if close else ""
             raise ValueError(
-                f"{where}: a reward configuration has no such key (keys: {', '.join(known)})"
+                f"{where}: a reward configuration has no such key ({hint}keys: {', '.join(known)})"
             )
         if name == "nli_provider" and isinstance(value, str):
             value = [value]  # one provider list, as on the command line

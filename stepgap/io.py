@@ -219,6 +219,15 @@ def key_lines(text: str) -> dict[str, int]:
     return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
 
 
+def nearest_name(name: str, known: Iterable[str]) -> str | None:
+    """The known name a misspelt one was most likely meant to be, if one is close enough
+    (`--entail-treshold` -> `--entail-threshold`), for a "did you mean" in an error line."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def read_yaml_mapping(path: str | Path, what: str = "keys to values") -> tuple[dict[str, Any], str]:
     """(the mapping, the text) of a YAML configuration file (empty for an empty file); one error
     line naming the file when it is not YAML or not a mapping of `what`."""

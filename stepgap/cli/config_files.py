@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from stepgap.io import flag_value, key_lines, plain_reason, read_yaml_mapping
+from stepgap.io import flag_value, key_lines, nearest_name, plain_reason, read_yaml_mapping
 from stepgap.teacher.build import REFUSED_KEYS
 
 _SKIP_DESTS = {"help", "config", "print_config", "_run"}
@@ -64,14 +64,12 @@ class ConfigParser(argparse.ArgumentParser):
         """argparse's usage and error line, with the flag a misspelt one was likely meant to be
         (`--entail-treshold`: did you mean --entail-threshold?)."""
         if message.startswith("unrecognized arguments: "):
-            import difflib
-
             known = [o for o in self._option_string_actions if o.startswith("--")]
             for token in message.removeprefix("unrecognized arguments: ").split():
                 flag = token.split("=", 1)[0]
-                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+                close = nearest_name(flag, known)
                 if flag.startswith("--") and close:
-                    message += f" (did you mean {close[0]}?)"
+                    message += f" (did you mean {close}?)"
                     break
         super().error(message)
 

@@ -45,6 +45,21 @@ def test_flags_and_the_reward_file_give_the_same_configuration(tmp_path):
     assert config.judge_options()["cache"] is False and config.timeout == 7.0
 
 
+def test_a_misspelt_reward_file_key_is_named_with_the_key_it_was_likely_meant_to_be(tmp_path):
+    import pytest
+
+    path = tmp_path / "reward.json"
+    path.write_text('{"judge": "openai:m",\n "entail_treshold": 0.7}')
+    with pytest.raises(ValueError) as raised:
+        reward_config(path)
+    said = str(raised.value)
+    assert said.startswith(f"{path}:2: entail_treshold: a reward configuration has no such key")
+    assert "(did you mean entail_threshold? keys: " in said
+    path.write_text('{"zzz": 1}')
+    with pytest.raises(ValueError, match="no such key \\(keys: "):  # nothing close: no guess
+        reward_config(path)
+
+
 def test_a_count_below_one_is_its_flags_one_line_error(tmp_path, capsys):
     """Counts (batch sizes, limits, concurrency, token budgets) refuse 0, a negative number and
     a non-number at the flag, as argparse errors do, on the command line and in a --config file,
