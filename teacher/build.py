@@ -127,11 +127,12 @@ class CheckerConfig(BaseModel):
         metavar="SPEC",
     )
     base_url: str | None = _option(
-        None, "OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1", JUDGE
+        None, "openai judge: its server, e.g. http://127.0.0.1:8000/v1", JUDGE
     )
     api_key_env: str = _option(
         "OPENAI_API_KEY",
-        "environment variable holding the API key (keys are never read from the command line)",
+        "openai judge: environment variable holding the API key (keys are never read from the "
+        "command line)",
         JUDGE,
         metavar="NAME",
     )
@@ -142,18 +143,23 @@ class CheckerConfig(BaseModel):
         "prompt); auto tries them in that order until the server takes one",
         JUDGE,
     )
-    concurrency: PositiveInt = _option(8, "judge requests in flight per checker call", JUDGE)
+    concurrency: PositiveInt = _option(
+        8, "openai judge: requests in flight per checker call", JUDGE
+    )
     engine_slots: str = _option(
         "auto",
-        "requests the judge server serves at once: all checker calls together send it at most "
+        "openai judge: requests its server serves at once (not --engine, which is a local "
+        "judge's): all checker calls together send it at most "
         "that plus one. auto: what the server says (llama.cpp's /props), else what the "
         "latencies show; a number; none: no limit beyond --concurrency per call",
         JUDGE,
         metavar="auto|N|none",
     )
-    max_retries: int = _option(6, "API retries (backoff, Retry-After)", JUDGE)
+    max_retries: int = _option(6, "openai judge: API retries (backoff, Retry-After)", JUDGE)
     timeout: float = _option(
-        120.0, "seconds per API request (a served trace's own deadline replaces it)", JUDGE
+        120.0,
+        "openai judge: seconds per API request (a served trace's deadline replaces it)",
+        JUDGE,
     )
     invalid_retries: int = _option(
         2, "re-asks after a refusal, a truncated answer or schema-violating JSON", JUDGE
