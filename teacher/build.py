@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # are the entry points of `stepgap.checkers`.
 CHECKERS: Registry[Checker] = Registry("checker", "stepgap.checkers")
 
+# `build_judge`'s options that local models' backends (and a bundle's student) take by their
+# transformers names: renamed for a backend that does not take ours
+LOCAL_NAMES = {"max_tokens": "max_new_tokens"}
+
 
 def build_judge(
     spec: str,
@@ -60,8 +64,9 @@ def build_judge(
         options["cache"] = cache  # a cache the backend cannot use: the option error says so
     if JUDGES.takes(kind, "meter"):
         options["meter"] = CostMeter(model=model, prices=table)
-    if "max_tokens" in options and not JUDGES.takes(kind, "max_tokens"):
-        options["max_new_tokens"] = options.pop("max_tokens")
+    for ours, local in LOCAL_NAMES.items():
+        if ours in options and not JUDGES.takes(kind, ours):
+            options[local] = options.pop(ours)
     backend = JUDGES.call(kind, model, **options)
     if opened is not None:
         opened.open()
@@ -270,7 +275,7 @@ class CheckerConfig(BaseModel):
                 raise
             flag = "--" + JUDGE_FIELDS[exc.option].replace("_", "-")
             judge = self.judge or f"of --bundle {self.bundle}"
-            taken = exc.taken | ({"max_tokens"} if "max_new_tokens" in exc.taken else set())
+            taken = exc.taken | {ours for ours, local in LOCAL_NAMES.items() if local in exc.taken}
             takes = [f"--{JUDGE_FIELDS[o].replace('_', '-')}" for o in JUDGE_FIELDS if o in taken]
             raise BackendOptionError(
                 f"{flag} does not apply to the judge {judge}"
@@ -333,8 +338,9 @@ def build_checker(
             options.pop("prices", None)  # the bundle's student counts no cost and keeps no cache
             if options.get("cache") is False:
                 options.pop("cache")
-            if "max_tokens" in options:
-                options["max_new_tokens"] = options.pop("max_tokens")
+            for ours, local in LOCAL_NAMES.items():
+                if ours in options:
+                    options[local] = options.pop(ours)
         return CHECKERS.call(
             "bundle",
             str(bundle),

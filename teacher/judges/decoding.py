@@ -221,6 +221,16 @@ def check_decoding(decoding: str) -> str:
     return decoding
 
 
+def kept_in_place(keep: Sequence[int]) -> list[int]:
+    """The rows `keep` of a batch (ascending) in the order that moves the fewest: each keeps
+    its place, and a dropped row's place below `len(keep)` takes a kept row from past it. The
+    KV cache then copies only those rows when the batch shrinks, not every row after the first
+    one dropped."""
+    kept, n = set(keep), len(keep)
+    movers = iter(j for j in keep if j >= n)
+    return [j if j in kept else next(movers) for j in range(n)]
+
+
 class GreedyDecoder:
     """Greedy answers of one batch of tokenized prompts, each row held to its own token masks
     (None: free). `decoding` says how:
@@ -396,6 +406,9 @@ class GreedyDecoder:
                 if not keep:
                     break
                 if len(keep) < len(active):
+                    chunk_of = dict(zip(keep, chunks, strict=True))
+                    keep = kept_in_place(keep)
+                    chunks = [chunk_of[j] for j in keep]
                     index = torch.tensor(keep, device=device)
                     cache.batch_select_indices(index)
                     attention, next_pos = attention[index], next_pos[index]

@@ -72,10 +72,22 @@ class GrowingLayer(DynamicLayer):
         return self.length
 
     def batch_select_indices(self, indices: Any) -> None:
-        """Keep the rows `indices` (the loop drops finished rows)."""
-        if self.buffers is not None:
-            self.buffers = tuple(b[indices] for b in self.buffers)
-            self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
+        """Keep the rows `indices` (the loop drops finished rows): row i becomes row
+        `indices[i]`. Only the rows that change place are copied, and only their filled
+        positions, into the same buffer, whose first rows are kept as a view: a drop allocates
+        nothing (`kept_in_place` orders the rows so that few move)."""
+        if self.buffers is None:
+            return
+        import torch
+
+        n = indices.shape[0]
+        moved = (indices != torch.arange(n, device=indices.device)).nonzero().view(-1)
+        if moved.numel():
+            sources = indices[moved]
+            for b in self.buffers:  # the rows are read out before any is written
+                b[moved, :, : self.length] = b[sources, :, : self.length]
+        self.buffers = tuple(b[:n] for b in self.buffers)
+        self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
 
 
 def text_config(model: Any) -> Any:

@@ -115,3 +115,20 @@ def test_decode_stats_added_from_many_threads_lose_no_batch():
     summary = stats.summary()
     assert summary["model_s"] == 20000.0 and summary["forward_model_ms"] == 500.0
     assert "_lock" not in summary
+
+
+def test_a_shrinking_batch_moves_only_rows_from_past_its_new_end():
+    """Kept rows keep their places; the dropped places below the new size take the kept rows
+    beyond it, so the KV cache copies as many rows as were dropped there, not every row
+    after the first dropped one."""
+    from stepgap.teacher.judges.decoding import kept_in_place
+
+    assert kept_in_place([0, 2, 3, 5, 6]) == [0, 5, 2, 3, 6]
+    assert kept_in_place([1, 2, 3]) == [3, 1, 2]
+    assert kept_in_place([0, 1, 2]) == [0, 1, 2]
+    assert kept_in_place([7]) == [7]
+    for keep in ([0, 2, 3, 5, 6], [4, 5, 9], list(range(0, 40, 3))):
+        order = kept_in_place(keep)
+        assert sorted(order) == keep
+        assert all(order[j] == j for j in keep if j < len(keep))
+        assert sum(order[j] != j for j in range(len(keep))) == sum(j >= len(keep) for j in keep)

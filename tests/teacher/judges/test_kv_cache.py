@@ -16,17 +16,21 @@ def _states(rows: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def test_a_growing_layer_holds_what_a_dynamic_one_does_and_writes_steps_in_place():
-    """Prompt, then steps of 1 and 3 tokens, past its room, with rows dropped on the way: the
-    keys and values (and the lengths transformers reads) are a DynamicLayer's at each update,
-    and a step within the room writes into the same buffer."""
+    """Prompt, then steps of 1 and 3 tokens, past its room, with rows dropped on the way (in
+    the decoding loop's order, a kept row moved into a dropped one's place): the keys and
+    values (and the lengths transformers reads) are a DynamicLayer's at each update, and a
+    step within the room, or a drop, writes into the same buffer."""
+    from stepgap.teacher.judges.decoding import kept_in_place
+
     growing, dynamic = GrowingLayer(room=4), DynamicLayer()
     buffers = []
-    for seed, (rows, length) in enumerate([(3, 10), (3, 1), (3, 3), (3, 1), (3, 1), (3, 3)]):
+    for seed, (rows, length) in enumerate([(4, 10), (4, 1), (4, 3), (4, 1), (4, 1), (4, 3)]):
         if seed == 4:
-            keep = torch.tensor([0, 2])
+            keep = torch.tensor(kept_in_place([0, 2, 3]))
+            assert keep.tolist() == [0, 3, 2]
             growing.batch_select_indices(keep)
             dynamic.batch_select_indices(keep)
-        keys, values = _states(rows if seed < 4 else 2, length, seed)
+        keys, values = _states(rows if seed < 4 else 3, length, seed)
         got = growing.update(keys, values)
         want = dynamic.update(keys, values)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -34,9 +38,9 @@ def test_a_growing_layer_holds_what_a_dynamic_one_does_and_writes_steps_in_place
         assert growing.get_mask_sizes(1) == dynamic.get_mask_sizes(1)
         buffers.append(growing.buffers[0].data_ptr())
     # 10 + room 4 holds the steps of 1 and 3 tokens; the next 1 grows it, once; a row drop
-    # keeps only the rows left; 3 more fit the grown room
+    # moves a row within it; 3 more fit the grown room
     assert buffers[0] == buffers[1] == buffers[2]
-    assert buffers[3] != buffers[2] and buffers[4] != buffers[3] and buffers[5] == buffers[4]
+    assert buffers[3] != buffers[2] and buffers[3] == buffers[4] == buffers[5]
     assert growing.buffers[0].shape[-2] == 10 + 1 + 3 + 1 + 4
 
 
