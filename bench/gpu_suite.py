@@ -566,8 +566,8 @@ JUDGE_ARGS = (
 )  # fmt: skip
 TINY_JUDGE_ARGS = (
     "--steps", "6", "--hf-steps", "2", "--hf-path-steps", "auto", "--batches", "2",
-    "--plain-without-cudnn", "--hf-decoding", "loop,static", "--max-new-tokens", "32",
-    "--max-string-chars", "8", "--profile", "--cb",
+    "--plain-without-cudnn", "--hf-decoding", "loop,static", "--hf-grouped",
+    "--max-new-tokens", "32", "--max-string-chars", "8", "--profile", "--cb",
 )  # fmt: skip
 
 

@@ -729,6 +729,11 @@ def main() -> None:
         return True
 
     grouped = args.hf_grouped and judge.model.config._attn_implementation == "sdpa"
+    if args.hf_grouped and not grouped:
+        context["hf_grouped"] = (
+            "not run: the judge attends with grouped heads here already "
+            f"({judge.model.config._attn_implementation}): hf is that run"
+        )
     if grouped and not args.no_hf and not too_late("hf_grouped", 30):
         try:
             with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU

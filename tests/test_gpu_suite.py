@@ -53,6 +53,9 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
     assert judge["complete"] is True
     assert set(judge["runs"]) >= {"plain_b2", "plain_b2_no_cudnn", "hf", "hf_static", "cb"}
+    # asked for, but on a CPU the judge attends so already: said, not run twice
+    assert "hf_grouped" not in judge["runs"]
+    assert judge["hf_grouped"].startswith("not run: the judge attends with grouped heads here")
     # one full batch by memory (64 rows on a CPU) for the HF path: all 6 steps here
     assert judge["hf_path_steps"] == judge["runs"]["hf"]["steps"] == 6
     static = judge["runs"]["hf_static"]  # timed after a warm-up, at the batch it fixed
