@@ -4,7 +4,6 @@ counted as a skip), and the wheels it carries to the device stay installable."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,17 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.bench import bench_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_suite.py"
-JUDGE_SCRIPT = REPO / "bench" / "judge_throughput.py"
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("gpu_suite", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_suite"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("gpu_suite")
 
 
 @pytest.mark.slow
@@ -160,10 +156,7 @@ def test_model_step_times_both_attentions_and_reports_grouped_heads_that_fail(
 
 
 def _judge_bench():
-    spec = importlib.util.spec_from_file_location("judge_throughput", JUDGE_SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return bench_script("judge_throughput")
 
 
 def test_without_plain_runs_nothing_is_called_best_plain_and_failed_answers_are_said():

@@ -4,21 +4,12 @@ judge's GrowingLayer over the same schedule."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "row_drops.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("row_drops", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.fixtures.bench import bench_script
 
 
 def test_the_drops_follow_the_loop_and_the_growing_layer_moves_only_rows_past_the_end():
-    bench = _bench()
+    bench = bench_script("row_drops")
     drops = bench.schedule(rows=12, answer=9, seed=3)
     sizes = [len(keep) for _, keep in drops]
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] >= 1  # the batch only shrinks
