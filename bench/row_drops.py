@@ -39,8 +39,9 @@ OUT = Path(__file__).resolve().parent / "results"
 
 
 def schedule(rows: int, answer: int, seed: int) -> list[tuple[int, list[int]]]:
-    """(decode step, the batch's rows that end at it) for each step where some row ends, the
-    rows numbered by their place in the batch at that step, as the loop sees them."""
+    """(decode step, the rows kept) for each step where some row ends, the rows numbered by
+    their place in the batch at that step, as the loop sees them; the last rows' end is no
+    drop (the loop stops)."""
     ends = random.Random(seed).choices(range(max(1, answer // 3), answer + 1), k=rows)
     batch = list(range(rows))  # row id at each place
     drops = []
@@ -53,6 +54,8 @@ def schedule(rows: int, answer: int, seed: int) -> list[tuple[int, list[int]]]:
 
 
 def run(kind: str, args: argparse.Namespace, drops: list[tuple[int, list[int]]]) -> dict:
+    """One cache kind's layers through `drops`: seconds in `batch_select_indices` and bytes
+    it moved (the kept rows' filled positions for `dynamic`, the moved rows' for `growing`)."""
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     shape = (args.rows, args.kv_heads, args.prompt + args.answer, args.head_dim)
     layers: list[Any] = []
