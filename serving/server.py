@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - without the extra, create_app says wha
 
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.judges.base import TraceDeadline
+from stepgap.teacher.judges.base import TraceDeadline, close_judge
 from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import (
@@ -599,9 +599,7 @@ def serve(
             await super().shutdown(sockets)
             # an engine in this process (vLLM) ends its own processes with the server; here,
             # since uvicorn ends the process with the signal it caught once it returns
-            close = getattr(getattr(reward.checker, "judge", None), "close", None)
-            if close is not None:
-                await asyncio.to_thread(close)
+            await asyncio.to_thread(close_judge, getattr(reward.checker, "judge", None))
 
     # uvicorn's own wait for open requests outlasts the batcher's grace by a little: by then
     # every request has its answer (verdicts or 503) and only the write is left
