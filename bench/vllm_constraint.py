@@ -12,8 +12,9 @@ whose forward costs almost nothing, so a run's time is the engine's own work and
 Each backend runs in a process of its own (one engine each); `unconstrained` answers as many
 tokens per step as the xgrammar run gave, with log-probabilities, as the judge asks for them.
 Prints seconds, answer tokens/s, the ratios to the unconstrained run, and how many answers each
-backend gives token for token as xgrammar does (random weights write free text that the
-backends' readings of the vocabulary can part on); writes JSON to bench/results/.
+backend gives token for token as xgrammar does (random weights pick splits of the JSON's fixed
+text that llguidance refuses: `--mask-walk` shows where the two part); writes JSON to
+bench/results/.
 """
 
 from __future__ import annotations
@@ -171,11 +172,12 @@ def main() -> None:
         from tests.fixtures.models import build_qwen2
 
         model = str(build_qwen2(Path(tempfile.mkdtemp(prefix="constraint-")) / "tiny", hidden=128))
-    if args.mask_walk:
-        from stepgap.teacher.judges.hf import HFJudge
+    if args.mask_walk:  # the tokenizer and the teacher judge's regex: no model loaded
+        from stepgap.teacher.judges.constrained import judge_regex
+        from stepgap.teacher.judges.hf import load_chat_tokenizer
 
-        judge = HFJudge(model, engine="hf", max_string_chars=args.max_string_chars or None)
-        walk = mask_walk(judge.tokenizer, judge.answer_regex(None), args.mask_walk)
+        regex = judge_regex(args.max_string_chars or None)
+        walk = mask_walk(load_chat_tokenizer(model), regex, args.mask_walk)
         print(json.dumps(walk, indent=2, ensure_ascii=False))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
