@@ -906,8 +906,15 @@ def headline(name: str, result: dict[str, Any]) -> str:
 
 
 def run_suite(
-    tiny: bool, only: list[str], out: Path, total_budget: float = TOTAL_BUDGET_S
+    tiny: bool,
+    only: list[str],
+    out: Path,
+    total_budget: float = TOTAL_BUDGET_S,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
+    """The sections in `only`, each in its own process, into one JSON at `out`. Their files
+    (the model `setup` saves, the judge bench's reports) go to a temporary folder, or to `keep`,
+    which is kept, so that more runs can use the same model."""
     sizes = TINY_SIZES if tiny else GPU_SIZES
     start = time.monotonic()
     report: dict[str, Any] = {
@@ -919,7 +926,13 @@ def run_suite(
         "total_budget_s": None if tiny else total_budget,
         "sections": {},
     }
-    with tempfile.TemporaryDirectory(prefix="gpu_suite-") as tmp:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    with (
+        contextlib.nullcontext(str(keep))
+        if keep is not None
+        else tempfile.TemporaryDirectory(prefix="gpu_suite-")
+    ) as tmp:
         work = Path(tmp)
 
         def budget(name: str) -> float:
@@ -973,6 +986,12 @@ def main() -> None:
         metavar="S",
         help=f"seconds for the whole run: a section gets what is left (default {TOTAL_BUDGET_S})",
     )
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep the sections' files in DIR (the model as DIR/base, for more runs on it) "
+        "instead of a temporary folder",
+    )
     p.add_argument("--section", help=argparse.SUPPRESS)  # a child process: this section alone
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -993,7 +1012,9 @@ def main() -> None:
         p.error(f"--only: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
     if not args.tiny and not _cuda():
         p.error("no CUDA GPU here: the full sizes build a 7B model; pass --tiny on a CPU")
-    report = run_suite(args.tiny, only, Path(args.out), args.total_budget)
+    report = run_suite(
+        args.tiny, only, Path(args.out), args.total_budget, Path(args.keep) if args.keep else None
+    )
     parts = [report.get("setup"), *report["sections"].values()]
     if any(r and r["status"] == "error" for r in parts):
         sys.exit(1)

@@ -574,6 +574,14 @@ def main() -> None:
         action="store_true",
         help="also the HF path without copied key-value heads where it does not attend so (a GPU)",
     )
+    p.add_argument(
+        "--model-step-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rows of the model_step diagnostic (default: the transformers runs' steps; "
+        "0: not run): on a GPU it also times twice N, each a prefill of N prompts",
+    )
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
     p.add_argument(
@@ -702,10 +710,12 @@ def main() -> None:
         load["schema_index"] = round(time.perf_counter() - start, 1)
         run(judge, hf_requests[:2], "transformers warm-up", decoding="loop", batch_size=None)
         # first the short diagnostics, so a run cut by a time budget has them
-        context["model_step"] = model_step(
-            judge.model, len(hf_requests), context["prompt_tokens_mean"]
-        )
-        save()
+        step_batch = len(hf_requests) if args.model_step_batch is None else args.model_step_batch
+        if step_batch > 0:
+            context["model_step"] = model_step(
+                judge.model, step_batch, context["prompt_tokens_mean"]
+            )
+            save()
         if args.profile:
             context["profile"] = profile_decoding(judge, hf_requests, tokens=24)
             save()
@@ -750,13 +760,17 @@ def main() -> None:
         size = judge.rows_by_memory(max(len(judge.prompt_ids(r)) for r in path_requests))
         context["hf_static"] = "started; the bench stopped before it ended"
         save()
-        start = time.perf_counter()
-        run(judge, path_requests, "hf_static warm-up", decoding="static", batch_size=size)
-        load["hf_static_warmup"] = round(time.perf_counter() - start, 1)
-        runs["hf_static"] = run(
-            judge, path_requests, "hf_static", decoding="static", batch_size=size
-        )
-        del context["hf_static"]  # it ran: its row says the rest
+        try:
+            start = time.perf_counter()
+            run(judge, path_requests, "hf_static warm-up", decoding="static", batch_size=size)
+            load["hf_static_warmup"] = round(time.perf_counter() - start, 1)
+            runs["hf_static"] = run(
+                judge, path_requests, "hf_static", decoding="static", batch_size=size
+            )
+            del context["hf_static"]  # it ran: its row says the rest
+        except Exception as exc:  # a compile or a kernel this device lacks: said, not lost
+            context["hf_static"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+            print(f"  hf_static: {context['hf_static']}", file=sys.stderr)
         save()
     # cb's warm-up alone took about 30 s on an H100: with less, it would end past the deadline
     if args.cb and not args.no_hf and not too_late("cb", 30):

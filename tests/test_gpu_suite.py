@@ -27,9 +27,9 @@ def _suite():
 def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     import torch
 
-    out = tmp_path / "suite.json"
+    out, kept = tmp_path / "suite.json", tmp_path / "work"
     subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--keep", str(kept)],
         cwd=REPO,
         check=True,
         timeout=900,
@@ -45,6 +45,8 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
         assert section["seconds"] >= 0
     assert report["setup"]["status"] == "ok", report["setup"].get("error")
     assert report["machine"]["torch"] == torch.__version__
+    # --keep: the model stays for more runs on it, with the judge bench's report
+    assert (kept / "base" / "config.json").is_file() and list((kept / "judge").glob("*.json"))
 
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
     assert judge["complete"] is True
