@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +19,7 @@ import pytest
 from stepgap.serving import StepGapReward
 from stepgap.serving.server import create_app
 from stepgap.teacher import Checker, ReplayNLI, load_judge
-from tests.fixtures.live_server import LiveServer, ServeProcess
+from tests.fixtures.live_server import LiveServer, ServeProcess, _free_port
 from tests.serving.conftest import chat_prompt
 
 pytestmark = pytest.mark.timeout(180)
@@ -232,3 +234,41 @@ def test_sigterm_answers_what_is_queued_and_exits_within_the_grace_period(
     assert (503, "1") in statuses  # the queued ones were not checked for nobody
     log = (tmp_path / "serve.log").read_text()
     assert "shutting down" in log
+
+
+def test_sigterm_closes_the_judge_when_the_server_has_shut_down(
+    fake_openai, examples_dir, tmp_path
+):
+    """`serve` closes its judge (an engine in the process, vLLM: its processes and GPU memory)
+    in the server's own shutdown, on SIGTERM: uvicorn ends the process with the signal it
+    caught once the server returns, so a close after `serve()` would never run."""
+    fake_openai.answer_any = True  # the server's probe at start
+    closed, port = tmp_path / "closed", _free_port()
+    script = f"""
+import os, signal, threading, time
+import httpx
+from stepgap.serving import StepGapReward
+from stepgap.serving.server import serve
+from stepgap.teacher import Checker, ReplayNLI, load_judge
+
+judge = load_judge("openai:gpt-4.1-mini", base_url={fake_openai.base_url!r}, max_retries=0)
+judge.close = lambda: open({str(closed)!r}, "w").write("closed")
+
+def stop():
+    while True:
+        try:
+            if httpx.get("http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=stop, daemon=True).start()
+nli = ReplayNLI.from_file({str(examples_dir / "nli_replay.jsonl")!r})
+serve(StepGapReward(Checker(judge, nli)), port={port}, grace=1)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert "Shutting down" in done.stderr or "shutting down" in done.stderr.lower(), done.stderr
+    assert closed.is_file() and closed.read_text() == "closed", done.stderr[-2000:]
