@@ -44,8 +44,8 @@ one row (and at twice the batch on a GPU, where it is all timed again without cu
 attention kernel, as the HF path decodes there, and a bf16 GEMV's memory bandwidth), to read
 the runs' steps against (`--model-step-batch N`: at N rows; 0: not run). `--profile` adds
 `profile`: the HF path's decode steps on the first 24 steps under `torch.profiler` (answers
-cut at 24 tokens), the ops that take the host's and the
-device's time, and how busy the device was. Both run before the timed runs, and the JSON is
+cut at 24 tokens), the ops that take the host's and the device's time, and how busy the
+device was. Both run before the timed runs, and the JSON is
 written after each run, so a run cut short by a time budget keeps what it measured.
 Each run of the KV-cache loop (`hf`, `hf_copied`) adds `decode` (`DecodeStats`): its batches,
 their prefill seconds, and its decode forwards with a forward's time cut into the model call,
@@ -650,6 +650,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from stepgap.io import replacing
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
     from stepgap.teacher.judges.hf import HFJudge
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
@@ -751,10 +752,12 @@ def main() -> None:
         print(f"  {name}: {context[name]}", file=sys.stderr)
         return True
 
-    copied = args.hf_copied and judge.model.config._attn_implementation != "sdpa"
+    attention = judge.model.config._attn_implementation
+    copied = args.hf_copied and attention == GROUPED_SDPA
     if args.hf_copied and not copied:
         context["hf_copied"] = (
-            "not run: the judge attends on transformers' own SDPA here already: hf is that run"
+            f"not run: the judge does not fold heads here ({attention}): hf is on "
+            "transformers' attention"
         )
     if copied and not args.no_hf and not too_late("hf_copied", 60):
         with attention_as(judge.model, "sdpa"):  # heads copied out whenever a mask is given
