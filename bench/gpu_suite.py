@@ -548,10 +548,12 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 
 
 # bench/judge_throughput.py's GRPO-sized workload: 512 distinct steps for vLLM (where it is
-# installed; where not, the run says so); the first 256 for plain `generate` in one batch of
-# 256 (its best batch measured: 4.0 steps/s on an H200 against 1.0 at batch 24, 2026-11-28)
-# and for the package's HF path, one full batch by memory (up to 256 rows on a GPU: a GRPO
-# step's thousands of checks fill each) as its KV-cache loop, with where its decode time goes;
+# installed; where not, the run says so); for the transformers runs the first 256 (one full
+# batch by memory: up to 256 rows on a GPU, 256 on an H200), for plain `generate` in one batch
+# of that size (its best batch measured: 4.0 steps/s on an H200 against 1.0 at batch 24,
+# 2026-11-28; a plain run out of memory is said, and the rest goes on) and for the package's
+# HF path (a GRPO step's thousands of checks fill each batch) as its KV-cache loop, with where
+# its decode time goes;
 # a profile of the loop's decode steps (the first 24 steps, answers cut at 24 tokens); then,
 # where time is left, `generate` on a static cache (compiled: CUDA graphs; timed after a
 # warm-up that compiles its shapes) and transformers' continuous batching without the schema,
@@ -563,12 +565,12 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 # strings of at most 8 characters (the schema's index over Qwen's vocabulary builds in ~4 s
 # instead of ~12 s on a CPU core), and every run and diagnostic, so that each runs once here.
 JUDGE_ARGS = (
-    "--steps", "512", "--hf-steps", "256", "--hf-path-steps", "auto", "--batches", "256",
+    "--steps", "512", "--hf-steps", "256", "--hf-path-steps", "auto", "--batches", "auto",
     "--model-step-batch", "0", "--hf-decoding", "loop,static", "--profile", "--cb",
     "--deadline", "165",
 )  # fmt: skip
 TINY_JUDGE_ARGS = (
-    "--steps", "6", "--hf-steps", "2", "--hf-path-steps", "auto", "--batches", "2",
+    "--steps", "6", "--hf-steps", "2", "--hf-path-steps", "auto", "--batches", "auto",
     "--plain-without-cudnn", "--hf-decoding", "loop,static", "--hf-copied",
     "--max-new-tokens", "32", "--max-string-chars", "8", "--profile", "--cb",
 )  # fmt: skip

@@ -10,7 +10,8 @@ The workload is `--steps` distinct step checks (default 512): the example steps 
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
 Each engine answers them greedily under the judge schema:
 - `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
-  of `--batches` (the best of them is the reference), on a CUDA GPU as a user's `generate`
+  of `--batches` (`auto`: the HF path's batch by memory; the best of them is the reference;
+  one out of memory is said in `plain_out_of_memory` and the runs go on), on a CUDA GPU as a user's `generate`
   runs there (transformers' own SDPA, torch's kernel choice), on a CPU on the judge's grouped
   heads (the CPU tables' runs); `--plain-without-cudnn` adds `plain_bN_no_cudnn`, on the
   attention and kernels the HF path decodes on (its folded heads without cuDNN's attention
@@ -528,6 +529,8 @@ def table(report: dict[str, Any]) -> str:
     unasked = ("ran", "not asked for (--cb)", "skipped (--no-vllm)")
     notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
     notes += [f"{k}: {report[k]}" for k in ("hf_copied", "hf_static") if k in report]
+    if report.get("plain_out_of_memory"):
+        notes.append(f"out of memory: {', '.join(report['plain_out_of_memory'])}")
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report.get(v) is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
     lines += [f"{name}: {decode_line(r['decode'])}" for name, r in runs.items() if "decode" in r]
@@ -569,7 +572,12 @@ def main() -> None:
         help="the package's HF path: first N (default: --hf-steps), so its batch can fill; "
         "'auto': as many as its batch by memory takes, one full batch",
     )
-    p.add_argument("--batches", default="8,16,32", help="plain generate() batch sizes to try")
+    p.add_argument(
+        "--batches",
+        default="8,16,32",
+        help="plain generate() batch sizes to try, comma list; 'auto': the HF path's batch by "
+        "memory (each at most the transformers runs' steps)",
+    )
     p.add_argument(
         "--plain-without-cudnn",
         action="store_true",
@@ -662,6 +670,10 @@ def main() -> None:
 
         folder = Path(tempfile.mkdtemp(prefix="judge-bench-")) / "tiny-qwen2"
         model = str(build_qwen2(folder, hidden=128))
+    asked_batches = [x.strip() for x in args.batches.split(",") if x.strip()]
+    odd = [x for x in asked_batches if x != "auto" and not (x.isdigit() and int(x) > 0)]
+    if odd:
+        p.error(f"--batches: numbers of rows or 'auto', got {', '.join(map(repr, odd))}")
     if args.hf_path_steps not in (None, "auto") and not args.hf_path_steps.isdigit():
         p.error(f"--hf-path-steps: a number or 'auto', got {args.hf_path_steps!r}")
     requests = workload(args.traces, args.steps)
@@ -678,10 +690,11 @@ def main() -> None:
     load = {"hf": round(time.perf_counter() - start, 1)}
     device, dtype = str(judge.model.device), str(judge.model.dtype)
     prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]  # every example step
+    by_memory = judge.rows_by_memory(max(prompt_tokens))  # the HF path's batch
     # the package's path may take more: its batch by memory fills only on more steps
     path_steps = args.hf_path_steps or len(hf_requests)
     if path_steps == "auto":  # one full batch: a GRPO step's thousands of checks fill each
-        path_steps = judge.rows_by_memory(max(prompt_tokens))
+        path_steps = by_memory
     path_requests = requests[: int(path_steps)]
     context: dict[str, Any] = {
         "date": date.today().isoformat(),
@@ -717,7 +730,8 @@ def main() -> None:
             partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return report
 
-    batches = [] if args.no_hf else [int(x) for x in args.batches.split(",") if x]
+    batches = [] if args.no_hf else [by_memory if x == "auto" else int(x) for x in asked_batches]
+    batches = list(dict.fromkeys(min(b, len(hf_requests)) for b in batches))
     if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
         start = time.perf_counter()
         judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge
@@ -736,8 +750,14 @@ def main() -> None:
     kernels = ["torch"] + (["no_cudnn"] if args.plain_without_cudnn else [])
     for b, kernel in itertools.product(batches, kernels):
         name = f"plain_b{b}" + ("" if kernel == "torch" else f"_{kernel}")
-        with kernel_choice(judge.model, kernel):
-            runs[name] = run(judge, hf_requests, name, decoding="generate", batch_size=b)
+        try:
+            with kernel_choice(judge.model, kernel):
+                runs[name] = run(judge, hf_requests, name, decoding="generate", batch_size=b)
+        except torch.OutOfMemoryError:  # the HF path still runs, and says what plain could not
+            context.setdefault("plain_out_of_memory", []).append(name)
+            print(f"  {name}: out of memory", file=sys.stderr)
+            gc.collect()
+            torch.cuda.empty_cache()
         save()
     if not args.no_hf and "loop" in decodings:
         runs["hf"] = run(judge, path_requests, "hf", decoding="loop", batch_size=None)

@@ -163,6 +163,34 @@ def _judge_bench():
     return bench_script("judge_throughput")
 
 
+def test_a_plain_run_out_of_memory_is_said_and_the_hf_path_still_runs(tmp_path, monkeypatch):
+    """A plain `generate` batch too big for the GPU (an 80 GB card at 256 rows, say) is named in
+    the report, and the HF path's run, which the section exists for, still happens; `auto` is
+    the HF path's batch by memory, at most the transformers runs' steps."""
+    import torch
+
+    bench = _judge_bench()
+    real = bench.run
+
+    def run(judge, requests, name, **settings):
+        if settings.get("decoding") == "generate":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(judge, requests, name, **settings)
+
+    monkeypatch.setattr(bench, "run", run)
+    monkeypatch.setattr(sys, "argv", [
+        "judge_throughput.py", "--tiny", "--steps", "4", "--hf-steps", "2", "--batches",
+        "auto,1", "--model-step-batch", "0", "--max-new-tokens", "8", "--max-string-chars", "8",
+        "--no-vllm", "--out", str(tmp_path),
+    ])  # fmt: skip
+    bench.main()
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert report["plain_out_of_memory"] == ["plain_b2", "plain_b1"]
+    assert report["best_plain"] is None and report["runs"]["hf"]["steps"] == 2
+    assert report["complete"] is True
+    assert "out of memory: plain_b2, plain_b1" in bench.table(report)
+
+
 @pytest.mark.parametrize(
     ("device", "kernel", "inside"),
     [
