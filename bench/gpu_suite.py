@@ -902,7 +902,11 @@ def headline(name: str, result: dict[str, Any]) -> str:
     judge = result["result"]  # bench/judge_throughput.py's report
     ratios = {"HF path": "hf_vs_best_plain", "vLLM": "vllm_vs_best_plain"}
     shown = [f"{k} {judge[v]}x" for k, v in ratios.items() if judge.get(v) is not None]
-    line = ", ".join(shown) + f" best plain generate ({judge['best_plain']})"
+    if judge.get("best_plain") is None:
+        oom = judge.get("plain_out_of_memory")
+        line = "no plain generate figure" + (f" ({', '.join(oom)} out of memory)" if oom else "")
+    else:
+        line = ", ".join(shown) + f" best plain generate ({judge['best_plain']})"
     counted = [r for r in judge.get("runs", {}).values() if isinstance(r.get("failed"), int)]
     failed, steps = sum(r["failed"] for r in counted), sum(r["steps"] for r in counted)
     if failed:  # timings of answers cut short (a random model at its token limit), say so

@@ -189,6 +189,8 @@ def test_a_plain_run_out_of_memory_is_said_and_the_hf_path_still_runs(tmp_path, 
     assert report["best_plain"] is None and report["runs"]["hf"]["steps"] == 2
     assert report["complete"] is True
     assert "out of memory: plain_b2, plain_b1" in bench.table(report)
+    line = _suite().headline("judge", {"status": "ok", "result": report})
+    assert line.startswith("no plain generate figure (plain_b2, plain_b1 out of memory)")
 
 
 @pytest.mark.parametrize(
