@@ -5,9 +5,10 @@ one run, over the same drops:
 - `dynamic`: transformers' `DynamicLayer.batch_select_indices`, a gather of every kept row's
   keys and values into new memory at each drop (what the judge's cache did before it kept rows
   in place, there over its whole buffer, the answer's room included);
-- `growing`: the judge's `GrowingLayer`, the rows in the loop's order (`kept_in_place`): kept
-  rows stay where they are, only rows from past the new end move into freed places, within the
-  same buffer.
+- `growing`: the judge's `GrowingCache` of `GrowingLayer`s, the rows in the loop's order
+  (`kept_in_place`): kept rows stay where they are, only rows from past the new end move into
+  freed places, within the same buffer; the rows to move are found once a drop, for every
+  layer.
 
     python bench/row_drops.py [--rows 16] [--layers 30] [--kv-heads 3] [--head-dim 64]
         [--prompt 1144] [--answer 256] [--dtype float32] [--device cpu]
@@ -30,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from stepgap.teacher.judges.decoding import kept_in_place
-from stepgap.teacher.judges.kv_cache import GrowingLayer
+from stepgap.teacher.judges.kv_cache import GrowingCache, GrowingLayer
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -70,6 +71,8 @@ def run(kind: str, args: argparse.Namespace, drops: list[tuple[int, list[int]]])
             )
             layer.is_initialized = True
         layers.append(layer)
+    # transformers' cache drops rows layer by layer; the judge's finds the rows to move once
+    cache = GrowingCache(layers=layers) if kind == "growing" else Cache(layers=layers)
     item = torch.empty((), dtype=dtype).element_size()
     seconds, moved = 0.0, 0
     for step, keep in drops:
@@ -84,8 +87,7 @@ def run(kind: str, args: argparse.Namespace, drops: list[tuple[int, list[int]]])
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        for layer in layers:
-            layer.batch_select_indices(index)
+        cache.batch_select_indices(index)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - start

@@ -10,6 +10,7 @@ costs only its own tokens."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
@@ -76,18 +77,45 @@ class GrowingLayer(DynamicLayer):
         `indices[i]`. Only the rows that change place are copied, and only their filled
         positions, into the same buffer, whose first rows are kept as a view: a drop allocates
         nothing (`kept_in_place` orders the rows so that few move)."""
+        self.keep_rows(RowMoves.of(indices))
+
+    def keep_rows(self, moves: RowMoves) -> None:
+        """`batch_select_indices` with the rows to move already found (once for every layer)."""
         if self.buffers is None:
             return
+        if moves.moved.numel():
+            for b in self.buffers:  # the rows are read out before any is written
+                b[moves.moved, :, : self.length] = b[moves.sources, :, : self.length]
+        self.buffers = tuple(b[: moves.kept] for b in self.buffers)
+        self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
+
+
+@dataclass(frozen=True)
+class RowMoves:
+    """A row drop as the layers carry it out: `kept` rows stay, and row `moved[i]` takes row
+    `sources[i]`'s keys and values. Finding the moved rows waits for the device (`nonzero`),
+    so a cache finds them once a drop, not once a layer."""
+
+    kept: int
+    moved: Any
+    sources: Any
+
+    @classmethod
+    def of(cls, indices: Any) -> RowMoves:
         import torch
 
-        n = indices.shape[0]
-        moved = (indices != torch.arange(n, device=indices.device)).nonzero().view(-1)
-        if moved.numel():
-            sources = indices[moved]
-            for b in self.buffers:  # the rows are read out before any is written
-                b[moved, :, : self.length] = b[sources, :, : self.length]
-        self.buffers = tuple(b[:n] for b in self.buffers)
-        self.keys, self.values = (b[..., : self.length, :] for b in self.buffers)
+        kept = indices.shape[0]
+        moved = (indices != torch.arange(kept, device=indices.device)).nonzero().view(-1)
+        return cls(kept, moved, indices[moved])
+
+
+class GrowingCache(Cache):
+    """A cache of `GrowingLayer`s: a row drop finds the rows to move once for all layers."""
+
+    def batch_select_indices(self, indices: Any) -> None:
+        moves = RowMoves.of(indices)
+        for layer in self.layers:
+            layer.keep_rows(moves)
 
 
 def text_config(model: Any) -> Any:
@@ -105,4 +133,4 @@ def growing_cache(model: Any, room: int) -> Cache:
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         return DynamicCache()
-    return Cache(layers=[GrowingLayer(room) for _ in range(config.num_hidden_layers)])
+    return GrowingCache(layers=[GrowingLayer(room) for _ in range(config.num_hidden_layers)])

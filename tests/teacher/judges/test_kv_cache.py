@@ -156,3 +156,22 @@ def test_a_model_with_sliding_window_layers_prefills_its_batch_in_one_forward(mo
         logits, attention = decoder._prefill([[5, 6, 7, 8], [9, 10]], cache)
     assert logits.shape == (2, 300) and attention.shape == (2, 4)
     assert cache.get_seq_length() == 4 and cache.layers[0].keys.shape[0] == 2
+
+
+def test_a_row_drop_finds_the_rows_to_move_once_for_every_layer(small_qwen2, monkeypatch):
+    """Finding the moved rows waits for the device (`nonzero`): the judge's cache does it once
+    a drop, where transformers' cache asks each layer (28 of them for Qwen2.5-7B), and every
+    layer keeps the same rows as a layer asked alone would."""
+    from stepgap.teacher.judges import kv_cache
+
+    cache, alone = growing_cache(small_qwen2, room=4), GrowingLayer(room=4)
+    for seed, layer in enumerate([*cache.layers, alone]):
+        layer.update(*_states(4, 6, seed % 2))
+    found = []
+    real = kv_cache.RowMoves.of
+    monkeypatch.setattr(kv_cache.RowMoves, "of", lambda i: found.append(i) or real(i))
+    cache.batch_select_indices(torch.tensor([0, 3, 2]))
+    assert len(found) == 1 and len(cache.layers) == 2
+    alone.batch_select_indices(torch.tensor([0, 3, 2]))
+    assert torch.equal(cache.layers[0].keys, alone.keys)
+    assert torch.equal(cache.layers[0].values, alone.values)
