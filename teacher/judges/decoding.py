@@ -346,7 +346,7 @@ class GreedyDecoder:
     ) -> list[Decoded]:
         """Greedy decoding over a KV cache: rows leave the batch when they finish, and the run
         of schema-forced tokens after a chosen token joins that token's forward pass (the
-        chunk is right-padded; padding stays in the cache, masked out)."""
+        chunk is left-padded; padding stays in the cache, masked out)."""
         import torch
 
         from .kv_cache import growing_cache
@@ -368,7 +368,9 @@ class GreedyDecoder:
             states = [m.initial() if m is not None else None for m in masks]
             active = list(range(len(prompts)))
             while active:
-                scores = logits.float()  # as `generate` does before its processors
+                # as `generate` does before its processors; the logits are this step's own, so
+                # the mask is applied in place
+                scores = logits.float()
                 if any(masks[r] is not None for r in active):
                     allowed = torch.stack(
                         [
@@ -378,7 +380,7 @@ class GreedyDecoder:
                             for r in active
                         ]
                     )
-                    scores = scores.masked_fill(~allowed, float("-inf"))
+                    scores.masked_fill_(allowed.logical_not_(), float("-inf"))
                 chosen = scores.argmax(-1)
                 picked = scores.log_softmax(-1).gather(1, chosen.view(-1, 1)).view(-1)
                 asked = clock()
@@ -422,22 +424,28 @@ class GreedyDecoder:
                     attention, next_pos = attention[index], next_pos[index]
                     active = [active[j] for j in keep]
                 width = max(len(c) for c in chunks)
-                # built as lists, one tensor each: a tensor write per row cost ~10 us a row
-                step = torch.tensor([c + [pad] * (width - len(c)) for c in chunks])
-                step_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks])
+                # left-padded, so that every row's last token is the chunk's last position:
+                # the model computes the logits of that position only (`logits_to_keep`), not
+                # of every forced token. Built as lists, one tensor each: a tensor write per
+                # row cost ~10 us a row.
+                step = torch.tensor([[pad] * (width - len(c)) + c for c in chunks])
+                step_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunks])
                 lengths = torch.tensor([len(c) for c in chunks], device=device)
                 attention = torch.cat([attention, step_mask.to(device)], dim=1)
+                # a row's tokens continue its positions; its padding takes its first one
+                offsets = torch.arange(width, device=device) - (width - lengths)[:, None]
                 called = clock()
                 out = self.model(
                     input_ids=step.to(device),
                     attention_mask=attention,
-                    position_ids=next_pos[:, None] + torch.arange(width, device=device),
+                    position_ids=next_pos[:, None] + offsets.clamp(min=0),
                     past_key_values=cache,
                     use_cache=True,
+                    logits_to_keep=1,
                 )
                 model_s += clock() - called
                 forwards += 1
-                logits = out.logits[torch.arange(len(chunks), device=device), lengths - 1]
+                logits = out.logits[:, -1]
                 next_pos = next_pos + lengths
                 for r in active:
                     rows[r].forward_passes += 1

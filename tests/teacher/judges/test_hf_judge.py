@@ -95,6 +95,36 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_, monkey
         assert rf.confidences == pytest.approx(rp.confidences, rel=1e-4)
 
 
+def test_a_decode_forward_computes_each_rows_last_logits_only(tiny_qwen2, requests_, monkeypatch):
+    """A decode forward carries each row's chosen token and the schema-forced tokens after it,
+    so its rows differ in length: they are left-padded, every row ends at the forward's last
+    position, and the model computes the logits of that position alone, not a vocabulary's
+    worth per forced token (Qwen2.5's 152K a token, which the loop then had to gather from)."""
+    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=120)
+    prompts = [judge.prompt_ids(r) for r in requests_[:3]]
+    forwards = []
+    real = judge.model.forward
+
+    def spy(**kwargs):
+        out = real(**kwargs)
+        width = kwargs["input_ids"].shape[1]
+        forwards.append((width, kwargs["attention_mask"][:, -width:], out.logits.shape[1]))
+        return out
+
+    monkeypatch.setattr(judge.model, "forward", spy)
+    answers = judge.generate_ids(prompts)
+    decode = [f for f in forwards if f[0] < min(len(p) for p in prompts)]  # not a prefill
+    assert len(decode) == judge.decode_stats.forwards > 0
+    # forced tokens rode along, in rows of unequal lengths in one forward
+    assert any(width > 1 and (mask.sum(1) < width).any() for width, mask, _ in decode)
+    for _, mask, kept in decode:
+        assert kept == 1
+        assert mask[:, -1].all()  # each row's last token is the last position
+        assert (mask.diff(dim=1) >= 0).all()  # padding before the tokens, never after
+    judge.decoding = "generate"
+    assert [d.tokens for d in answers] == [judge.generate_ids([p])[0].tokens for p in prompts]
+
+
 def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
     tiny_qwen2, requests_, monkeypatch
 ):
