@@ -295,3 +295,25 @@ def test_the_judge_and_a_policy_read_their_key_from_the_environment_only(monkeyp
     monkeypatch.setenv("MY_KEY", "sk-test")
     assert OpenAIPolicy("m", api_key_env="MY_KEY").client.api_key == "sk-test"
     assert OpenAIJudge("m", api_key_env="MY_KEY")._new_client().api_key == "sk-test"
+
+
+def test_the_test_server_takes_a_client_that_resets_without_a_traceback(capfd):
+    """Tests make clients leave mid-request (timeouts, cancelled calls); the stand-in server
+    takes the reset quietly instead of printing a traceback into the test output."""
+    import socket
+    import struct
+    import time
+
+    from tests.fixtures.openai_server import FakeOpenAI
+
+    server = FakeOpenAI().start()
+    try:
+        client = socket.create_connection(server.httpd.server_address)
+        client.sendall(b"POST /v1/chat")  # a request line never finished
+        time.sleep(0.2)  # the server is reading it
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset, not a clean close
+        time.sleep(0.5)
+    finally:
+        server.stop()
+    assert "Traceback" not in capfd.readouterr().err
