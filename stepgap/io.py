@@ -345,6 +345,16 @@ def _iter_hf_dataset(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield from _iter_rows(iter(split), len(split), path.name)
 
 
+def require_input(path: str | Path, role: str = "input file") -> Path:
+    """`path` if it exists, else the one-line `FileNotFoundError` `read_records` gives. A
+    command that loads a model before reading its input asks this first, so a mistyped path
+    fails at once, not after minutes of loading."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{role} not found: {path}")
+    return path
+
+
 def read_records(
     path: str | Path, report: ErrorReport | None = None, *, role: str = "input file"
 ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -355,10 +365,8 @@ def read_records(
     could be read is an `UnreadableFileError`. `role` names the file in errors ("judge replay
     file").
     """
-    path = Path(path)
+    path = require_input(path, role)
     report = report if report is not None else ErrorReport()
-    if not path.exists():
-        raise FileNotFoundError(f"{role} not found: {path}")
     if path.is_dir():
         yield from _iter_hf_dataset(path)
         return

@@ -176,8 +176,9 @@ class CheckerConfig(BaseModel):
     judge_batch_size: PositiveInt = _option(8, "hf judge generation batch (HF engine)", JUDGE)
     engine: Literal["auto", "vllm", "hf"] = _option(
         "auto",
-        "local judges (hf:, student:, --bundle): decode on vLLM's engine in this process or on "
-        "transformers; auto: vLLM where it is installed and runs on the judge's device",
+        "local judges (hf:, student:, a bundle's student): decode on vLLM's engine in this "
+        "process or on transformers; auto: vLLM where it is installed and runs on the judge's "
+        "device",
         JUDGE,
     )
     kv_cache_gib: PositiveFloat | None = _option(

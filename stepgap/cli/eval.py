@@ -97,7 +97,9 @@ def evaluate_arguments(p: argparse.ArgumentParser) -> None:
 def baseline(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
     from stepgap.eval.baselines import run_baseline
+    from stepgap.io import require_input
 
+    require_input(args.input)  # before the models load
     report = ErrorReport()
     n = run_baseline(
         args.kind,

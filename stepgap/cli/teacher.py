@@ -52,8 +52,10 @@ def _print_meter(judged_by: object) -> None:
 
 def check(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
+    from stepgap.io import require_input
     from stepgap.teacher.label import check_file
 
+    require_input(args.input)  # before the models load
     report = ErrorReport()
     judged_by = checker(args)
     try:
@@ -89,9 +91,11 @@ def check_arguments(p: argparse.ArgumentParser) -> None:
 
 def label(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
+    from stepgap.io import require_input
     from stepgap.teacher.label import label_file, parse_shard
 
     shard = parse_shard(args.shard)
+    require_input(args.input)  # before the models load
     report = ErrorReport()
     judged_by = checker(args)
     try:

@@ -43,6 +43,28 @@ def test_missing_input_is_a_clear_error(tmp_path, capsys):
     assert "input file not found" in capsys.readouterr().err
 
 
+def test_a_mistyped_input_fails_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    """`check`, `label` and `baseline` load their models before they read traces: with a real
+    7B judge that takes minutes, so a path that does not exist is said first."""
+    import stepgap.cli.teacher as teacher_cli
+    import stepgap.eval.baselines as baselines
+
+    def loads(*args, **kwargs):
+        raise AssertionError("a model was loaded for an input that does not exist")
+
+    monkeypatch.setattr(teacher_cli, "checker", loads)
+    monkeypatch.setattr(baselines, "run_baseline", loads)
+    missing, out = str(tmp_path / "trace.jsonl"), str(tmp_path / "out.jsonl")
+    for argv in (
+        ["check", missing, "--bundle", str(tmp_path), "-o", out],
+        ["label", missing, "--judge", "hf:x", "--nli", "hf:y", "-o", out],
+        ["baseline", "nli-only", missing, "--nli", "hf:y", "-o", out],
+    ):
+        assert main(argv) == 2, argv
+        assert f"input file not found: {missing}" in capsys.readouterr().err
+    assert not Path(out).exists()
+
+
 def test_check_with_a_real_tiny_nli_model(tmp_path, examples_dir, tiny_nli):
     out = tmp_path / "verdicts.jsonl"
     rc = main(
