@@ -166,6 +166,11 @@ class UnreadableFileError(ValueError):
     """A file none of whose records could be read: nothing to work on, so nothing is written."""
 
 
+class EmptyInputError(UnreadableFileError):
+    """A file with no records at all (empty, or blank lines only): an input error like an
+    unreadable one, so a command given it writes nothing and an earlier output stays."""
+
+
 class _Checked:
     """What `read_models` learns of one file as it reads: whether the first record is of
     another format, and whether any record was readable at all."""
@@ -346,12 +351,15 @@ def _iter_hf_dataset(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def require_input(path: str | Path, role: str = "input file") -> Path:
-    """`path` if it exists, else the one-line `FileNotFoundError` `read_records` gives. A
-    command that loads a model before reading its input asks this first, so a mistyped path
-    fails at once, not after minutes of loading."""
+    """`path` if it exists and is not an empty file, else the one-line error `read_records`
+    gives (`FileNotFoundError`, `EmptyInputError`). A command that loads a model before reading
+    its input asks this first, so a mistyped path or an empty file fails at once, not after
+    minutes of loading."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{role} not found: {path}")
+    if path.is_file() and path.stat().st_size == 0:
+        raise EmptyInputError(f"{path}: has no records (an empty {role}): nothing to work on")
     return path
 
 
@@ -362,29 +370,36 @@ def read_records(
 
     The format follows the suffix (`.json` is tried as an array first, then as JSON Lines).
     Records that cannot be read go to `report` and are skipped; a file with lines of which none
-    could be read is an `UnreadableFileError`. `role` names the file in errors ("judge replay
+    could be read is an `UnreadableFileError`, and one with no records at all an
+    `EmptyInputError` (raised once the caller has taken every record, so an output being
+    written is discarded and an earlier one stays). `role` names the file in errors ("judge replay
     file").
     """
     path = require_input(path, role)
     report = report if report is not None else ErrorReport()
-    if path.is_dir():
-        yield from _iter_hf_dataset(path)
-        return
-    if path.suffix.lower() in PARQUET_SUFFIXES:
-        yield from _iter_parquet(path)
-        return
     before, read = len(report), 0
-    if path.suffix.lower() == ".json" and path.read_bytes()[:1].lstrip() in (b"[", b""):
-        records = _iter_json_array(path, report)
-    else:
-        records = _iter_jsonl(path, report)
-    for record in records:
+    for record in _records_of(path, report):
         read += 1
         yield record
-    if not read and len(report) > before:
+    if read:
+        return
+    if len(report) > before:
         raise UnreadableFileError(
             f"{path}: none of its lines is a JSON record; the first: {report.errors[before]}"
         )
+    raise EmptyInputError(f"{path}: has no records (an empty {role}): nothing to work on")
+
+
+def _records_of(path: Path, report: ErrorReport) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records of `path` by its format: a `datasets` folder, Parquet, a JSON array or
+    JSON Lines."""
+    if path.is_dir():
+        return _iter_hf_dataset(path)
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        return _iter_parquet(path)
+    if path.suffix.lower() == ".json" and path.read_bytes()[:1].lstrip() in (b"[", b""):
+        return _iter_json_array(path, report)
+    return _iter_jsonl(path, report)
 
 
 def read_models(

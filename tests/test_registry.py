@@ -16,14 +16,17 @@ import pytest
 
 from stepgap.registry import BackendOptionError, Default, Registry, UnknownBackendError
 
+REPO = Path(__file__).resolve().parents[1]
+
 PLUGIN_JUDGE = '''
 import json
 
 from stepgap.schema import Judge
+from stepgap.teacher.judges import JudgeBackend
 from stepgap.tree import JudgeResult
 
 
-class EchoJudge:
+class EchoJudge(JudgeBackend):
     """Gives every step the judge object of the JSON file its spec names."""
 
     name = "echo"
@@ -37,7 +40,7 @@ class EchoJudge:
     def provenance(self):
         return {"spec": f"echo:{self.path}", "note": None}
 
-    def judge(self, requests, deadline=None):
+    def judge(self, requests, *, stop=None):
         return [JudgeResult(judge=self.answer) for _ in requests]
 '''
 
@@ -116,8 +119,7 @@ def test_an_option_a_backend_does_not_take_is_an_error_naming_both(tmp_path):
     from stepgap.teacher.judges import load_judge
     from stepgap.teacher.nli import load_nli
 
-    replay = tmp_path / "answers.jsonl"
-    replay.write_text("")
+    replay = REPO / "examples" / "judge_replay.jsonl"
     with pytest.raises(BackendOptionError, match="judge backend 'replay' takes no option "
                        "'concurrency'"):  # fmt: skip
         load_judge(f"replay:{replay}", concurrency=4)

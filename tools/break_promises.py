@@ -59,6 +59,15 @@ MUTATIONS = [
         ("tests/test_bad_input.py::test_relabel",),
     ),
     Mutation(
+        "empty-input/is-an-error",
+        "stepgap/io.py",
+        '    raise EmptyInputError(f"{path}: has no records (an empty {role}): nothing to work on")',
+        "    return",
+        (
+            "tests/cli/test_outputs.py::test_an_input_with_no_records_is_an_error_and_the_earlier_output_stays",
+        ),
+    ),
+    Mutation(
         "wrong-format/said-once",
         "stepgap/io.py",
         "        if valid or not first:\n            return",

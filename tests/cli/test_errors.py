@@ -90,7 +90,7 @@ def test_push_without_a_token(tmp_path):
 
 def test_check_that_fails_or_names_its_input_keeps_the_files_as_they_were(tmp_path):
     """A dead judge server (exit 2) leaves an earlier output whole; `-o` naming the input or a
-    folder is refused before anything is read or asked; an empty input says so."""
+    folder is refused before anything is read or asked; an empty input is an error (exit 2)."""
     out = tmp_path / "verdicts.jsonl"
     out.write_text('{"earlier": "run"}\n' * 28)
     dead = run("check", str(EX / "traces.jsonl"), "-o", str(out), "--judge=openai:gpt-4.1-mini",
@@ -113,7 +113,8 @@ def test_check_that_fails_or_names_its_input_keeps_the_files_as_they_were(tmp_pa
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     done = run("check", str(empty), "-o", str(tmp_path / "none.jsonl"), *replay)
-    assert "no traces in" in done.stderr, done.stderr
+    one_line_error(done, "has no records")
+    assert done.returncode == 2 and not (tmp_path / "none.jsonl").exists()
 
 
 def test_ctrl_c_is_one_line_exit_130_and_the_earlier_output_is_whole(fake_openai, tmp_path):

@@ -150,3 +150,39 @@ def test_a_folder_of_other_files_is_refused_never_deleted(tmp_path, capsys):
                  "--no-plots", "--resamples=50", "-o", str(out)]) == 2  # fmt: skip
     assert "is a folder with other files in it" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "my notes"
+
+
+# name -> argv with {empty} for the input with no records (the others are real files)
+EMPTY_INPUT_CASES = {
+    "segment": ["segment", "{empty}", "-o", "{out}"],
+    "check": ["check", "{empty}", *REPLAY, "-o", "{out}"],
+    "relabel": ["relabel", "{empty}", "-o", "{out}"],
+    "reward (traces)": ["reward", "{empty}", "--verdicts", VERDICTS, "-o", "{out}"],
+    "reward (verdicts)": ["reward", TRACES, "--verdicts", "{empty}", "-o", "{out}"],
+    "merge": ["merge", "{empty}", "-o", "{out}"],
+    "baseline": ["baseline", "flag-everything", "{empty}", "-o", "{out}"],
+}
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n"], ids=["zero bytes", "blank lines"])
+@pytest.mark.parametrize("name", list(EMPTY_INPUT_CASES))
+def test_an_input_with_no_records_is_an_error_and_the_earlier_output_stays(
+    name, content, tmp_path, capsys
+):
+    """`: > empty.jsonl` then `check empty.jsonl -o v.jsonl` wrote 0 verdicts over 28 and
+    exited 0: a file with no records is an input error, like one none of whose records reads."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(content)
+    out = tmp_path / "out.jsonl"
+    earlier_file(out)
+    argv = [
+        a.replace("{out}", str(out)).replace("{empty}", str(empty)) for a in EMPTY_INPUT_CASES[name]
+    ]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and str(empty) in errors[0] and "has no records" in errors[0], err
+    assert out.read_text() == '{"an": "earlier output"}\n'
+    assert "wrote" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl", "out.jsonl"]

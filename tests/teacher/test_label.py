@@ -226,8 +226,9 @@ def test_a_rerun_asks_the_failed_steps_again_and_leaves_one_line_per_step(
 
 
 def test_every_step_failed_is_exit_1_and_keep_errors_skips_failed_steps(tmp_path, examples_dir):
-    empty = tmp_path / "empty_replay.jsonl"
-    empty.write_text("")  # a judge with no answer for any step
+    empty = tmp_path / "other_replay.jsonl"
+    first = json.loads((examples_dir / "judge_replay.jsonl").read_text().splitlines()[0])
+    empty.write_text(json.dumps({**first, "trace_id": "another trace"}) + "\n")  # none of these
     cmd = [sys.executable, "-m", "stepgap.cli", "label", str(examples_dir / "traces.jsonl"),
            "-o", str(tmp_path / "r.jsonl"), "--judge", f"replay:{empty}",
            "--nli", f"replay:{examples_dir / 'nli_replay.jsonl'}", "--no-progress"]  # fmt: skip
