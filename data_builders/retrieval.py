@@ -22,10 +22,11 @@ import logging
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from stepgap.io import ErrorReport, JsonlWriter, read_records, refuse_other_format, replacing
 from stepgap.registry import Registry
@@ -61,10 +62,15 @@ class Hit:
     score: float | None = None
 
 
-class Retriever(Protocol):
+class Retriever(ABC):
+    """Documents for queries; `search` is the one method a retriever must write."""
+
+    #: what it searches (an index folder's `index.json`: kind, documents, ...; {} if unknown)
+    meta: dict[str, Any] = {}
+
+    @abstractmethod
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         """The top `topk` documents for each query, best first."""
-        ...
 
 
 def title_and_text(contents: str) -> tuple[str, str]:
@@ -257,7 +263,7 @@ def build_index(
     return meta
 
 
-class LocalIndex:
+class LocalIndex(Retriever):
     """A folder written by `build_index`, searched in process (thread-safe)."""
 
     def __init__(self, path: str | Path, *, device: str | None = None) -> None:
@@ -310,7 +316,7 @@ class LocalIndex:
 # --------------------------------------------------------------------------- HTTP
 
 
-class HttpRetriever:
+class HttpRetriever(Retriever):
     """A client of Search-R1's retrieval server (`POST /retrieve`), with retries."""
 
     def __init__(self, url: str, *, timeout: float = 60.0, max_retries: int = 3) -> None:

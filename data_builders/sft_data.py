@@ -60,8 +60,9 @@ def sft_examples(
     teacher's), to keep the examples within the student's `max_length`. `target`: what the
     completion holds (`TARGETS`; see `student_target`).
     """
-    from stepgap.teacher.checker import group_by_trace, step_nli_features
+    from stepgap.teacher.decide import step_nli_features
     from stepgap.teacher.prompt import build_messages
+    from stepgap.teacher.relabel import group_by_trace
 
     check_target(target)
     stats = stats if stats is not None else SFTStats()

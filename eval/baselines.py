@@ -22,7 +22,7 @@ from stepgap.io import ErrorReport, JsonlWriter, check_output
 from stepgap.registry import Default, Registry
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
-from stepgap.teacher.checker import Checker, provenance
+from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.base import close_judge
 from stepgap.teacher.nli.base import NLIBackend
 from stepgap.tree import JudgeResult, TreeConfig, nli_label
@@ -122,7 +122,7 @@ def nli_only(
             hypothesis = _claim(step)
             jobs.append((t, step, premise, hypothesis))
     probs = nli.predict([(p, h) for _, _, p, h in jobs]) if jobs else []
-    checker = {"baseline": "nli-only", "nli": provenance(nli)}
+    checker = {"baseline": "nli-only", "nli": nli.provenance}
     for (t, step, premise, hypothesis), pr in zip(jobs, probs, strict=True):
         lab = nli_label(pr, entail_threshold, contradict_threshold)
         label = {"entailment": "no_gap", "contradiction": "CC", "neutral": "MB"}[lab]
@@ -156,7 +156,7 @@ def minicheck(
             jobs.append((t, step, sentence_chunks(evidence, chunk_words), _claim(step)))
     pairs = [(chunk, claim) for _, _, chunks, claim in jobs for chunk in chunks]
     probs = iter(nli.predict(pairs) if pairs else [])
-    checker = {"baseline": "minicheck", "nli": provenance(nli), "chunk_words": chunk_words}
+    checker = {"baseline": "minicheck", "nli": nli.provenance, "chunk_words": chunk_words}
     for t, step, chunks, claim in jobs:
         scored = [(chunk, next(probs)) for chunk in chunks]
         best = max(range(len(scored)), key=lambda i: scored[i][1].entailment)
@@ -199,16 +199,15 @@ class NERQuoteChecker(Checker):
     def provenance(self) -> dict[str, object]:
         return {**super().provenance, "baseline": "ner-quote (stage C by spaCy)"}
 
-    def judge_traces(self, traces: Sequence[Trace]) -> list[list[JudgeResult]]:
-        judged = super().judge_traces(traces)
-        for t, results in zip(traces, judged, strict=True):
-            for step, result in zip(t.steps or [], results, strict=True):
-                if result.judge is None:
-                    continue
-                evidence = accumulated_evidence(t.steps, step.index)  # type: ignore[arg-type]
-                section = self.quote_search(step, evidence)
-                result.judge = result.judge.model_copy(update={"step_1_quote_search": section})
-                result.confidences = {k: v for k, v in result.confidences.items() if k != "C"}
+    def revise(self, trace: Trace, judged: list[JudgeResult]) -> list[JudgeResult]:
+        """Stage C of each answered step replaced by spaCy's quote search."""
+        for step, result in zip(trace.steps or [], judged, strict=True):
+            if result.judge is None:
+                continue
+            evidence = accumulated_evidence(trace.steps, step.index)  # type: ignore[arg-type]
+            section = self.quote_search(step, evidence)
+            result.judge = result.judge.model_copy(update={"step_1_quote_search": section})
+            result.confidences = {k: v for k, v in result.confidences.items() if k != "C"}
         return judged
 
     def quote_search(self, step: Step, evidence: Sequence[Snippet]) -> Any:

@@ -28,7 +28,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stepgap.schema import REPAIRS, Step, Trace, Verdict
-from stepgap.teacher.checker import provenance
 from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest
 from stepgap.teacher.prompt import build_messages
 from stepgap.tree import JudgeResult
@@ -259,7 +258,7 @@ def prompt_only_verdicts(
     requests = [r for t in traces for r in build_llm_requests(t)]
     results = judge.judge(requests) if requests else []
     by_step = {(r.trace_id, r.step): res for r, res in zip(requests, results, strict=True)}
-    judge_note = provenance(judge)
+    judge_note = judge.provenance
     strict = {"baseline": "llm-strict", "judge": judge_note}
     only = {"baseline": "llm-only", "judge": judge_note, "threshold": threshold}
     for t in traces:

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stepgap.schema import Trace, Verdict
+from stepgap.teacher.checker import StepChecker
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,9 @@ def parse_urls(urls: str | Sequence[str]) -> list[str]:
     return out
 
 
-class RemoteChecker:
-    """POSTs traces to `URL/check` on one or more replicas, balanced, with failover."""
+class RemoteChecker(StepChecker):
+    """POSTs traces to `URL/check` on one or more replicas, balanced, with failover. Its judges
+    live in the replicas (`judge` is None); each verdict carries the provenance they record."""
 
     def __init__(
         self, urls: str | Sequence[str], *, timeout: float = 300.0, retries: int = 5
@@ -53,6 +55,10 @@ class RemoteChecker:
         self._unavailable: dict[str, float] = {}  # url -> monotonic time it may be tried again
         self._client: Any = None
         self._pid: int | None = None
+
+    @property
+    def provenance(self) -> dict[str, object]:
+        return {"remote": self.urls}
 
     @property
     def client(self) -> Any:

@@ -39,7 +39,7 @@ def create_app(retriever: Retriever, default_topk: int = 3) -> Any:
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        meta = getattr(retriever, "meta", {})
+        meta = retriever.meta
         return {"status": "ok", "documents": meta.get("documents"), "kind": meta.get("kind")}
 
     return app

@@ -25,6 +25,7 @@ from stepgap.io import ErrorReport, check_output
 from stepgap.reward_arithmetic import VARIANTS, RewardResult, compute_reward
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
+from stepgap.teacher.checker import StepChecker
 from stepgap.teacher.judges.base import TraceDeadline
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class RewardOptions(BaseModel):
         "exception), or is scored with that step at 0 (zero: EM alone when every check failed)",
     )
 
-    def reward(self, checker: Any, tokenizer: Any = None) -> StepGapReward:
+    def reward(self, checker: StepChecker, tokenizer: Any = None) -> StepGapReward:
         return StepGapReward(
             checker, self.variant, self.lam, tokenizer, on_failed_check=self.on_failed_check
         )
@@ -86,8 +87,8 @@ def _complete(trace: Trace, verdicts: Sequence[Verdict]) -> list[Verdict]:
 class StepGapReward:
     """Response in, reward out: segment, check every step, apply docs/contract.md section 4.
 
-    `checker` is anything with `check(traces) -> list[list[Verdict]]` (the teacher `Checker`,
-    an offline bundle's checker, or a remote one). Scoring never raises on a checker fault or an
+    `checker` is a `StepChecker` (the teacher's `Checker`, an offline bundle's checker, or a
+    remote one). Scoring never raises on a checker fault or an
     unreadable response (see the module docstring); `failures` counts both kinds.
     `on_failed_check`: a trace with a failed step check gets no reward (`no_reward`) or is
     scored with that step at 0 (`zero`).
@@ -95,7 +96,7 @@ class StepGapReward:
 
     def __init__(
         self,
-        checker: Any,
+        checker: StepChecker,
         variant: str = "typed_shape",
         lam: float = 1.0,
         tokenizer: Any = None,
@@ -156,15 +157,16 @@ class StepGapReward:
         deadlines: Sequence[TraceDeadline | None] | None = None,
     ) -> Iterator[tuple[int, list[Verdict]]]:
         """(position in `traces`, its verdicts), each trace as soon as its own steps are checked
-        (the checker's `check_stream`; one `check` call for a checker without it). Faults are
+        (the checker's `check_stream`; one `check` call for a checker whose judges live
+        elsewhere: replicas behind a URL, which stream on their own side). Faults are
         handled as in `check`: the traces left when the checker fails get error verdicts.
         `stop`, set from another thread, ends the stream early (nothing more is yielded);
         `deadlines` (one per trace) go with the traces' judge requests."""
         traces = list(traces)
-        stream = getattr(self.checker, "check_stream", None)
-        if stream is None:
+        if self.checker.judge is None:
             yield from enumerate(self.check(traces))
             return
+        stream = self.checker.check_stream
         options: dict[str, Any] = {"batch_size": 8, "stop": stop}
         if deadlines is not None:
             options["deadlines"] = deadlines
@@ -267,10 +269,10 @@ def default_inflight(reward: StepGapReward) -> int:
     engine, or `stepgap serve` replicas) or vLLM's async engine in this process, whose own
     batching does the work across calls; 1 for a model decoded batch by batch in this process,
     which a second call would only slow down and double in memory."""
-    judge = getattr(reward.checker, "judge", None)
-    if judge is None or getattr(judge, "base_url", None) is not None:
+    judge = reward.checker.judge
+    if judge is None or judge.base_url is not None:
         return 8
-    return 8 if getattr(getattr(judge, "engine", None), "online", False) else 1
+    return 8 if judge.online else 1
 
 
 def reward_file(

@@ -53,7 +53,8 @@ except ImportError:  # pragma: no cover - without the extra, create_app says wha
 
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.judges.base import TraceDeadline, close_judge
+from stepgap.teacher.checker import Checker
+from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import (
@@ -156,8 +157,17 @@ def _timeout_of(request: Any) -> float | None:
 def judge_limit_of(reward: StepGapReward) -> EngineLimit | None:
     """The judge's own limit of requests in flight, which measures its latency (a judge behind
     a URL); None for a judge in this process."""
-    limit = getattr(getattr(reward.checker, "judge", None), "limit", None)
-    return limit if isinstance(limit, EngineLimit) else None
+    judge = reward.checker.judge
+    return judge.limit if judge is not None else None
+
+
+def in_process_engine(reward: StepGapReward) -> Any:
+    """vLLM's async engine when the judge runs on it in this process (its requests and aborts
+    are metrics), else None."""
+    from stepgap.teacher.judges.hf import HFJudge
+
+    judge = reward.checker.judge
+    return judge.engine if isinstance(judge, HFJudge) and judge.online else None
 
 
 def create_app(
@@ -256,8 +266,8 @@ def create_app(
             registry=registry,
         )
         judge_in_flight.set_function(lambda: judge_limit.limit or 0)
-    engine = getattr(getattr(reward.checker, "judge", None), "engine", None)
-    if getattr(engine, "online", False):  # vLLM's async engine in this process
+    engine = in_process_engine(reward)
+    if engine is not None:  # vLLM's async engine in this process
         Gauge(
             "stepgap_engine_requests",
             "judge requests in the in-process engine now (running or waiting)",
@@ -505,9 +515,9 @@ def probe_capacity(
     from stepgap.segment import segment_trace
 
     trace = segment_trace(PROBE)
-    ask = getattr(reward.checker, "judge_traces", None)
-    if ask is None:  # a remote checker: its server probes its own judge
+    if not isinstance(reward.checker, Checker):  # a remote checker: its servers probe theirs
         return "the checker is remote; its servers report their own judges"
+    ask = reward.checker.judge_traces
     started = time.monotonic()
     pool = ThreadPoolExecutor(1)
     try:
@@ -527,9 +537,7 @@ def probe_capacity(
     limit = batcher.pace.judge
     latency = limit.typical_latency() if limit is not None else None
     if limit is not None and latency:
-        at_once = limit.limit or batcher.max_inflight * int(
-            getattr(reward.checker.judge, "concurrency", 1)
-        )
+        at_once = limit.limit or batcher.max_inflight * int(reward.checker.judge.concurrency)
         per_second, how = at_once / latency, f"{latency:.1f} s a request, {limit.describe()}"
     else:
         per_second, how = len(verdicts) / seconds, f"{seconds / len(verdicts):.1f} s a step"
@@ -560,7 +568,7 @@ def serve(
     at most `grace` seconds (see the module docstring)."""
     from stepgap.teacher.judges.replay import ReplayJudge
 
-    if isinstance(getattr(reward.checker, "judge", None), ReplayJudge):
+    if isinstance(reward.checker.judge, ReplayJudge):
         raise ValueError(
             "a replay judge answers by trace id, and the rollouts the server scores get new ids "
             "(reward-0, get_reward-0, ...): every step would fail. Serve a model judge "
@@ -599,7 +607,7 @@ def serve(
             await super().shutdown(sockets)
             # an engine in this process (vLLM) ends its own processes with the server; here,
             # since uvicorn ends the process with the signal it caught once it returns
-            await asyncio.to_thread(close_judge, getattr(reward.checker, "judge", None))
+            await asyncio.to_thread(reward.checker.close)
 
     # uvicorn's own wait for open requests outlasts the batcher's grace by a little: by then
     # every request has its answer (verdicts or 503) and only the write is left

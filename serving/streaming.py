@@ -30,6 +30,7 @@ from typing import Any
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
+from stepgap.teacher.checker import Checker, StepChecker
 from stepgap.teacher.judges.base import JudgeRequest, TraceDeadline
 from stepgap.tree import JudgeResult
 
@@ -81,7 +82,7 @@ class StreamingReward:
         forget_after: float = 1800.0,
     ) -> None:
         checker = reward.checker
-        if not self.supports(checker):
+        if not isinstance(checker, Checker):
             raise TypeError(
                 f"{type(checker).__name__} cannot check steps one by one: inline checking needs "
                 "a checker with its own judge (a teacher Checker or an offline bundle's)"
@@ -107,9 +108,10 @@ class StreamingReward:
             t.start()
 
     @staticmethod
-    def supports(checker: Any) -> bool:
-        """Whether `checker` can check a rollout's steps one by one (it has its own judge)."""
-        return all(hasattr(checker, a) for a in ("judge", "judge_requests", "decide"))
+    def supports(checker: StepChecker) -> bool:
+        """Whether `checker` can check a rollout's steps one by one (the hybrid checker, with
+        its own judge in this process)."""
+        return isinstance(checker, Checker)
 
     # ------------------------------------------------------------------ during the rollout
     def submit(self, trace_id: str, question: str, step: Step) -> None:

@@ -24,9 +24,10 @@ from typing import Any
 from stepgap.data_builders.sft_data import build_sft_dataset, in_eval_split, save_sft_dataset
 from stepgap.io import JsonlWriter, replacing, write_text
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.checker import Checker, group_by_trace
+from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.base import JudgeBackend
 from stepgap.teacher.nli.base import NLIBackend
+from stepgap.teacher.relabel import group_by_trace
 from stepgap.tree import TreeConfig
 
 log = logging.getLogger(__name__)
@@ -415,8 +416,8 @@ def mine(
     judge = load_judge(f"student:{student}", **options)
     try:
         comparisons = compare(judge, verdicts, nli_backend, tree)  # type: ignore[arg-type]
-        features = nli_backend if judge.nli_features else None  # type: ignore[attr-defined]
-        budget = getattr(judge, "earlier_evidence_chars", None)  # the student's own prompt
+        features = nli_backend if judge.nli_features else None
+        budget = judge.earlier_evidence_chars  # the student's own prompt
     finally:  # on vLLM its engine holds most of the GPU's memory, which the augmentation needs
         close_judge(judge)
     del judge

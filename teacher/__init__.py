@@ -3,15 +3,17 @@
 from stepgap.tree import TreeConfig, decide_trace, hypothesis_for, quote_in_evidence
 
 from .build import CheckerConfig, build_checker, build_judge
-from .checker import Checker, RelabelError, group_by_trace, relabel, relabel_file
+from .checker import Checker, StepChecker
 from .judges import JudgeBackend, JudgeRequest, JudgeResult, ReplayJudge, load_judge
 from .nli import HFNLI, NLIBackend, ReplayNLI, load_nli, nli_label
 from .prompt import PROMPT_VERSION, build_messages, build_requests
+from .relabel import RelabelError, group_by_trace, relabel, relabel_file
 
 __all__ = [
     "HFNLI",
     "PROMPT_VERSION",
     "Checker",
+    "StepChecker",
     "CheckerConfig",
     "JudgeBackend",
     "JudgeRequest",

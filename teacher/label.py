@@ -30,7 +30,7 @@ from stepgap.io import (
 )
 from stepgap.schema import LABELS, Trace, Verdict
 
-from .checker import Checker
+from .checker import StepChecker
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class LabelSummary(VerdictCounts):
 
 def label_traces(
     traces: Iterable[Trace],
-    checker: Checker,
+    checker: StepChecker,
     output: str | Path,
     *,
     shard: tuple[int, int] = (0, 1),
@@ -180,7 +180,7 @@ def label_traces(
         summary.retried = drop_verdicts(output, retry)
         log.warning("%s: asking again for %d failed step(s)", output, summary.retried)
 
-    meter = getattr(checker.judge, "meter", None)
+    meter = checker.judge.meter if checker.judge is not None else None
     total = sum(1 for t in pending for s in t.steps or [] if (t.id, s.index) not in done)
     bar = tqdm(total=total, desc="label", unit="step", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(output, append=True, fsync=fsync) as out:
@@ -203,7 +203,7 @@ def label_traces(
 
 def label_file(
     input_path: str | Path,
-    checker: Checker,
+    checker: StepChecker,
     output: str | Path,
     report: ErrorReport | None = None,
     **options,
@@ -217,7 +217,7 @@ def label_file(
 
 def check_file(
     input_path: str | Path,
-    checker: Checker,
+    checker: StepChecker,
     output: str | Path,
     report: ErrorReport | None = None,
     *,

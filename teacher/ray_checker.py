@@ -15,6 +15,7 @@ before is never asked again.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from stepgap.schema import Trace, Verdict
 from stepgap.segment import segment_trace
 
 from .build import CheckerConfig
+from .checker import StepChecker
+from .judges.base import TraceDeadline
 
 _COLUMNS = ("trace_id", "step", "verdict", "position")
 
@@ -90,10 +93,9 @@ def check_dataset(
     )
 
 
-class RayChecker:
-    """A pool of checker actors behind the `Checker` interface."""
-
-    judge = None  # the judges (and their cost meters) live in the actors
+class RayChecker(StepChecker):
+    """A pool of checker actors behind the `StepChecker` interface; the judges (and their cost
+    meters) live in the actors, so `judge` is None."""
 
     def __init__(
         self,
@@ -109,15 +111,24 @@ class RayChecker:
         self.config, self.actors, self.batch_size = config, actors, batch_size
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
 
+    @property
     def provenance(self) -> dict[str, object]:
         return {"ray": {"actors": self.actors, "config": self.config.model_dump(mode="json")}}
 
     def check_stream(
-        self, traces: Iterable[Trace], *, batch_size: int | None = None
+        self,
+        traces: Iterable[Trace],
+        *,
+        batch_size: int | None = None,
+        chunk_requests: int = 4096,
+        stop: threading.Event | None = None,
+        deadlines: Sequence[TraceDeadline | None] | None = None,
     ) -> Iterator[tuple[Trace, list[Verdict]]]:
         """(trace, its verdicts) as the pool finishes each trace (not in input order); each
         actor call checks `batch_size` traces (default: the pool's). One call is one pool: its
-        actors start, build their checkers and stop, so hand it every trace at once."""
+        actors start, build their checkers and stop, so hand it every trace at once.
+        `chunk_requests` and `deadlines` are an in-process judge's, which the actors have of
+        their own; `stop` ends the stream between batches."""
         import ray.data
 
         batch_size = batch_size or self.batch_size
@@ -136,6 +147,8 @@ class RayChecker:
         )
         waiting: dict[int, dict[int, Verdict]] = {}
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
+            if stop is not None and stop.is_set():
+                return
             for position, text in zip(batch["position"], batch["verdict"], strict=True):
                 verdict = Verdict.model_validate_json(text)
                 got = waiting.setdefault(int(position), {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from stepgap.cli import Command
 from stepgap.cli.options import (
@@ -21,6 +22,9 @@ from stepgap.cli.options import (
     tree_overrides,
 )
 
+if TYPE_CHECKING:
+    from stepgap.teacher.checker import StepChecker
+
 
 def _all_failed(counts, kept: str | None = None) -> int:
     """Exit 1 when not one step got a label (a dead judge server, a wrong model); the counts
@@ -35,17 +39,15 @@ def _all_failed(counts, kept: str | None = None) -> int:
     return EXIT_NOTHING
 
 
-def _close(judged_by: object) -> None:
+def _close(judged_by: StepChecker) -> None:
     """A local judge's engine shut down here, not killed at exit (vLLM then warns that its
     engine "exited unexpectedly"); a Ray pool's actors end with the job."""
-    from stepgap.teacher.judges import close_judge
-
-    close_judge(getattr(judged_by, "judge", None))
+    judged_by.close()
 
 
-def _print_meter(judged_by: object) -> None:
+def _print_meter(judged_by: StepChecker) -> None:
     """The judge's API calls, cache hits, tokens and cost, when it keeps a meter."""
-    meter = getattr(getattr(judged_by, "judge", None), "meter", None)
+    meter = judged_by.judge.meter if judged_by.judge is not None else None
     if meter is not None:
         print(f"stepgap: {meter.summary()}", file=sys.stderr)
 
@@ -72,8 +74,6 @@ def check(args: argparse.Namespace) -> int:
         _close(judged_by)
     print(f"stepgap: {counts.describe()}", file=sys.stderr)
     _print_meter(judged_by)
-    if not counts.verdicts and not report.errors:
-        print(f"stepgap check: no traces in {args.input}: nothing to check", file=sys.stderr)
     if counts.all_failed:  # check_file kept the earlier output
         return _all_failed(counts, kept=args.output)
     return finish(args, report, counts.verdicts, f"verdicts to {args.output}")
@@ -172,7 +172,7 @@ def merge_arguments(p: argparse.ArgumentParser) -> None:
 
 def relabel(args: argparse.Namespace) -> int:
     from stepgap.data_builders import ErrorReport
-    from stepgap.teacher.checker import relabel_file
+    from stepgap.teacher.relabel import relabel_file
 
     report = ErrorReport()
     n = relabel_file(args.input, args.output, report=report, **tree_overrides(args))

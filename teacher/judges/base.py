@@ -11,14 +11,18 @@ import hashlib
 import json
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from stepgap.schema import Judge, StepType
 from stepgap.tree import JudgeResult
+
+from .concurrency import EngineLimit
+from .cost import CostMeter
 
 Messages = list[dict[str, str]]
 
@@ -97,20 +101,64 @@ class JudgeRequest:
     deadline: TraceDeadline | None = field(default=None, compare=False, repr=False)
 
 
-@runtime_checkable
-class JudgeBackend(Protocol):
-    name: str
-
-    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]: ...
+ResultHook = Callable[[JudgeRequest, JudgeResult], None]
 
 
-def close_judge(judge: object) -> None:
-    """Let a judge free what it holds where it has a `close` (a local judge on vLLM: its engine,
-    its processes and the GPU memory they reserve), before the next model needs that memory or
-    the process exits; a judge without one holds nothing to free."""
-    close = getattr(judge, "close", None)
-    if callable(close):
-        close()
+class JudgeBackend(ABC):
+    """A judge of stages A-C: prompts in, judge objects out, one per request, in order.
+
+    `judge` is the one method a backend must write. Everything else a caller reads has a
+    default here that a backend overrides where it differs (in the manner of
+    lm-evaluation-harness's `LM`): a plain backend is a class with a `name` and a `judge`."""
+
+    #: the spec kind (`openai`, `hf`, ...), also the default provenance
+    name: str = "judge"
+    #: a student trained with each step's NLI features in its prompt (the checker adds them)
+    nli_features: bool = False
+    #: a student's prompt budget for earlier steps' evidence, in characters (None: the
+    #: teacher's prompt)
+    earlier_evidence_chars: int | None = None
+    #: requests it keeps in flight within one call (a checker's streams size their chunks by it)
+    concurrency: int = 1
+    #: called with (request, result) as each answer arrives, before the call returns; a
+    #: backend that reports answers early calls it (None: answers come with the return value)
+    on_result: ResultHook | None = None
+    #: its count of calls, cache hits, tokens and cost, where it keeps one
+    meter: CostMeter | None = None
+    #: the server it sends requests to (None: a model in this process, or stored answers)
+    base_url: str | None = None
+    #: its server's slots, learned and measured (an OpenAI-compatible engine), where known
+    limit: EngineLimit | None = None
+
+    @abstractmethod
+    def judge(
+        self, requests: Sequence[JudgeRequest], *, stop: threading.Event | None = None
+    ) -> list[JudgeResult]:
+        """A result per request, in request order; a request it could not answer is a result
+        with `error` set, never a guess. `stop`, set from another thread, ends the call early
+        (`JudgeStopped`); a backend that cannot stop mid-call stops at its next answer."""
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        """What a verdict records of this judge (`Verdict.checker`): its spec and a note."""
+        return {"spec": self.name, "note": None}
+
+    @property
+    def online(self) -> bool:
+        """Whether it serves requests one by one on an engine in this process that batches
+        across calls (vLLM's async engine), so a server may keep many calls in flight."""
+        return False
+
+    def close(self) -> None:
+        """Free what it holds (a vLLM engine, its processes and GPU memory) before the next
+        model needs that memory or the process exits; nothing, by default."""
+        return None  # noqa: B027 - a default, not an abstract method
+
+
+def close_judge(judge: JudgeBackend | None) -> None:
+    """`judge.close()`, for a judge that may be absent (a remote checker has none)."""
+    if judge is not None:
+        judge.close()
 
 
 class JudgeConfigError(RuntimeError):

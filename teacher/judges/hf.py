@@ -39,6 +39,7 @@ from stepgap.tree import JudgeResult
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
 from .base import (
+    JudgeBackend,
     JudgeParseError,
     JudgeRequest,
     JudgeStopped,
@@ -121,7 +122,7 @@ def load_causal_lm(
     return tokenizer, model
 
 
-class HFJudge:
+class HFJudge(JudgeBackend):
     """Batched greedy generation of judge objects; subclasses change how the model loads, the
     schema it is held to and how an answer is parsed (see `stepgap.student.judge`).
 
@@ -363,6 +364,11 @@ class HFJudge:
             return self.engine.generate(prompts, params, deadlines, stop, eos)
         masks = [self.answer_masks(a) for a in answers]
         return self.decoder(rows).generate(prompts, masks)  # type: ignore[return-value]
+
+    @property
+    def online(self) -> bool:
+        """On vLLM's async engine in this process (`online=True`), fed request by request."""
+        return self.engine is not None and self.engine.online
 
     def close(self) -> None:
         """Shut the vLLM engine down (nothing to do for HF)."""

@@ -36,6 +36,7 @@ from stepgap.tree import JudgeResult
 
 from ..prompt import PROMPT_VERSION
 from .base import (
+    JudgeBackend,
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
@@ -93,7 +94,7 @@ def openai_client(
     return make(api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries)
 
 
-class OpenAIJudge:
+class OpenAIJudge(JudgeBackend):
     name = "openai"
 
     def __init__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from stepgap.io import ErrorReport, read_models
 from stepgap.schema import Judge, Verdict
 from stepgap.tree import JudgeResult
 
-from .base import JudgeRequest, require_judge_schema
+from .base import JudgeBackend, JudgeRequest, require_judge_schema
 
 
 class _StoredJudge(BaseModel):
@@ -25,7 +26,9 @@ class _StoredJudge(BaseModel):
     judge_confidences: dict[str, float] | None = None
 
 
-class ReplayJudge:
+class ReplayJudge(JudgeBackend):
+    """Stored judge objects by (trace id, step): re-deciding costs no model call."""
+
     name = "replay"
 
     def __init__(
@@ -65,7 +68,9 @@ class ReplayJudge:
             }
         )
 
-    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+    def judge(
+        self, requests: Sequence[JudgeRequest], *, stop: threading.Event | None = None
+    ) -> list[JudgeResult]:
         require_judge_schema(self.name, requests)
         return [
             self.table.get((r.trace_id, r.step))

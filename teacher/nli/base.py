@@ -7,17 +7,25 @@ a model again.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from stepgap.schema import NLIProbs
 from stepgap.tree import Pair
 
 
-@runtime_checkable
-class NLIBackend(Protocol):
-    """Anything that scores (premise, hypothesis) pairs; results align with the input order."""
+class NLIBackend(ABC):
+    """Scores (premise, hypothesis) pairs; `predict` is the one method a backend must write."""
 
-    name: str
+    #: the spec kind (`hf`, `onnx`, `replay`), also the default provenance
+    name: str = "nli"
 
-    def predict(self, pairs: Sequence[Pair]) -> list[NLIProbs]: ...
+    @abstractmethod
+    def predict(self, pairs: Sequence[Pair]) -> list[NLIProbs]:
+        """Probabilities per pair, aligned with the input order; a pair it cannot score raises
+        `stepgap.tree.NLIError` (the checker then scores the others alone)."""
+
+    @property
+    def provenance(self) -> dict[str, str | None]:
+        """What a verdict records of this model (`Verdict.checker`): its spec and a note."""
+        return {"spec": self.name, "note": None}

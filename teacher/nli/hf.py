@@ -13,6 +13,8 @@ from stepgap.models import check_model_ref, display_ref, explain_load_errors, st
 from stepgap.schema import NLIProbs
 from stepgap.tree import NLIError, Pair
 
+from .base import NLIBackend
+
 log = logging.getLogger(__name__)
 
 DEFAULT_NLI_MODEL = "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli"
@@ -85,7 +87,7 @@ def resolve_dtype(dtype: str | None, device: str):  # -> torch.dtype
         raise ValueError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16") from None
 
 
-class HFNLI:
+class HFNLI(NLIBackend):
     """A cross-encoder by hub id or local path; batched and length-sorted.
 
     Truncation cuts the premise only, never the hypothesis. Column order comes from the

@@ -11,6 +11,8 @@ from stepgap.io import ErrorReport, read_models
 from stepgap.schema import NLICall, NLIProbs, Verdict
 from stepgap.tree import NLIError, Pair
 
+from .base import NLIBackend
+
 Pair_Probs = tuple[Pair, NLIProbs]
 
 
@@ -18,7 +20,7 @@ class ReplayMissError(ValueError):
     """A replay file asked for an answer it does not hold: a set-up error, not a model failure."""
 
 
-class ReplayNLI:
+class ReplayNLI(NLIBackend):
     """Looks pairs up by exact (premise, hypothesis); an unknown pair is an error, not a guess.
 
     Loaded from a file (`replay:FILE`), a missing pair means the file does not belong to these

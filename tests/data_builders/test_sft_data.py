@@ -222,7 +222,7 @@ def test_compact_target_drops_the_reasoning_and_keeps_every_decision(verdicts):
         judge_decisions,
         parse_student_answer,
     )
-    from stepgap.teacher.checker import relabel
+    from stepgap.teacher.relabel import relabel
 
     reasoning = {name for fields in REASONING_FIELDS.values() for name in fields}
     assert reasoning == {k for k in _keys(verdicts[0].judge.model_dump()) if "reasoning" in k}

@@ -8,6 +8,7 @@ from stepgap.data_builders import iter_traces
 from stepgap.eval.baselines import NERQuoteChecker, flag_everything, nli_only
 from stepgap.schema import Snippet, Step
 from stepgap.teacher import HFNLI, ReplayJudge, ReplayNLI
+from stepgap.teacher.nli.base import NLIBackend
 from tests.fixtures.models import build_deberta_nli, nli_label_counts
 
 
@@ -271,7 +272,7 @@ def test_sentence_chunks_pack_whole_sentences_within_the_budget():
     assert sentence_chunks([], 8) == [""]
 
 
-class _TruncatingNLI:
+class _TruncatingNLI(NLIBackend):
     """A scripted NLI model that sees only the first `max_words` words of a premise (a model's
     max length) and entails the claim exactly when it sees the sentence `KEY`."""
 

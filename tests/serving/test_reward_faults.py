@@ -13,11 +13,12 @@ import pytest
 
 from stepgap.serving import StepGapReward
 from stepgap.serving.trl import stepgap_reward_func
+from stepgap.teacher.checker import StepChecker
 
 BROKEN = "<think>look</think><tool_call>{not json</tool_call><answer>Paris</answer>"
 
 
-class FlakyChecker:
+class FlakyChecker(StepChecker):
     """Wraps a real checker: raises on chosen calls, or turns one trace's steps into errors."""
 
     def __init__(
@@ -27,6 +28,10 @@ class FlakyChecker:
         self.raise_on_call = raise_on_call
         self.drop_trace = drop_trace
         self.calls = 0
+
+    @property
+    def provenance(self):
+        return self.checker.provenance
 
     def check(self, traces):
         self.calls += 1

@@ -13,6 +13,7 @@ from stepgap.schema import Trace
 from stepgap.serving.reward_function import StepGapReward
 from stepgap.serving.streaming import StreamingReward
 from stepgap.teacher.checker import Checker
+from stepgap.teacher.judges.base import JudgeBackend
 from stepgap.teacher.judges.replay import ReplayJudge
 from stepgap.teacher.nli.replay import ReplayNLI
 from tests.fixtures.judges import CountingJudge
@@ -121,10 +122,10 @@ def test_a_rollout_never_finalized_is_forgotten(checker, example_traces):
 
 
 def test_a_judge_fault_gives_no_reward_never_an_exception(examples_dir, example_traces):
-    class Broken:
+    class Broken(JudgeBackend):
         name = "broken"
 
-        def judge(self, requests):
+        def judge(self, requests, *, stop=None):
             raise RuntimeError("judge is down")
 
     checker = Checker(Broken(), ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))

@@ -64,7 +64,7 @@ def test_checker_gives_a_features_student_its_nli_features(examples_dir, tiny_nl
     from stepgap.teacher.judges import ReplayJudge
 
     class Recorder(ReplayJudge):
-        def judge(self, requests):
+        def judge(self, requests, *, stop=None):
             self.seen = [r.messages[1]["content"] for r in requests]
             return super().judge(requests)
 

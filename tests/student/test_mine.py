@@ -16,6 +16,8 @@ from stepgap.student.mining import (
     write_mined,
 )
 from stepgap.student.recipe import load_config
+from stepgap.teacher.judges.base import JudgeBackend
+from stepgap.teacher.nli.base import NLIBackend
 from stepgap.teacher.nli.replay import ReplayNLI
 from stepgap.tree import JudgeResult
 
@@ -29,7 +31,7 @@ def _agreeing(v: Verdict) -> JudgeResult:
     return JudgeResult(judge=v.judge)
 
 
-class ScriptedStudent:
+class ScriptedStudent(JudgeBackend):
     """A judge backend answering with the teacher's judge object except on chosen steps."""
 
     name = "scripted"
@@ -39,7 +41,7 @@ class ScriptedStudent:
         self.overrides = overrides
         self.asked = []
 
-    def judge(self, requests):
+    def judge(self, requests, *, stop=None):
         self.asked.extend((r.trace_id, r.step) for r in requests)
         out = []
         for r in requests:
@@ -48,7 +50,7 @@ class ScriptedStudent:
         return out
 
 
-class PoolNLI:
+class PoolNLI(NLIBackend):
     """The teacher's stored NLI answers; a pair the teacher never asked (a quote only the
     student chose) gets `unseen`."""
 
