@@ -84,7 +84,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
 
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
     from stepgap.serving.reward_function import StepGapReward
     from stepgap.serving.streaming import StreamingReward
     from stepgap.teacher.checker import Checker

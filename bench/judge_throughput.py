@@ -87,7 +87,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def workload(traces_path: str, steps: int) -> list:
     """`steps` judge requests: the example steps cycled, each copy under its own trace id."""
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
     from stepgap.teacher.prompt import build_requests
 
     base = [r for t in iter_traces(traces_path) for r in build_requests(t.id, t.question, t.steps)]

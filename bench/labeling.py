@@ -31,8 +31,8 @@ def barrier_label(
 ) -> None:
     """The old `stepgap label` loop (no resume needed on a fresh file): judge a batch of traces,
     wait for all of its answers, decide it, write it, then ask for the next batch."""
-    from stepgap.data_builders import iter_traces
     from stepgap.io import JsonlWriter
+    from stepgap.segment import iter_traces
     from stepgap.teacher import build_checker
 
     checker = build_checker(
@@ -51,7 +51,7 @@ def barrier_label(
 def main() -> None:
 
     from stepgap.cli import main as stepgap
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
     from tests.fixtures.openai_server import example_prompt_keys, start_in_child, stored_answers
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -44,7 +44,7 @@ def build_base_nli(path: Path) -> Path:
 
 def example_pairs(n: int) -> list[tuple[str, str]]:
     """(snippet, claim) pairs of the example traces, cycled with an index to make them distinct."""
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
 
     base = [
         (snip.text, step.claim or step.answer or "")
@@ -82,9 +82,9 @@ def main() -> None:
     import torch
 
     from stepgap.export.onnx_nli import INT8_PLAIN, Int8Recipe, export_onnx, quantize_int8
-    from stepgap.teacher.nli import nli_label
     from stepgap.teacher.nli.hf import HFNLI
     from stepgap.teacher.nli.onnx import ONNX_FILES, ONNXNLI
+    from stepgap.tree import nli_label
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=128)

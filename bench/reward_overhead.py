@@ -30,10 +30,10 @@ def per_trajectory_us(fn, items, repeats: int) -> float:
 
 
 def main() -> None:
-    from stepgap.data_builders import iter_traces
     from stepgap.io import read_models
     from stepgap.reward_arithmetic import VARIANTS, compute_reward
     from stepgap.schema import Verdict
+    from stepgap.segment import iter_traces
     from stepgap.teacher.relabel import group_by_trace
     from tests.fixtures.models import qwen_tokenizer
 

@@ -271,8 +271,8 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
 
 
 def main() -> None:
-    from stepgap.data_builders import iter_traces
-    from stepgap.serving import compute_reward
+    from stepgap.reward_arithmetic import compute_reward
+    from stepgap.segment import iter_traces
     from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
     from tests.fixtures.openai_server import example_prompt_keys, stored_answers
 

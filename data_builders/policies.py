@@ -208,7 +208,16 @@ def _unclosed(text: str, stops: Sequence[str]) -> str | None:
     return best
 
 
-POLICIES: Registry[Policy] = Registry("policy", "stepgap.policies", default="hf")
+POLICIES: Registry[Policy] = Registry(
+    "policy",
+    "stepgap.policies",
+    builtin={
+        "hf": "stepgap.data_builders.policies:HFPolicy",
+        "openai": "stepgap.data_builders.policies:OpenAIPolicy",
+    },
+    interface=Policy,
+    default="hf",
+)
 
 
 def load_policy(spec: str, **options: Any) -> Policy:

@@ -410,7 +410,17 @@ def search_passages(retriever: Retriever, query: str, topk: int) -> str:
     return format_passages(hits)
 
 
-RETRIEVERS: Registry[Retriever] = Registry("retriever", "stepgap.retrievers", default="index")
+RETRIEVERS: Registry[Retriever] = Registry(
+    "retriever",
+    "stepgap.retrievers",
+    builtin={
+        "index": "stepgap.data_builders.retrieval:LocalIndex",
+        "http": "stepgap.data_builders.retrieval:HttpRetriever.over_http",
+        "https": "stepgap.data_builders.retrieval:HttpRetriever.over_https",
+    },
+    interface=Retriever,
+    default="index",
+)
 
 
 def load_retriever(spec: str, **options: Any) -> Retriever:

@@ -283,9 +283,20 @@ def flag_everything_baseline(_: str = "") -> Baseline:
     return flag_everything
 
 
-# Baselines are the entry points of `stepgap.baselines` (stepgap's own: the six above and in
-# llm_baselines.py); `stepgap baseline KIND` takes any installed one.
-BASELINES: Registry[Baseline] = Registry("baseline", "stepgap.baselines", arg_required=False)
+# `stepgap baseline KIND`: the six here and in llm_baselines.py, and plug-ins' (`stepgap.baselines`)
+BASELINES: Registry[Baseline] = Registry(
+    "baseline",
+    "stepgap.baselines",
+    builtin={
+        "nli-only": "stepgap.eval.baselines:nli_only_baseline",
+        "minicheck": "stepgap.eval.baselines:minicheck_baseline",
+        "ner-quote": "stepgap.eval.baselines:ner_quote_baseline",
+        "llm-strict": "stepgap.eval.llm_baselines:llm_strict_baseline",
+        "llm-only": "stepgap.eval.llm_baselines:llm_only_baseline",
+        "flag-everything": "stepgap.eval.baselines:flag_everything_baseline",
+    },
+    arg_required=False,
+)
 
 
 def run_baseline(

@@ -66,21 +66,24 @@ def main(argv: list[str] | None = None) -> dict:
 
     from trl import GRPOConfig, GRPOTrainer
 
+    from stepgap.export import OfflineChecker
     from stepgap.serving import StepGapReward
     from stepgap.serving.trl import stepgap_reward_func
     from stepgap.teacher import build_checker
 
-    checker = build_checker(
-        args.judge,
-        args.nli,
-        bundle=args.bundle,
-        judge_options={
-            "base_url": args.judge_base_url,
-            "max_string_chars": args.judge_max_string_chars,
-            "max_tokens": 256,
-            "cache": False,
-        },
-    )
+    if args.bundle:  # the exported checker: its student as the judge, its ONNX NLI model
+        checker = OfflineChecker.from_bundle(args.bundle, max_new_tokens=256)
+    else:
+        checker = build_checker(
+            args.judge,
+            args.nli,
+            judge_options={
+                "base_url": args.judge_base_url,
+                "max_string_chars": args.judge_max_string_chars,
+                "max_tokens": 256,
+                "cache": False,
+            },
+        )
     reward = StepGapReward(checker, variant=args.variant)
     config = GRPOConfig(
         output_dir=args.output,

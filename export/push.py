@@ -108,7 +108,8 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
         "stepgap serve --bundle bundle --port 8000   # /reward, /get_reward, /check\n"
         "```\n\n"
         "```python\n"
-        "from stepgap.serving import OfflineChecker, StepGapReward\n"
+        "from stepgap.export import OfflineChecker\n"
+        "from stepgap.serving import StepGapReward\n"
         'reward = StepGapReward(OfflineChecker.from_bundle("bundle"))\n'
         "```"
     )

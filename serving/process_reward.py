@@ -72,8 +72,10 @@ def _from_settings(settings: dict[str, Any]) -> StepGapReward:
         config = served_by_router(
             config, settings["reward_router_address"], settings.get("served_model"), path
         )
+    from stepgap.export.offline import load_checker
+
     try:
-        built = config.build()
+        built = load_checker(config)
     except ValueError as exc:  # what the file asks for cannot be built
         raise ValueError(f"{path}: {exc}") from exc
     return _options(settings, options).reward(built)

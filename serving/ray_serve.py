@@ -60,7 +60,9 @@ class RewardService:
         max_batch: int = DEFAULT_MAX_BATCH,
         batch_wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
-        self.reward = (options or RewardOptions()).reward(config.build())
+        from stepgap.export.offline import load_checker
+
+        self.reward = (options or RewardOptions()).reward(load_checker(config))
         self.judge_health = JudgeHealth()
         self.check_batch.set_max_batch_size(max_batch)
         self.check_batch.set_batch_wait_timeout_s(batch_wait_s)

@@ -24,6 +24,7 @@ from stepgap.data_builders.student_target import (
 )
 from stepgap.models import explain_load_errors, model_identity
 from stepgap.schema import Judge
+from stepgap.teacher.judges import JUDGES
 from stepgap.teacher.judges.base import JudgeConfigError
 from stepgap.teacher.judges.hf import HFJudge, load_causal_lm, load_chat_tokenizer
 from stepgap.teacher.judges.openai_api import OpenAIJudge
@@ -194,3 +195,7 @@ def student_meta(path: str | Path) -> dict[str, Any]:
     """`stepgap_student.json` of a student folder (empty when absent)."""
     meta = Path(path) / STUDENT_META
     return json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
+
+
+# `student:PATH` beside the teacher's judges: a spec names it once `stepgap.student` is imported
+JUDGES.register("student", StudentJudge)

@@ -33,9 +33,8 @@ def load_sft_data(recipe: Recipe) -> Any:
     script = recipe.script_args
     path = Path(script.dataset)
     if path.is_file():
-        from stepgap.data_builders import ErrorReport
         from stepgap.data_builders.sft_data import build_sft_dataset
-        from stepgap.io import read_models
+        from stepgap.io import ErrorReport, read_models
         from stepgap.schema import Verdict
 
         report = ErrorReport()

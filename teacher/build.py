@@ -1,15 +1,19 @@
-"""A checker from spec strings: what `--judge`, `--nli` and `--bundle` mean, for the CLI and for
-Python users alike (a notebook, a veRL worker, a sweep script)."""
+"""A checker from spec strings: what `--judge` and `--nli` mean, for the CLI and for Python users
+alike (a notebook, a veRL worker, a sweep script). `CheckerConfig` is the checker's
+configuration as data, a bundle's fields included; a bundle is loaded a layer up, beside the
+bundle it reads (`stepgap.export.offline`), where the command line and the reward choose
+between the two."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from stepgap.registry import BackendOptionError, Default, Registry
+from stepgap.registry import BackendOptionError, Default
 from stepgap.tree import TreeConfig
 
 from .checker import Checker
@@ -18,10 +22,6 @@ from .nli import NLIBackend
 
 if TYPE_CHECKING:
     from .nli.onnx import Provider
-
-# Checkers that come whole (`--bundle`: the offline checker, in the serving layer above this one)
-# are the entry points of `stepgap.checkers`.
-CHECKERS: Registry[Checker] = Registry("checker", "stepgap.checkers")
 
 # `build_judge`'s options that local models' backends (and a bundle's student) take by their
 # transformers names: renamed for a backend that does not take ours
@@ -46,7 +46,36 @@ def build_judge(
     unless its value is a `Default` (a setting left at its default). `max_tokens` is the answer
     budget, `max_new_tokens` to local models.
     """
-    from .judges import JUDGES, PRICES, CostMeter, JudgeCache, default_cache_path
+    from .judges import JUDGES
+
+    kind, model = JUDGES.parse(spec)
+    what = f"the judge backend {kind!r}"
+    return build_judge_with(
+        JUDGES.factory(kind), model, what, cache=cache, prices=prices, **options
+    )
+
+
+def build_judge_with(
+    factory: Callable[..., JudgeBackend],
+    model: str,
+    what: str,
+    *,
+    cache: str | Path | bool | None = None,
+    prices: str | Path | dict[str, tuple[float, float, float]] | None = None,
+    **options: Any,
+) -> JudgeBackend:
+    """`build_judge` for a judge class (`factory`, `what` in errors) named by its caller rather
+    than by a spec (a bundle's served student): the answer cache and cost meter where `factory`
+    takes them, `max_tokens` renamed for local models, the other options checked
+    (`stepgap.registry.call_checked`)."""
+    from stepgap.registry import call_checked, of_interface, taken_options
+
+    from .judges import PRICES, CostMeter, JudgeCache, default_cache_path
+
+    taken = taken_options(factory)
+
+    def takes(option: str) -> bool:
+        return taken is None or option in taken
 
     table = dict(PRICES)
     if isinstance(prices, dict):
@@ -55,19 +84,18 @@ def build_judge(
         from .judges.cost import load_prices
 
         table.update(load_prices(prices))
-    kind, model = JUDGES.parse(spec)
     opened = None  # the cache file is made once the backend is built (not for a missing key)
-    if cache is not False and JUDGES.takes(kind, "cache"):
+    if cache is not False and takes("cache"):
         opened = JudgeCache(cache or default_cache_path(), open_now=False)  # type: ignore[arg-type]
         options["cache"] = opened
     elif cache:
         options["cache"] = cache  # a cache the backend cannot use: the option error says so
-    if JUDGES.takes(kind, "meter"):
+    if takes("meter"):
         options["meter"] = CostMeter(model=model, prices=table)
     for ours, local in LOCAL_NAMES.items():
-        if ours in options and not JUDGES.takes(kind, ours):
+        if ours in options and not takes(ours):
             options[local] = options.pop(ours)
-    backend = JUDGES.call(kind, model, **options)
+    backend = of_interface(call_checked(factory, model, what, **options), JudgeBackend, what)
     if opened is not None:
         opened.open()
     return backend
@@ -234,10 +262,11 @@ class CheckerConfig(BaseModel):
     )
     tree: TreeConfig = Field(default_factory=TreeConfig, exclude=True)  # its own flags
 
-    def judge_options(self) -> dict[str, Any]:
+    def judge_options(self, *, online: bool = False) -> dict[str, Any]:
         """The judge fields as keyword arguments of `build_judge`: a field left at its default
-        is a `Default` (it goes only to backends that take it), a field set must be taken."""
-        result: dict[str, Any] = {}
+        is a `Default` (it goes only to backends that take it), a field set must be taken;
+        `online` (a server) goes to backends with an online mode."""
+        result: dict[str, Any] = {"online": Default(True)} if online else {}
         for option, name in JUDGE_FIELDS.items():
             value = getattr(self, name)
             if name in ("no_logprobs", "unconstrained"):
@@ -253,25 +282,34 @@ class CheckerConfig(BaseModel):
         require_specs(self.judge, self.nli, self.bundle)
 
     def build(self, *, online: bool = False) -> Checker:
-        """The checker this configuration describes (`build_checker`); `online`: for a server
-        (a local judge on vLLM runs its async engine, fed request by request)."""
+        """The hybrid checker of `judge` and `nli` (`build_checker`); `online`: for a server (a
+        local judge on vLLM runs its async engine, fed request by request). A configuration
+        naming a bundle is loaded by `stepgap.export.offline.load_checker`, which also takes
+        one that names specs."""
         from .nli.onnx import parse_providers
 
-        options = self.judge_options()
-        if online:
-            options["online"] = Default(True)  # for backends with an online mode
-        try:
+        if self.bundle:
+            raise ValueError(
+                f"bundle={self.bundle!r}: a bundle is loaded by "
+                "stepgap.export.offline.load_checker(config)"
+            )
+        with self.said_in_flags():
             return build_checker(
                 self.judge,
                 self.nli,
-                bundle=self.bundle,
-                nli_precision=self.nli_precision,
                 nli_providers=parse_providers(self.nli_provider),
                 tree=self.tree,
                 device=self.device,
-                judge_options=options,
+                judge_options=self.judge_options(online=online),
             )
-        except BackendOptionError as exc:  # said in flags, the judge's own
+
+    @contextlib.contextmanager
+    def said_in_flags(self) -> Iterator[None]:
+        """A judge option the judge does not take, said in the flags that set it: `--base-url
+        does not apply to the judge hf:... (its flags: ...)`."""
+        try:
+            yield
+        except BackendOptionError as exc:
             if exc.option not in JUDGE_FIELDS:
                 raise
             flag = "--" + JUDGE_FIELDS[exc.option].replace("_", "-")
@@ -290,68 +328,20 @@ def build_checker(
     judge: str | JudgeBackend | None = None,
     nli: str | NLIBackend | None = None,
     *,
-    bundle: str | Path | None = None,
     tree: TreeConfig | None = None,
     device: str | None = None,
-    nli_precision: str | None = None,
     nli_providers: Sequence[Provider] | None = None,
     judge_options: dict[str, Any] | None = None,
 ) -> Checker:
-    """The hybrid checker from a judge and an NLI model (specs or backends), or the offline
-    checker of an exported bundle (`bundle=`, which brings its own judge, NLI and thresholds).
-    With a bundle, `judge="openai:NAME"` asks the bundle's student served by an
-    OpenAI-compatible engine (`judge_options["base_url"]`) instead of loading it here; the
-    bundle still gives the schema, prompt version, NLI model and thresholds.
+    """The hybrid checker from a judge and an NLI model (specs or backends). An exported
+    bundle's offline checker is `stepgap.export.offline.OfflineChecker.from_bundle`.
 
-    `device` places the NLI model (a bundle's or an `onnx:` one on the ONNX Runtime provider of
-    that device); `judge_options` go to `build_judge` (for a bundle: the
-    student's `device`, `dtype`, `batch_size`, `max_tokens`, `engine`, `online` and
-    `kv_cache_gib`; another option set is an error naming it). `nli_providers`: the ONNX
-    Runtime execution providers of a bundle's or an `onnx:` NLI model.
+    `device` places the NLI model (an `onnx:` one on the ONNX Runtime provider of that device);
+    `judge_options` go to `build_judge`. `nli_providers`: the ONNX Runtime execution providers
+    of an `onnx:` NLI model.
     """
     options = dict(judge_options or {})
-    if bundle:
-        if nli:
-            raise ValueError("--bundle brings its own NLI model; drop --nli")
-        served = None
-        if judge is not None:
-            kind, _, name = judge.partition(":") if isinstance(judge, str) else ("", "", "")
-            if kind != "openai" or not name:
-                raise ValueError(
-                    "with --bundle, --judge can only be openai:NAME: the bundle's student served "
-                    "by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) at --base-url"
-                )
-
-            served_options = dict(options)
-
-            def served(meta: dict[str, Any], tokenizer: Path | None = None) -> JudgeBackend:
-                return build_judge(
-                    f"openai-student:{name}",
-                    nli_features=bool(meta.get("nli_features", False)),
-                    earlier_evidence_chars=meta.get("earlier_evidence_chars"),
-                    target=meta.get("target") or "full",  # the schema it was trained to write
-                    tokenizer=str(tokenizer) if tokenizer else None,  # checked against the server
-                    **served_options,
-                )
-
-            options = {}  # every judge option is the served student's
-        else:
-            options.pop("prices", None)  # the bundle's student counts no cost and keeps no cache
-            if options.get("cache") is False:
-                options.pop("cache")
-            for ours, local in LOCAL_NAMES.items():
-                if ours in options:
-                    options[local] = options.pop(ours)
-        return CHECKERS.call(
-            "bundle",
-            str(bundle),
-            nli_precision=nli_precision,
-            nli_providers=nli_providers,
-            nli_device=device,
-            served_judge=served,
-            **options,
-        )
-    require_specs(judge, nli, bundle)
+    require_specs(judge, nli, None)
     from .nli import NLI_BACKENDS, load_nli
 
     if nli_providers and not (

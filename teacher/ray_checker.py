@@ -16,7 +16,7 @@ before is never asked again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from stepgap.schema import Trace, Verdict
@@ -29,11 +29,16 @@ from .judges.base import TraceDeadline
 _COLUMNS = ("trace_id", "step", "verdict", "position")
 
 
+Build = Callable[[CheckerConfig], StepChecker]
+"""How an actor builds its checker from the configuration: `CheckerConfig.build` (specs), or
+`stepgap.export.offline.load_checker` (a bundle too), which the command line passes."""
+
+
 class CheckActor:
     """One checker in one Ray actor: a batch of traces in, one row per step verdict out."""
 
-    def __init__(self, config: CheckerConfig) -> None:
-        self.checker = config.build()
+    def __init__(self, config: CheckerConfig, build: Build = CheckerConfig.build) -> None:
+        self.checker = build(config)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         traces = [segment_trace(t) for t in _traces(batch)]
@@ -77,14 +82,16 @@ def check_dataset(
     batch_size: int = 16,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    build: Build = CheckerConfig.build,
 ) -> Any:
     """The verdicts of every trace of `ds`, checked by `actors` actors (`batch_size` traces per
-    call, each actor holding `num_cpus` CPUs and `num_gpus` GPUs)."""
+    call, each actor holding `num_cpus` CPUs and `num_gpus` GPUs), each building its checker
+    with `build`."""
     from ray.data import ActorPoolStrategy
 
     return ds.map_batches(
         CheckActor,
-        fn_constructor_kwargs={"config": config},
+        fn_constructor_kwargs={"config": config, "build": build},
         batch_size=batch_size,
         batch_format="numpy",
         compute=ActorPoolStrategy(size=actors),
@@ -105,11 +112,12 @@ class RayChecker(StepChecker):
         batch_size: int = 16,
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
+        build: Build = CheckerConfig.build,
     ) -> None:
         if actors < 1:
             raise ValueError(f"--ray-actors must be at least 1, got {actors}")
         self.config, self.actors, self.batch_size = config, actors, batch_size
-        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.num_cpus, self.num_gpus, self.build = num_cpus, num_gpus, build
 
     @property
     def provenance(self) -> dict[str, object]:
@@ -144,6 +152,7 @@ class RayChecker(StepChecker):
             batch_size=batch_size,
             num_cpus=self.num_cpus,
             num_gpus=self.num_gpus,
+            build=self.build,
         )
         waiting: dict[int, dict[int, Verdict]] = {}
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from stepgap.data_builders import iter_traces
 from stepgap.io import read_models
 from stepgap.schema import Verdict
+from stepgap.segment import iter_traces
 from stepgap.student.recipe import load_config
 from stepgap.student.trainer import train
 from tests.fixtures import models
@@ -58,7 +58,7 @@ def hub_offline(monkeypatch, tmp_path) -> Path:
 
 @pytest.fixture
 def offline_undone(monkeypatch) -> None:
-    """A bundle loaded in this process switches it offline (`serving.offline.go_offline`):
+    """A bundle loaded in this process switches it offline (`export.offline.go_offline`):
     switched back after the test, for the tests that reach a Hub on 127.0.0.1."""
     import huggingface_hub.constants
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from stepgap.data_builders import ErrorReport, JsonlWriter, Trace, read_models, read_records
+from stepgap.io import ErrorReport, JsonlWriter, read_models, read_records
+from stepgap.schema import Trace
 
 
 def test_json_array_and_errors_per_field(tmp_path):

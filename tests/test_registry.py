@@ -1,6 +1,6 @@
-"""Backends by entry point (stepgap/registry.py): stepgap's own backends are found the way a
-plug-in's are, every spec kind parses the same way, and an option a backend does not take is an
-error naming the option and the backend. The plug-in is a throwaway distribution the test
+"""Backends by spec (stepgap/registry.py): stepgap's own are listed in code, plug-ins come by entry
+point, every spec kind parses the same way, what a backend builds is of its kind's interface, and
+an option a backend does not take is an error naming the option and the backend. The plug-in is a throwaway distribution the test
 installs into a folder on the path (its `*.dist-info` with `entry_points.txt`, as pip writes it)."""
 
 from __future__ import annotations
@@ -59,29 +59,48 @@ def plugin(tmp_path, monkeypatch) -> Path:
     return site
 
 
-def test_stepgaps_own_backends_are_entry_points():
-    """No registry lists a backend in code: each kind's backends come from the installed
-    metadata (pyproject.toml), the student's judges and the bundle's checker included."""
+def test_stepgaps_own_backends_are_listed_in_code_not_in_entry_points():
+    """Each kind's built-ins are in its registry's `builtin` table (grepping the code for a kind
+    finds it); stepgap's own metadata declares no backend, so entry points are plug-ins only.
+    The student's judge joins the judges when `stepgap.student` is imported, a layer above."""
+    from importlib.metadata import distribution
+
     from stepgap.data_builders.policies import POLICIES
     from stepgap.data_builders.retrieval import RETRIEVERS
     from stepgap.eval.baselines import BASELINES
-    from stepgap.teacher.build import CHECKERS
     from stepgap.teacher.judges import JUDGES
     from stepgap.teacher.nli import NLI_BACKENDS
 
-    assert {"openai", "hf", "replay", "student", "openai-student"} <= set(JUDGES.names())
-    assert {"hf", "onnx", "replay"} <= set(NLI_BACKENDS.names())
-    assert {"hf", "openai"} <= set(POLICIES.names())
-    assert {"index", "http", "https"} <= set(RETRIEVERS.names())
-    assert {"nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only"} <= set(
-        BASELINES.names()
-    )
-    assert "bundle" in CHECKERS.names()
-    from stepgap.serving.offline import OfflineChecker
+    assert set(JUDGES.builtin) == {"openai", "hf", "replay"}
+    assert set(NLI_BACKENDS.builtin) == {"hf", "onnx", "replay"}
+    assert set(POLICIES.builtin) == {"hf", "openai"}
+    assert set(RETRIEVERS.builtin) == {"index", "http", "https"}
+    assert set(BASELINES.builtin) == {
+        "nli-only", "minicheck", "ner-quote", "llm-strict", "llm-only", "flag-everything",
+    }  # fmt: skip
+    for registry in (JUDGES, NLI_BACKENDS, POLICIES, RETRIEVERS, BASELINES):
+        for kind in registry.builtin:
+            assert callable(registry.factory(kind)), (registry.what, kind)
+    own = [ep.group for ep in distribution("stepgap").entry_points if ep.group != "console_scripts"]
+    assert own == []
     from stepgap.student.judge import StudentJudge
 
     assert JUDGES.factory("student") is StudentJudge
-    assert CHECKERS.factory("bundle") == OfflineChecker.from_bundle
+
+
+def test_a_plugin_that_is_not_of_its_kinds_interface_is_named(tmp_path):
+    """A backend must be an instance of its kind's abstract class; one that is not is one
+    error naming the backend and the class to subclass, not an AttributeError later."""
+    from stepgap.registry import BackendTypeError
+    from stepgap.teacher.judges import JUDGES
+
+    JUDGES.register("plain", lambda arg: object())
+    try:
+        with pytest.raises(BackendTypeError, match="judge backend 'plain' built a object, which "
+                           "is not a stepgap.teacher.judges.base.JudgeBackend: subclass it"):  # fmt: skip
+            JUDGES.build("plain:x")
+    finally:
+        JUDGES._added.pop("plain")
 
 
 def test_every_kind_parses_the_same_way():

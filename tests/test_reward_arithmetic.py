@@ -216,7 +216,7 @@ def test_every_bracket_lies_in_the_spec_range(rows, variant):
 
 
 def test_dense_form_token_spans_cover_each_step(examples_dir):
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
     from tests.fixtures.models import qwen_tokenizer
 
     tok = qwen_tokenizer()

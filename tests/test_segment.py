@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from stepgap.data_builders import (
-    ErrorReport,
+from stepgap.io import ErrorReport
+from stepgap.segment import (
     SegmentationError,
     accumulated_evidence,
     iter_traces,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepgap.data_builders import SegmentationError, Trace, segment_response
-from stepgap.segment import segment_trace
+from stepgap.schema import Trace
+from stepgap.segment import SegmentationError, segment_response, segment_trace
 
 TAGS = [
     "<think>",

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from stepgap.data_builders import segment_response
 from stepgap.data_builders.rollout_formats import Generation, HermesFormat, Rollout, SearchR1Format
 from stepgap.reward_arithmetic import final_answer
+from stepgap.segment import segment_response
 from stepgap.tags import first_block, last_block
 
 

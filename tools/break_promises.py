@@ -61,8 +61,8 @@ MUTATIONS = [
     Mutation(
         "empty-input/is-an-error",
         "stepgap/io.py",
-        '    raise EmptyInputError(f"{path}: has no records (an empty {role}): nothing to work on")',
-        "    return",
+        '        )\n    raise EmptyInputError(f"{path}: has no records',
+        '        )\n    return\n    raise EmptyInputError(f"{path}: has no records',
         (
             "tests/cli/test_outputs.py::test_an_input_with_no_records_is_an_error_and_the_earlier_output_stays",
         ),

@@ -87,7 +87,7 @@ def prompts_match(bundle: str, traces: str, url: str) -> None:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
     from stepgap.teacher.prompt import build_requests
 
     hf_logging.set_verbosity_error()  # a local folder's tokenizer warns of a Mistral regex

@@ -21,7 +21,8 @@ from stepgap.data_builders.student_target import TARGETS
 
 
 def segment(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport, segment_file
+    from stepgap.io import ErrorReport
+    from stepgap.segment import segment_file
 
     report = ErrorReport()
     n = segment_file(args.input, args.output, report)
@@ -35,8 +36,8 @@ def segment_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sft_data(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.data_builders.sft_data import write_sft_data
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     data, stats = write_sft_data(
@@ -98,8 +99,8 @@ def sft_data_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def index(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.data_builders.retrieval import build_index
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     meta = build_index(
@@ -167,8 +168,8 @@ def serve_index_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def rollouts(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.data_builders.rollouts import rollouts_file
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     summary = rollouts_file(
@@ -279,8 +280,8 @@ def rollouts_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def prepare_verl_data(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.data_builders.verl_data import add_questions
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     n = add_questions(args.input, args.output, report)

@@ -31,8 +31,8 @@ def _named_files(specs: list[str]) -> dict[str, str]:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.eval import evaluate as run_evaluation
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     plots = not args.no_plots
@@ -95,9 +95,8 @@ def evaluate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def baseline(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.eval.baselines import run_baseline
-    from stepgap.io import require_input
+    from stepgap.io import ErrorReport, require_input
 
     require_input(args.input)  # before the models load
     report = ErrorReport()
@@ -147,8 +146,8 @@ def baseline_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def view(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
     from stepgap.eval.view import parse_named_files, write_view
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     result = write_view(

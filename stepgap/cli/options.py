@@ -21,7 +21,7 @@ from stepgap.tree import TreeConfig
 
 if TYPE_CHECKING:
     from stepgap.serving.reward_function import RewardOptions
-    from stepgap.teacher import Checker
+    from stepgap.teacher.checker import StepChecker
 
 
 # Exit statuses (`stepgap --help` lists them): 0 done; 1 nothing done (every step failed: a dead
@@ -257,13 +257,16 @@ def join_ray(args: argparse.Namespace, config: CheckerConfig) -> Any:
     return connect(args.ray or None, env_vars={config.api_key_env: key} if key else None)
 
 
-def checker(args: argparse.Namespace, *, online: bool = False) -> Checker:
-    """The checker the flags describe (`CheckerConfig.build`; `online` for a server), or with
+def checker(args: argparse.Namespace, *, online: bool = False) -> StepChecker:
+    """The checker the flags describe (`load_checker`: a bundle's, or the hybrid checker of
+    the judge and NLI specs; `online` for a server), or with
     `--ray` a pool of them on a Ray cluster (`RayChecker`; the judge's API key variable reaches
     its workers)."""
+    from stepgap.export.offline import load_checker
+
     config = checker_config(args)
     if getattr(args, "ray", None) is None:
-        return config.build(online=online)
+        return load_checker(config, online=online)
     from stepgap.teacher.ray_checker import RayChecker
 
     join_ray(args, config)
@@ -272,12 +275,13 @@ def checker(args: argparse.Namespace, *, online: bool = False) -> Checker:
     DataContext.get_current().enable_progress_bars = not getattr(args, "no_progress", False)
     if not getattr(args, "verbose", 0):  # Ray Data logs INFO blocks and tuning tips per run
         logging.getLogger("ray.data").setLevel(logging.ERROR)
-    return RayChecker(  # type: ignore[return-value]
+    return RayChecker(
         config,
         actors=args.ray_actors,
         batch_size=args.batch_size,
         num_cpus=args.ray_cpus,
         num_gpus=args.ray_gpus,
+        build=load_checker,
     )
 
 

@@ -22,7 +22,7 @@ from stepgap.cli.options import (
 
 
 def reward(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
+    from stepgap.io import ErrorReport
     from stepgap.serving.reward_function import reward_file
 
     report = ErrorReport()

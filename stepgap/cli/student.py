@@ -52,7 +52,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def mine(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
+    from stepgap.io import ErrorReport
     from stepgap.student import mine as run_mining
 
     report = ErrorReport()

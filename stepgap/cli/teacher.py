@@ -53,8 +53,7 @@ def _print_meter(judged_by: StepChecker) -> None:
 
 
 def check(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
-    from stepgap.io import require_input
+    from stepgap.io import ErrorReport, require_input
     from stepgap.teacher.label import check_file
 
     require_input(args.input)  # before the models load
@@ -90,8 +89,7 @@ def check_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def label(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
-    from stepgap.io import require_input
+    from stepgap.io import ErrorReport, require_input
     from stepgap.teacher.label import label_file, parse_shard
 
     shard = parse_shard(args.shard)
@@ -150,7 +148,7 @@ def label_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def merge(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
+    from stepgap.io import ErrorReport
     from stepgap.teacher.label import merge_verdicts
 
     report = ErrorReport()
@@ -171,7 +169,7 @@ def merge_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def relabel(args: argparse.Namespace) -> int:
-    from stepgap.data_builders import ErrorReport
+    from stepgap.io import ErrorReport
     from stepgap.teacher.relabel import relabel_file
 
     report = ErrorReport()

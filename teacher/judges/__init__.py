@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from stepgap.registry import Registry
-from stepgap.tree import JudgeResult
 
 from .base import (
     JudgeBackend,
@@ -22,11 +21,17 @@ from .cache import JudgeCache, default_cache_path
 from .cost import PRICES, CostMeter
 from .replay import ReplayJudge
 
-# Judges are the entry points of `stepgap.judges` (stepgap's own in its pyproject.toml: openai,
-# hf, replay, and the student's, which live a layer above); a plug-in registers its own there.
+# The teacher's judges; the student's (`student:PATH`) are added by `stepgap.student`, a layer
+# above, as it is imported; a plug-in declares its own under `stepgap.judges`.
 JUDGES: Registry[JudgeBackend] = Registry(
     "judge",
     "stepgap.judges",
+    builtin={
+        "openai": "stepgap.teacher.judges.openai_api:OpenAIJudge",
+        "hf": "stepgap.teacher.judges.hf:HFJudge",
+        "replay": "stepgap.teacher.judges.replay:ReplayJudge.from_file",
+    },
+    interface=JudgeBackend,
     bare="openai:{spec} (a model behind an OpenAI-compatible API) or hf:{spec} (a local model)",
 )
 
@@ -38,8 +43,8 @@ def register_judge(kind: str, factory: str | Callable[..., JudgeBackend]) -> Non
 
 
 def load_judge(spec: str, **options: Any) -> JudgeBackend:
-    """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `student:PATH`,
-    `replay:FILE`, or an installed plug-in's kind. An option the backend does not take is an
+    """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `replay:FILE`,
+    `student:PATH` (once `stepgap.student` is imported), or an installed plug-in's kind. An option the backend does not take is an
     error naming it (`stepgap.registry`)."""
     return JUDGES.build(spec, **options)
 
@@ -54,7 +59,6 @@ __all__ = [
     "JudgeParseError",
     "JudgeRequest",
     "JUDGES",
-    "JudgeResult",
     "ReplayJudge",
     "close_judge",
     "judge_json_schema",

@@ -5,14 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from stepgap.registry import Registry
-from stepgap.tree import NLIError, Pair, nli_label
 
 from .base import NLIBackend
 from .hf import DEFAULT_NLI_MODEL, HFNLI
 from .replay import ReplayNLI
 
-# NLI backends are the entry points of `stepgap.nli` (stepgap's own: hf, onnx, replay).
-NLI_BACKENDS: Registry[NLIBackend] = Registry("NLI", "stepgap.nli", default="hf")
+NLI_BACKENDS: Registry[NLIBackend] = Registry(
+    "NLI",
+    "stepgap.nli",
+    builtin={
+        "hf": "stepgap.teacher.nli.hf:HFNLI",
+        "onnx": "stepgap.teacher.nli.onnx:ONNXNLI",
+        "replay": "stepgap.teacher.nli.replay:ReplayNLI.from_file",
+    },
+    interface=NLIBackend,
+    default="hf",
+)
 
 
 def load_nli(spec: str, **options: Any) -> NLIBackend:
@@ -27,9 +35,6 @@ __all__ = [
     "HFNLI",
     "NLI_BACKENDS",
     "NLIBackend",
-    "NLIError",
-    "Pair",
     "ReplayNLI",
     "load_nli",
-    "nli_label",
 ]

@@ -9,7 +9,8 @@ from stepgap.cli import build_parser
 from stepgap.cli.options import checker_config, reward_options
 from stepgap.serving.process_reward import reward_config
 from stepgap.serving.reward_function import RewardOptions
-from stepgap.teacher import CheckerConfig, TreeConfig
+from stepgap.teacher import CheckerConfig
+from stepgap.tree import TreeConfig
 
 
 def _serve(*argv: str):

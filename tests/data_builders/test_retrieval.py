@@ -73,7 +73,7 @@ def test_passages_are_formatted_exactly_as_search_r1_and_segment_back(tmp_path):
         {"title": "no text"},
     ]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from stepgap.data_builders import ErrorReport
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     seen: list[logging.LogRecord] = []

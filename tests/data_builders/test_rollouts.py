@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.data_builders import segment_response
 from stepgap.data_builders.policies import HFPolicy
 from stepgap.data_builders.qa import iter_questions, parse_columns
 from stepgap.data_builders.retrieval import LocalIndex, format_passages
@@ -25,6 +24,7 @@ from stepgap.data_builders.rollout_formats import (
     Rollout,
 )
 from stepgap.data_builders.rollouts import run_rollouts
+from stepgap.segment import segment_response
 from stepgap.serving.retrieval_server import create_app
 from tests.data_builders.conftest import QUESTIONS, TOPK, LiveServer
 
@@ -165,7 +165,7 @@ def test_qa_readers_understand_search_r1_hotpotqa_musique_and_a_column_map(tmp_p
     ]
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from stepgap.data_builders import ErrorReport
+    from stepgap.io import ErrorReport
 
     report = ErrorReport()
     items = list(iter_questions(path, report=report))

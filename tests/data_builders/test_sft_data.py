@@ -7,7 +7,6 @@ import json
 import pytest
 
 from stepgap.cli import main
-from stepgap.data_builders import iter_traces
 from stepgap.data_builders.sft_data import (
     SFTStats,
     build_sft_dataset,
@@ -17,6 +16,7 @@ from stepgap.data_builders.sft_data import (
 )
 from stepgap.io import read_models
 from stepgap.schema import Verdict
+from stepgap.segment import iter_traces
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges import ReplayJudge
 from stepgap.teacher.nli.replay import ReplayNLI

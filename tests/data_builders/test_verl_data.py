@@ -108,8 +108,8 @@ def test_a_file_that_is_not_parquet_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_rows_are_numbered_across_batches(tmp_path, batch_size):
-    from stepgap.data_builders import ErrorReport
     from stepgap.data_builders.verl_data import add_questions
+    from stepgap.io import ErrorReport
 
     rows = search_r1_rows(QUESTIONS)
     rows[2]["prompt"] = [{"role": "user", "content": "no question line"}]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from stepgap.serving.reward_function import reward_file
-from stepgap.teacher import TreeConfig, build_checker, relabel_file
+from stepgap.teacher import build_checker, relabel_file
 from stepgap.teacher.label import check_file
+from stepgap.tree import TreeConfig
 
 
 @dataclass(frozen=True)

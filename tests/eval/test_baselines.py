@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from stepgap.data_builders import iter_traces
 from stepgap.eval.baselines import NERQuoteChecker, flag_everything, nli_only
 from stepgap.schema import Snippet, Step
+from stepgap.segment import iter_traces
 from stepgap.teacher import HFNLI, ReplayJudge, ReplayNLI
 from stepgap.teacher.nli.base import NLIBackend
 from tests.fixtures.models import build_deberta_nli, nli_label_counts

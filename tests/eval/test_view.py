@@ -13,11 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepgap.cli import main
-from stepgap.data_builders import ErrorReport, Snippet, Verdict, iter_traces, read_models
 from stepgap.eval.report import build_report, load_gold, load_predictions
 from stepgap.eval.view import parse_named_files, render_view, write_view
 from stepgap.eval.view_data import locate_quote, view_data
 from stepgap.eval.view_page import embed_json
+from stepgap.io import ErrorReport, read_models
+from stepgap.schema import Snippet, Verdict
+from stepgap.segment import iter_traces
 from stepgap.tree import normalise_quote_with_origin, quote_in_evidence
 
 DATA = re.compile(r'<script type="application/json" id="stepgap-data">(.*?)</script>', re.S)

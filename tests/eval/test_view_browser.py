@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.data_builders import JsonlWriter, Snippet, Verdict, iter_traces, read_models
 from stepgap.eval.view import render_view, write_view
+from stepgap.io import JsonlWriter, read_models
+from stepgap.schema import Snippet, Verdict
+from stepgap.segment import iter_traces
 from tests.fixtures.browser import chromium
 
 pytestmark = pytest.mark.timeout(300)

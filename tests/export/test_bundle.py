@@ -45,8 +45,8 @@ LOAD = GUARD + textwrap.dedent(
     """
     import json, os
     assert not any(k.endswith("API_KEY") for k in os.environ), "an API key leaked in"
-    from stepgap.data_builders import iter_traces
-    from stepgap.serving.offline import OfflineChecker
+    from stepgap.segment import iter_traces
+    from stepgap.export import OfflineChecker
     checker = OfflineChecker.from_bundle(sys.argv[1])
     traces = list(iter_traces(sys.argv[2]))
     with open(sys.argv[3], "w") as out:
@@ -187,7 +187,7 @@ def test_a_tampered_file_fails_loading_naming_it(bundles, tmp_path, victim):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(BundleError, match=victim.replace(".", r"\.") + ".*sha256"):
         verify_bundle(copy)
-    from stepgap.serving.offline import OfflineChecker
+    from stepgap.export import OfflineChecker
 
     with pytest.raises(BundleError, match=victim.split("/")[-1]):
         OfflineChecker.from_bundle(copy)
@@ -405,7 +405,7 @@ def test_the_parity_probe_is_rerun_on_the_serving_provider(bundles, tmp_path):
     """Loading re-runs the recorded probe pairs on the chosen provider and precision: a good
     bundle loads on CPUExecutionProvider; one whose recorded PyTorch probabilities no longer
     match (one pair's label moved, re-checksummed) fails naming provider, precision and pair."""
-    from stepgap.serving.offline import OfflineChecker
+    from stepgap.export import OfflineChecker
 
     manifest = verify_bundle(bundles["merged"])
     parity = manifest["nli"]["parity"]
@@ -456,7 +456,7 @@ def test_the_nli_device_places_a_bundles_onnx_model(bundles, examples_dir, tmp_p
     where it used to be dropped: `cpu` runs, `cuda` on this CPU build is the unavailable
     provider's one line, a device ONNX Runtime cannot place is named, and `--device` beside
     `--nli-provider` is refused. An `onnx:` NLI model takes the same flags."""
-    from stepgap.serving.offline import OfflineChecker
+    from stepgap.export import OfflineChecker
 
     traces = str(examples_dir / "traces.jsonl")
     bundle = str(bundles["merged"])
@@ -500,7 +500,8 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.experimental.reward_loop.router.naive_router import NaiveRouter
 
-    from stepgap.serving import OfflineChecker, StepGapReward, process_reward
+    from stepgap.export import OfflineChecker
+    from stepgap.serving import StepGapReward, process_reward
     from tests.fixtures.live_server import LiveServer
     from tests.fixtures.openai_server import FakeOpenAI, counted_by
     from tests.serving.test_interop_verl import batch

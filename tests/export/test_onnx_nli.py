@@ -13,9 +13,9 @@ from stepgap.export.onnx_nli import (
     served_parity,
 )
 from stepgap.teacher import load_nli
-from stepgap.teacher.nli import nli_label
 from stepgap.teacher.nli.hf import HFNLI, NLI_LABELS
 from stepgap.teacher.nli.onnx import ONNXNLI, parse_providers, resolve_providers
+from stepgap.tree import nli_label
 
 
 @pytest.fixture(scope="module", params=["moritz", "cross-encoder"])

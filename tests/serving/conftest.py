@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from stepgap.serving import StepGapReward, compute_reward
+from stepgap.reward_arithmetic import compute_reward
+from stepgap.serving import StepGapReward
 from stepgap.teacher import Checker, ReplayJudge, ReplayNLI, load_judge, load_nli
 from tests.fixtures.judges import CountingJudge
 from tests.fixtures.live_server import LiveServer

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from stepgap.export import OfflineChecker
 from stepgap.export.bundle import export_bundle
-from stepgap.serving import OfflineChecker, StepGapReward, compute_reward
+from stepgap.reward_arithmetic import compute_reward
+from stepgap.serving import StepGapReward
 
 
 def test_offline_checker_scores_rewards(

@@ -59,7 +59,7 @@ def test_adapter_detection(tmp_path):
 
 def test_checker_gives_a_features_student_its_nli_features(examples_dir, tiny_nli):
     """A judge that asks for NLI features gets them from the checker's own NLI model."""
-    from stepgap.data_builders import iter_traces
+    from stepgap.segment import iter_traces
     from stepgap.teacher import Checker, load_nli
     from stepgap.teacher.judges import ReplayJudge
 
@@ -130,13 +130,15 @@ def test_a_tiny_student_trained_on_the_compact_target_writes_and_parses_it(
 
 
 def test_a_served_compact_student_is_asked_and_parsed_in_its_schema(
-    monkeypatch, examples_dir, example_traces, pool
+    monkeypatch, tmp_path, examples_dir, example_traces, pool
 ):
     """`check --bundle B --judge openai:NAME` for a bundle whose student metadata says compact:
     the served judge asks the test server for the compact schema and parses its compact answers
     (the teacher's targets here) into judge objects that the tree decides as the teacher did."""
-    from stepgap.serving.offline import OfflineChecker
-    from stepgap.teacher import Checker, ReplayNLI, build_checker
+    from types import SimpleNamespace
+
+    from stepgap.export import OfflineChecker, load_checker
+    from stepgap.teacher import Checker, CheckerConfig, ReplayNLI
     from stepgap.teacher.prompt import build_requests
     from tests.fixtures.openai_server import FakeOpenAI, prompt_key
 
@@ -146,19 +148,20 @@ def test_a_served_compact_student_is_asked_and_parsed_in_its_schema(
         for t in example_traces
         for r in build_requests(t.id, t.question, t.steps)
     }
-    # the bundle part is not under test here: build_checker hands its served judge the
-    # student's metadata as OfflineChecker.from_bundle reads it from a bundle
+    # the bundle part is not under test here: load_checker's served judge reads the student's
+    # metadata from the bundle's student folder, as OfflineChecker.from_bundle hands it over
+    (tmp_path / "stepgap_student.json").write_text('{"target": "compact"}')
+    bundle = SimpleNamespace(student_dir=tmp_path)
     monkeypatch.setattr(
         OfflineChecker,
         "from_bundle",
-        classmethod(
-            lambda cls, path, served_judge, **kw: served_judge({"target": "compact"}, None)
-        ),
+        classmethod(lambda cls, path, served_judge, **kw: served_judge(bundle)),
     )
     server = FakeOpenAI(answers=answers).start()
     try:
-        judge = build_checker(bundle="bundle", judge="openai:stepgap-student",
-                              judge_options={"base_url": server.base_url, "cache": False})  # fmt: skip
+        config = CheckerConfig(bundle="bundle", judge="openai:stepgap-student",
+                               base_url=server.base_url, no_cache=True)  # fmt: skip
+        judge = load_checker(config)
         assert judge.target == "compact"
         nli = ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")
         verdicts = [v for vs in Checker(judge, nli).check(example_traces) for v in vs]

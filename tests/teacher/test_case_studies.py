@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepgap.data_builders import iter_traces
+from stepgap.segment import iter_traces
 from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
 
 

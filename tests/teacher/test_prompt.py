@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from stepgap.data_builders import Snippet, Step, segment_response
+from stepgap.schema import Snippet, Step
+from stepgap.segment import segment_response
 from stepgap.teacher.prompt import (
     EARLIER_EVIDENCE_CHARS,
     PROMPT_VERSION,

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from stepgap.cli import main
-from stepgap.data_builders import Verdict, iter_traces
-from stepgap.teacher import Checker, RelabelError, ReplayJudge, ReplayNLI, TreeConfig, relabel
-from stepgap.teacher.nli import nli_label
+from stepgap.schema import Verdict
+from stepgap.segment import iter_traces
+from stepgap.teacher import Checker, RelabelError, ReplayJudge, ReplayNLI, relabel
+from stepgap.tree import TreeConfig, nli_label
 
 # Under a higher entailment or contradiction threshold only NLI-decided labels may move, and
 # only to the classes the tree allows at that stage.

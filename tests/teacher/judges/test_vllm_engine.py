@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from stepgap.data_builders.student_target import judge_decisions  # noqa: E402
-from stepgap.serving.offline import OfflineChecker  # noqa: E402
+from stepgap.export import OfflineChecker  # noqa: E402
 from stepgap.teacher.checker import Checker  # noqa: E402
 from stepgap.teacher.judges.hf import HFJudge  # noqa: E402
 from stepgap.teacher.judges.vllm_engine import vllm_device  # noqa: E402
