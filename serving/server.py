@@ -37,121 +37,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import math
 import sys
 import time
-from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
-try:  # the `serve` extra; at module level so FastAPI can resolve the routes' annotations
-    from starlette.requests import Request
-except ImportError:  # pragma: no cover - without the extra, create_app says what to install
-    Request = Any  # type: ignore[misc,assignment]
-
-from stepgap.reward_arithmetic import RewardResult
-from stepgap.schema import Trace, Verdict
+from stepgap.schema import Trace
 from stepgap.teacher.checker import Checker
-from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
 
-from .api import (
-    CheckRequest,
-    CheckResponse,
-    HealthResponse,
-    OpenRLHFRequest,
-    OpenRLHFResponse,
-    RewardRequest,
-    RewardResponse,
-    StepsRequest,
-    StepsResponse,
-    reward_response,
-    rollout_traces,
-    segmented_traces,
-)
-from .batching import (
-    FIRST,
-    OPENRLHF_TIMEOUT,
-    Busy,
-    MicroBatcher,
-    usable_seconds,
-)
-from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward_function import RewardUnavailable, StepGapReward, default_inflight
+from .batching import OPENRLHF_TIMEOUT, MicroBatcher, usable_seconds
+from .metrics import ServerMetrics
+from .recent import RecentTraces
+from .reward_function import StepGapReward, default_inflight
 from .streaming import StreamingReward
 
 log = logging.getLogger(__name__)
-
-TIMEOUT_HEADER = "X-Stepgap-Timeout"
-
-
-async def _until_disconnected(request: Any) -> None:
-    """Returns when the client hangs up (the body is already read, so the next ASGI message
-    is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-class RecentTraces:
-    """The last `keep` checked traces with their verdicts (and rewards, from the reward routes):
-    what `GET /view` shows. Each is kept as the page draws it (`stepgap.eval.view_data.trace_view`:
-    steps, evidence, verdicts, answer and EM; not the raw response) in a deque of at most `keep`,
-    so a long-running server holds a bounded amount; older traces are dropped as new ones come."""
-
-    def __init__(self, keep: int = 100) -> None:
-        if keep < 0:
-            raise ValueError(f"view_keep must be >= 0, got {keep}")
-        self.items: deque[dict[str, Any]] = deque(maxlen=keep)
-        self._seq = itertools.count(1)
-
-    def add(self, trace: Trace, verdicts: Sequence[Verdict], result: RewardResult | None) -> None:
-        from stepgap.eval.view_data import RewardLine, trace_view
-
-        if self.items.maxlen == 0:
-            return
-        # Rollouts of different requests share ids (`reward-0`): number them so they stay apart.
-        tid = f"#{next(self._seq)} {trace.id}"
-        self.items.append(
-            trace_view(
-                trace.model_copy(update={"id": tid}),
-                {"served": [v.model_copy(update={"trace_id": tid}) for v in verdicts]},
-                reward=(
-                    None
-                    if result is None
-                    else RewardLine.model_validate({**result.as_dict(), "trace_id": tid})
-                ),
-            )
-        )
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def render(self) -> str:
-        """The page (`stepgap.eval.view_page.render_html`), newest trace first."""
-        from stepgap.eval.view_data import page_data
-        from stepgap.eval.view_page import render_html
-
-        items = list(reversed(self.items))
-        title = f"stepgap serve: the last {len(items)} checked traces (of at most "
-        return render_html(page_data(items, ["served"], title=f"{title}{self.items.maxlen})"))
-
-
-def _timeout_of(request: Any) -> float | None:
-    """The client's own deadline in seconds (`X-Stepgap-Timeout`), if it sent one."""
-    value = request.headers.get(TIMEOUT_HEADER)
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        from fastapi import HTTPException
-
-        raise HTTPException(422, f"{TIMEOUT_HEADER} must be a positive number of seconds")
-    return seconds
 
 
 def judge_limit_of(reward: StepGapReward) -> EngineLimit | None:
@@ -183,58 +84,17 @@ def create_app(
     when_overloaded: str = "hold",
 ) -> Any:
     """The FastAPI app (see the module docstring); `max_inflight` defaults to
-    `default_inflight(reward)`, `view_keep` bounds how many checked traces `GET /view` keeps."""
-    from fastapi import FastAPI, HTTPException
-    from fastapi.responses import HTMLResponse, JSONResponse, Response
-    from prometheus_client import (
-        CONTENT_TYPE_LATEST,
-        CollectorRegistry,
-        Counter,
-        Gauge,
-        Histogram,
-        generate_latest,
-    )
+    `default_inflight(reward)`, `view_keep` bounds how many checked traces `GET /view` keeps.
+    Its parts are `app.state.stepgap` (`routes.ServerState`)."""
+    from fastapi import FastAPI
 
-    registry = CollectorRegistry()
-    requests_total = Counter(
-        "stepgap_requests", "HTTP requests by route", ["route"], registry=registry
-    )
-    rejected = Counter(
-        "stepgap_rejected",
-        "requests not answered with rewards: too_large, queue_full, overloaded (the backlog "
-        "outlasts the deadline), deadline (not checked in time), shutdown, client_gone, "
-        "no_reward (a step check failed: OpenRLHF's route)",
-        ["reason"],
-        registry=registry,
-    )
-    failed_traces = Counter(
-        "stepgap_traces_failed",
-        "traces with a failed step check (a judge that is down, an answer that cannot be "
-        "parsed): no reward, unless on_failed_check=zero",
-        registry=registry,
-    )
-    dropped = Counter(
-        "stepgap_traces_dropped",
-        "traces left unchecked because their client hung up or their deadline passed",
-        ["reason"],
-        registry=registry,
-    )
-    traces_total = Counter("stepgap_traces_checked", "traces checked", registry=registry)
-    batch_size = Histogram(
-        "stepgap_batch_size",
-        "traces per checker call",
-        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-        registry=registry,
-    )
-    queue_depth = Gauge("stepgap_queue_depth", "traces waiting for a batch", registry=registry)
+    from stepgap import __version__
 
-    def on_batch(n: int) -> None:
-        batch_size.observe(n)
-        traces_total.inc(n)
+    from .routes import TIMEOUT_HEADER, ServerState, limit_body, router
 
+    metrics = ServerMetrics()
     judge_limit = judge_limit_of(reward)
-    # a checker fault becomes error verdicts, never a 500
-    batcher = MicroBatcher(
+    batcher = MicroBatcher(  # a checker fault becomes error verdicts, never a 500
         stream=lambda traces, stop, deadlines: reward.check_stream(
             traces, stop=stop, deadlines=deadlines
         ),
@@ -243,49 +103,22 @@ def create_app(
         max_queue=max_queue,
         max_inflight=max_inflight or default_inflight(reward),
         client_timeout=client_timeout,
-        on_batch=on_batch,
-        on_drop=lambda reason, n: dropped.labels(reason).inc(n),
+        on_batch=metrics.on_batch,
+        on_drop=metrics.on_drop,
         judge_limit=judge_limit,
         when_overloaded=when_overloaded,
     )
-    queue_depth.set_function(batcher.queue.qsize)
-    in_flight = Gauge("stepgap_checks_in_flight", "checker calls running", registry=registry)
-    in_flight.set_function(lambda: len(batcher.calls))
-    step_seconds = Gauge(
-        "stepgap_seconds_per_step",
-        "seconds the server needs per step at its measured rate (what admission plans with; "
-        "0 before the first measure)",
-        registry=registry,
-    )
-    step_seconds.set_function(lambda: batcher.pace.seconds_per_step() or 0.0)
-    if judge_limit is not None:
-        judge_in_flight = Gauge(
-            "stepgap_judge_limit",
-            "judge requests in flight at most over all calls (the engine's slots plus a margin, "
-            "where known; 0: no limit beyond each call's --concurrency)",
-            registry=registry,
-        )
-        judge_in_flight.set_function(lambda: judge_limit.limit or 0)
-    engine = in_process_engine(reward)
-    if engine is not None:  # vLLM's async engine in this process
-        Gauge(
-            "stepgap_engine_requests",
-            "judge requests in the in-process engine now (running or waiting)",
-            registry=registry,
-        ).set_function(engine.unfinished)
-        Gauge(
-            "stepgap_engine_aborted",
-            "judge requests aborted inside the engine (deadline passed, client gone, shutdown)",
-            registry=registry,
-        ).set_function(lambda: engine.aborted)
-    health_of_judge = batcher.health
-
+    metrics.watch(batcher, judge_limit, in_process_engine(reward))
     # steps checked while the rollout runs (/steps), where the checker can check them one by one
     inline = (
         StreamingReward(reward)
         if reward.variant != "search_only" and StreamingReward.supports(reward.checker)
         else None
     )
+    state = ServerState(
+        reward, batcher, metrics, inline, RecentTraces(view_keep), client_timeout,
+        max_body_bytes, judge_limit,
+    )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
@@ -294,8 +127,6 @@ def create_app(
         await batcher.stop()
         if inline is not None:  # the steps not yet sent are dropped: nobody waits for them
             inline.close(wait=False)
-
-    from stepgap import __version__
 
     app = FastAPI(
         title="stepgap",
@@ -306,187 +137,9 @@ def create_app(
         "with Retry-After.",
         lifespan=lifespan,
     )
-    app.state.batcher = batcher
-    recent = RecentTraces(view_keep)
-    app.state.recent = recent
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and int(length) > max_body_bytes:
-            rejected.labels("too_large").inc()
-            return JSONResponse(
-                {"detail": f"request body over {max_body_bytes} bytes"}, status_code=413
-            )
-        return await call_next(request)
-
-    async def checked(traces: list[Trace], route: str, request: Request) -> list[list[Verdict]]:
-        requests_total.labels(route).inc()
-        try:
-            verdicts = await batcher.submit(
-                traces, lambda: _until_disconnected(request), _timeout_of(request)
-            )
-            if verdicts is not None:
-                health_of_judge.observe(verdicts)
-        except Busy as exc:
-            rejected.labels(exc.reason).inc()
-            raise HTTPException(
-                503, str(exc), headers={"Retry-After": str(exc.retry_after)}
-            ) from None
-        if verdicts is None:  # nobody is listening any more; nginx's "client closed request"
-            rejected.labels("client_gone").inc()
-            raise HTTPException(499, "client disconnected")
-        return verdicts
-
-    async def rewards(
-        responses: list[str], questions: list[str], golden: list[Any], route: str, request: Request
-    ) -> list[Any]:
-        try:
-            traces = rollout_traces(reward, responses, questions, golden, route)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        if reward.variant == "search_only":
-            return reward.score_traces(traces)
-        verdicts = await checked(traces, route, request)
-        results = [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
-        for t, vs, r in zip(traces, verdicts, results, strict=True):
-            recent.add(t, vs, r)
-        failed_traces.inc(sum(r.failed_checks > 0 for r in results))
-        return results
-
-    @app.post("/check", response_model=CheckResponse, summary="verdicts for every step")
-    async def check(body: CheckRequest, request: Request) -> dict[str, Any]:
-        try:
-            segmented = segmented_traces(body.traces)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        verdicts = await checked(segmented, "check", request)
-        for t, vs in zip(segmented, verdicts, strict=True):
-            recent.add(t, vs, None)
-        return {"verdicts": [[v.model_dump(mode="json") for v in vs] for vs in verdicts]}
-
-    async def finalized(body: RewardRequest, request: Request) -> list[Any]:
-        """`/reward` for rollouts whose steps came to `/steps`: each finalized, reusing the
-        answers made while it ran; the deadline and a gone client hold as for `/reward`."""
-        assert inline is not None and body.trace_ids is not None
-        requests_total.labels("reward").inc()
-        try:
-            traces = rollout_traces(reward, body.responses, body.questions, body.golden_answers,
-                                    "reward", body.trace_ids)  # fmt: skip
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        seconds = _timeout_of(request) or client_timeout
-        usable = usable_seconds(seconds)
-        deadline = TraceDeadline.after(usable)
-        work = asyncio.ensure_future(
-            asyncio.gather(*(asyncio.to_thread(inline.finalize, t, deadline) for t in traces))
-        )
-        gone = asyncio.ensure_future(_until_disconnected(request))
-        done, _ = await asyncio.wait({work, gone}, timeout=usable, return_when=FIRST)
-        gone.cancel()
-        if work not in done:
-            deadline.cancel()  # the judge sends nothing more for these rollouts
-            if gone in done:
-                rejected.labels("client_gone").inc()
-                raise HTTPException(499, "client disconnected")
-            rejected.labels("deadline").inc()
-            raise HTTPException(
-                503,
-                f"not checked within the request's {seconds:g} s deadline",
-                headers={"Retry-After": "1"},
-            )
-        results = work.result()
-        for t, r in zip(traces, results, strict=True):
-            recent.add(t, [], r)
-        failed_traces.inc(sum(r.failed_checks > 0 for r in results))
-        return results
-
-    @app.post("/reward", response_model=RewardResponse, summary="rewards for rollouts")
-    async def reward_route(body: RewardRequest, request: Request) -> dict[str, Any]:
-        if body.trace_ids is not None and inline is not None:
-            return reward_response(await finalized(body, request))
-        results = await rewards(
-            body.responses, body.questions, body.golden_answers, "reward", request
-        )
-        return reward_response(results)
-
-    @app.post(
-        "/steps",
-        response_model=StepsResponse,
-        summary="a rollout's text so far: its complete steps are checked while it goes on",
-    )
-    async def steps(body: StepsRequest) -> dict[str, Any]:
-        requests_total.labels("steps").inc()
-        if inline is None:
-            raise HTTPException(
-                404,
-                "this server checks whole rollouts only: its checker cannot check steps one by "
-                "one (the search_only variant, or a checker without its own judge)",
-            )
-        try:
-            n = await asyncio.to_thread(
-                inline.submit_response, body.trace_id, body.question, body.response
-            )
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        return {"trace_id": body.trace_id, "submitted": n, "rollouts": inline.unfinished()}
-
-    @app.delete("/steps/{trace_id}", summary="forget a rollout whose reward will not be asked")
-    async def drop_steps(trace_id: str) -> dict[str, Any]:
-        requests_total.labels("steps").inc()
-        dropped_now = inline.drop(trace_id) if inline is not None else 0
-        if dropped_now:
-            dropped.labels("abandoned").inc(dropped_now)
-        return {"trace_id": trace_id, "dropped": dropped_now}
-
-    @app.post(
-        "/get_reward", response_model=OpenRLHFResponse, summary="OpenRLHF's remote reward protocol"
-    )
-    async def get_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any]:
-        try:
-            responses, questions, golden = openrlhf_batch(body.query, body.prompts, body.labels)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        results = await rewards(responses, questions, golden, "get_reward", request)
-        try:
-            return openrlhf_response(results)
-        except RewardUnavailable as exc:  # OpenRLHF's "no reward": it retries, then gives None
-            rejected.labels("no_reward").inc()
-            raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
-
-    @app.get("/health", response_model=HealthResponse, summary="liveness and queue depth")
-    async def health() -> dict[str, Any]:
-        status = "closing" if batcher.closing else health_of_judge.status()
-        return {
-            "status": status,
-            "variant": reward.variant,
-            "lam": reward.lam,
-            "on_failed_check": reward.on_failed_check,
-            "queued": batcher.queue.qsize(),
-            "in_flight": len(batcher.calls),
-            "failed_checks": reward.failures["failed_checks"],
-            "judge_failure": health_of_judge.failure,
-            "judge_limit": None if judge_limit is None else judge_limit.describe(),
-        }
-
-    @app.get(
-        "/view",
-        response_class=HTMLResponse,
-        summary="the last checked traces as a page (stepgap view)",
-    )
-    async def view():  # no return annotation: FastAPI would read it as a body model
-        requests_total.labels("view").inc()
-        return HTMLResponse(recent.render())
-
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        summary="Prometheus metrics: requests, batch sizes, queue depth, rejections",
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
-    )
-    async def metrics():  # no return annotation: FastAPI would read it as a body model
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
+    app.state.stepgap = state
+    app.middleware("http")(limit_body)
+    app.include_router(router)
     return app
 
 
@@ -589,7 +242,7 @@ def serve(
         view_keep=view_keep,
         when_overloaded=when_overloaded,
     )
-    batcher: MicroBatcher = app.state.batcher
+    batcher: MicroBatcher = app.state.stepgap.batcher
     print(f"stepgap serve: {probe_capacity(reward, batcher, client_timeout)}", file=sys.stderr)
     if batcher.health.failure is not None:
         print("stepgap serve: /health says degraded until the judge answers", file=sys.stderr)

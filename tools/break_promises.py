@@ -157,7 +157,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/view-bounded",
-        "serving/server.py",
+        "serving/recent.py",
         "deque(maxlen=keep)",
         "deque()",
         (
@@ -266,7 +266,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server/503-retry-after",
-        "serving/server.py",
+        "serving/routes.py",
         'headers={"Retry-After": str(exc.retry_after)}',
         "headers={}",
         (
@@ -276,9 +276,9 @@ MUTATIONS = [
     ),
     Mutation(
         "server/finalize-503-before-the-client-times-out",
-        "serving/server.py",
-        "        usable = usable_seconds(seconds)\n",
-        "        usable = seconds\n",
+        "serving/routes.py",
+        "    usable = usable_seconds(seconds)\n",
+        "    usable = seconds\n",
         (
             "tests/serving/test_server_inline.py::"
             "test_a_finalize_past_its_deadline_gets_503_with_retry_after",

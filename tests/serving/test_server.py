@@ -156,7 +156,7 @@ def test_view_shows_the_last_checked_traces_and_forgets_older_ones(examples_dir,
             httpx.post(f"{url}/check", json={"traces": [trace]}, timeout=60).raise_for_status()
         data = shown(url)
         assert [t["id"] for t in data["traces"]] == [f"#{i} {raw[i - 1]['id']}" for i in (5, 4, 3)]
-        assert len(app.state.recent) == 3  # the two oldest were dropped
+        assert len(app.state.stepgap.recent) == 3  # the two oldest were dropped
         expected = {(v.trace_id, v.step): v.label for vs in checker.check(example_traces[2:5])
                     for v in vs}  # fmt: skip
         got = {(t["id"].split(" ", 1)[1], s["index"]): s["verdicts"][0]["label"]
@@ -173,7 +173,7 @@ def test_view_shows_the_last_checked_traces_and_forgets_older_ones(examples_dir,
         data = shown(url)
         assert [t["id"] for t in data["traces"]] == ["#15 reward-9", "#14 reward-8", "#13 reward-7"]
         assert [t["reward"]["total"] for t in data["traces"]] == rewards[-3:]
-        assert len(app.state.recent) == 3
+        assert len(app.state.stepgap.recent) == 3
         metrics = httpx.get(f"{url}/metrics").text
         assert 'stepgap_requests_total{route="view"} 3.0' in metrics
 
