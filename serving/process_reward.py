@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from stepgap.io import key_lines, nearest_name
+from stepgap.configs import key_lines, nearest_name
 from stepgap.serving.reward_function import RewardOptions, StepGapReward
 from stepgap.teacher.build import REFUSED_KEYS, CheckerConfig
 from stepgap.tree import TreeConfig

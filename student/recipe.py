@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import yaml
 
-from stepgap.io import flag_value, key_lines, read_yaml_mapping
+from stepgap.configs import flag_value, key_lines, read_yaml_mapping
 
 if TYPE_CHECKING:
     from trl import ModelConfig, SFTConfig, TrlParser

@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 
 import yaml
 
-from stepgap.io import flag_value, key_lines, nearest_name, plain_reason, read_yaml_mapping
+from stepgap.configs import flag_value, key_lines, nearest_name, read_yaml_mapping
+from stepgap.io import plain_reason
 from stepgap.teacher.build import REFUSED_KEYS
 
 _SKIP_DESTS = {"help", "config", "print_config", "_run"}
