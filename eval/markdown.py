@@ -40,6 +40,7 @@ def _num(x: float | None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: its header, then one section per part of the report."""
     checkers = report["checkers"]
     b = report["bootstrap"]
     lines = [
@@ -50,6 +51,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         DEFINITIONS,
         "",
+    ]
+    for section in SECTIONS:
+        lines += section(checkers)
+    return "\n".join(lines) + "\n"
+
+
+def _variants(checkers: dict[str, Any]) -> list[str]:
+    """The headline table: every metric with its CI, per checker variant."""
+    lines = [
         "## Checker variants",
         "",
         "| checker | sF1 | BA | typed acc | typed F1 | Q-F1 | 2w/(1+w) | kappa | sP | sR "
@@ -78,9 +88,13 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"- {name}: BA's {c['BA_undefined']} is undefined (no gold step of that class) "
                 "and counts as 0."
             )
-    lines += ["", *notes] if notes else []
-    lines += ["", "## Where the verdicts come from", "", "| checker | judge | NLI | note |",
-              "|---|---|---|---|"]  # fmt: skip
+    return lines + (["", *notes] if notes else [])
+
+
+def _provenance(checkers: dict[str, Any]) -> list[str]:
+    """Which judge and NLI model decided each variant's verdicts, with their notes."""
+    lines = ["", "## Where the verdicts come from", "", "| checker | judge | NLI | note |",
+             "|---|---|---|---|"]  # fmt: skip
     for name, c in checkers.items():
         for rec in c.get("provenance") or [{}]:
             judge, nli = rec.get("judge") or {}, rec.get("nli") or {}
@@ -94,7 +108,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | {judge.get('spec', '-')} | {nli.get('spec', '-')} | {note or '-'} |"
             )
-    lines += [
+    return lines
+
+
+def _distribution(checkers: dict[str, Any]) -> list[str]:
+    """Each variant's label distribution, its health and the per-type kappas."""
+    lines = [
         "",
         "## Label distribution (% of steps) and health",
         "",
@@ -116,7 +135,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             + " | ".join("n/a" if kt[t] is None else f"{kt[t]:.3f}" for t in GAP_TYPES)
             + " |"
         )
-    lines += [
+    return lines
+
+
+def _first_gap(checkers: dict[str, Any]) -> list[str]:
+    """The first gap type flagged on traces whose answer is wrong."""
+    lines = [
         "",
         "## First gap on wrong-answer traces (% of those traces)",
         "",
@@ -128,7 +152,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         if fg is None:
             continue
         lines.append(f"| {name} | " + " | ".join(_pct(fg[k]) for k in (*GAP_TYPES, "none")) + " |")
-    lines += ["", "## Answer correctness by gap detected", ""]
+    return lines
+
+
+def _answer_gap(checkers: dict[str, Any]) -> list[str]:
+    """Per variant, answer correctness against whether a gap was flagged."""
+    lines = ["", "## Answer correctness by gap detected", ""]
     for name, c in checkers.items():
         t = c["answer_gap"]
         if t is None:
@@ -142,20 +171,30 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| correct answer | {t['FP']} (FP) | {t['TN']} (TN) |",
             "",
         ]
+    return lines
+
+
+def _silver(checkers: dict[str, Any]) -> list[str]:
+    """Agreement with the silver reference, for the variants that have it."""
     silver = {n: c["silver"] for n, c in checkers.items() if c.get("silver")}
-    if silver:
-        lines += [
-            "## Agreement with the silver reference",
-            "",
-            "| checker | binary F1 | typed macro F1 | steps |",
-            "|---|---|---|---|",
-        ]
-        for name, s in silver.items():
-            lines.append(
-                f"| {name} | {_pct(s['binary_f1'])} | {_pct(s['typed_macro_f1'])} | {s['n']} |"
-            )
-        lines.append("")
-    lines += ["## Threshold sweep (flag a gap only at confidence >= tau)", ""]
+    if not silver:
+        return []
+    lines = [
+        "## Agreement with the silver reference",
+        "",
+        "| checker | binary F1 | typed macro F1 | steps |",
+        "|---|---|---|---|",
+    ]
+    for name, s in silver.items():
+        lines.append(
+            f"| {name} | {_pct(s['binary_f1'])} | {_pct(s['typed_macro_f1'])} | {s['n']} |"
+        )
+    return lines + [""]
+
+
+def _sweep(checkers: dict[str, Any]) -> list[str]:
+    """Per variant, the metrics when a gap is flagged only above a confidence threshold."""
+    lines = ["## Threshold sweep (flag a gap only at confidence >= tau)", ""]
     for name, c in checkers.items():
         if not c["threshold_sweep"]:
             continue
@@ -171,4 +210,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{_pct(r['IE_share'])} | {_pct(r['flagged_share'])} |"
             )
         lines.append("")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+# The report's sections, in order
+SECTIONS = (_variants, _provenance, _distribution, _first_gap, _answer_gap, _silver, _sweep)

@@ -120,8 +120,24 @@ def render_adapter_card(
 ) -> str:
     """README.md for the adapter trained with `recipe` on `base` (the loadable reference the
     adapter_config names; only its display form is written)."""
+    script, training, _ = recipe
+    keys = {k: recipe_value(recipe, k) for k in RECIPE_KEYS}
+    keys["effective_batch_size"] = (
+        training.per_device_train_batch_size * training.gradient_accumulation_steps * world_size
+    )
+    lines = [
+        *_card_intro(recipe, base),
+        *["", "## Training recipe", "", _table(keys)],
+        *_card_data(script, counts, data_meta),
+        *_card_metrics(metrics),
+        *_card_usage(training.hub_model_id or "USER/NAME", on_hub=hub_base(base) is not None),
+    ]
+    return "\n".join(lines)
+
+
+def _card_intro(recipe: Recipe, base: str) -> list[str]:
+    """The card's metadata block, its title and what the adapter is."""
     script, training, model_args = recipe
-    repo = training.hub_model_id
     shown, on_hub = display_ref(base), hub_base(base)
     four_bit = model_args.load_in_4bit
     kind = (
@@ -141,7 +157,7 @@ def render_adapter_card(
         yaml.safe_dump(meta, sort_keys=False).strip(),
         "---",
         "",
-        f"# {repo or 'stepgap student judge'}",
+        f"# {training.hub_model_id or 'stepgap student judge'}",
         "",
         f"A **stepgap** student judge: a {kind} on `{shown}`{where}, trained with TRL's "
         "`SFTTrainer` to write, for one step of a search agent's reasoning trace, the teacher's "
@@ -156,16 +172,16 @@ def render_adapter_card(
             f"It continues adapter `{display_ref(script.init_adapter)}` (hard-negative "
             "augmentation: `stepgap mine --augment-config`).",
         ]
-    keys = {k: recipe_value(recipe, k) for k in RECIPE_KEYS}
-    keys["effective_batch_size"] = (
-        training.per_device_train_batch_size * training.gradient_accumulation_steps * world_size
-    )
-    lines += ["", "## Training recipe", "", _table(keys)]
+    return lines
+
+
+def _card_data(script: Any, counts: dict[str, int], data_meta: dict[str, Any]) -> list[str]:
+    """What the adapter was trained on: the SFT data, its counts, prompt and NLI features."""
+    from stepgap.teacher.prompt import PROMPT_VERSION
+
     data = {"source": f"`{display_ref(script.dataset)}`", **counts}
     if script.max_train_examples is not None:
         data["max_train_examples"] = script.max_train_examples
-    from stepgap.teacher.prompt import PROMPT_VERSION
-
     data["prompt_version"] = data_meta.get("prompt_version", PROMPT_VERSION)
     features = data_meta.get("nli_features")
     data["nli_features"] = (
@@ -175,7 +191,7 @@ def render_adapter_card(
         if features
         else "no"
     )
-    lines += [
+    return [
         "",
         "## Training data",
         "",
@@ -183,35 +199,37 @@ def render_adapter_card(
         "per step, split by trace; the loss is on the completion only.",
         "",
         _table(data),
-        "",
-        "## Training metrics",
-        "",
     ]
-    if metrics:
-        lines += [
-            "SFT losses and token accuracy: how closely the student imitates the teacher, not how "
-            "well it finds gaps (`stepgap eval` measures that against gold labels).",
-            "",
-            _table(metrics),
-        ]
-    else:
-        lines.append("No metrics were logged.")
-    name = repo or "USER/NAME"
+
+
+def _card_metrics(metrics: dict[str, float]) -> list[str]:
+    """The logged SFT metrics, or that there are none."""
+    lines = ["", "## Training metrics", ""]
+    if not metrics:
+        return [*lines, "No metrics were logged."]
+    return [
+        *lines,
+        "SFT losses and token accuracy: how closely the student imitates the teacher, not how "
+        "well it finds gaps (`stepgap eval` measures that against gold labels).",
+        "",
+        _table(metrics),
+    ]
+
+
+def _card_usage(name: str, *, on_hub: bool) -> list[str]:
+    """How to use the adapter (stepgap, or peft alone), its license and limitations; a base
+    that is not on the Hub must be given when loading."""
     base_arg = "" if on_hub else " --student-base BASE"
     if on_hub:  # peft finds the base through adapter_config.json
-        peft_import, peft_load = (
-            "AutoPeftModelForCausalLM",
-            [f'model = AutoPeftModelForCausalLM.from_pretrained("{name}")'],
-        )
+        peft_import = "AutoPeftModelForCausalLM"
+        peft_load = [f'model = AutoPeftModelForCausalLM.from_pretrained("{name}")']
     else:
-        peft_import, peft_load = (
-            "PeftModel",
-            [
-                'base = AutoModelForCausalLM.from_pretrained("BASE")  # the base, wherever it is',
-                f'model = PeftModel.from_pretrained(base, "{name}")',
-            ],
-        )
-    lines += [
+        peft_import = "PeftModel"
+        peft_load = [
+            'base = AutoModelForCausalLM.from_pretrained("BASE")  # the base, wherever it is',
+            f'model = PeftModel.from_pretrained(base, "{name}")',
+        ]
+    return [
         "",
         "## How to use",
         "",
@@ -241,7 +259,6 @@ def render_adapter_card(
         template_section("Limitations"),
         "",
     ]
-    return "\n".join(lines)
 
 
 def publish_meta(folder: Path) -> dict[str, Any]:

@@ -351,12 +351,7 @@ class GreedyDecoder:
 
         from .kv_cache import growing_cache
 
-        device = self.model.device
-        eos, pad, limit = (
-            self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id,
-            self.max_new_tokens,
-        )
+        limit = self.max_new_tokens
         cache = growing_cache(self.model, room=limit)  # a step writes its tokens in place
         clock = time.perf_counter
         started, decoding_since, model_s, wait_s, forwards = clock(), 0.0, 0.0, 0.0, 0
@@ -368,85 +363,30 @@ class GreedyDecoder:
             states = [m.initial() if m is not None else None for m in masks]
             active = list(range(len(prompts)))
             while active:
-                # as `generate` does before its processors; the logits are this step's own, so
-                # the mask is applied in place
-                scores = logits.float()
-                if any(masks[r] is not None for r in active):
-                    allowed = torch.stack(
-                        [
-                            masks[r].mask(states[r])  # type: ignore[union-attr]
-                            if masks[r] is not None
-                            else torch.ones(scores.shape[1], dtype=torch.bool, device=device)
-                            for r in active
-                        ]
-                    )
-                    scores.masked_fill_(allowed.logical_not_(), float("-inf"))
-                chosen = scores.argmax(-1)
-                picked = scores.log_softmax(-1).gather(1, chosen.view(-1, 1)).view(-1)
+                chosen, picked = self._choose(logits, [masks[r] for r in active],
+                                              [states[r] for r in active])  # fmt: skip
                 asked = clock()
                 tokens, logprobs = chosen.tolist(), picked.tolist()  # waits for the device
                 if not decoding_since:  # the prefill's tokens: its time ends here
                     decoding_since = clock()
                 else:
                     wait_s += clock() - asked
-                keep, chunks = [], []
-                for j, (r, t, lp) in enumerate(zip(active, tokens, logprobs, strict=True)):
-                    row, m = rows[r], masks[r]
-                    row.tokens.append(t)
-                    row.logprobs.append(lp)
-                    if t == eos or len(row.tokens) >= limit:
-                        continue
-                    chunk = [t]
-                    if m is not None:
-                        states[r] = m.advance(states[r], t)  # type: ignore[arg-type]
-                        while len(row.tokens) < limit:
-                            forced = m.forced(states[r])  # type: ignore[arg-type]
-                            if forced is None:
-                                break
-                            row.tokens.append(forced)
-                            row.logprobs.append(0.0)  # the only allowed token: probability 1
-                            if forced == eos:
-                                break
-                            states[r] = m.advance(states[r], forced)  # type: ignore[arg-type]
-                            chunk.append(forced)
-                    if row.tokens[-1] == eos or len(row.tokens) >= limit:
-                        continue
-                    keep.append(j)
-                    chunks.append(chunk)
+                keep, chunks = self._advance(rows, masks, states, active, tokens, logprobs)
                 if not keep:
                     break
                 if len(keep) < len(active):
                     chunk_of = dict(zip(keep, chunks, strict=True))
                     keep = kept_in_place(keep)
                     chunks = [chunk_of[j] for j in keep]
-                    index = torch.tensor(keep, device=device)
+                    index = torch.tensor(keep, device=self.model.device)
                     cache.batch_select_indices(index)
                     attention, next_pos = attention[index], next_pos[index]
                     active = [active[j] for j in keep]
-                width = max(len(c) for c in chunks)
-                # left-padded, so that every row's last token is the chunk's last position:
-                # the model computes the logits of that position only (`logits_to_keep`), not
-                # of every forced token. Built as lists, one tensor each: a tensor write per
-                # row cost ~10 us a row.
-                step = torch.tensor([[pad] * (width - len(c)) + c for c in chunks])
-                step_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunks])
-                lengths = torch.tensor([len(c) for c in chunks], device=device)
-                attention = torch.cat([attention, step_mask.to(device)], dim=1)
-                # a row's tokens continue its positions; its padding takes its first one
-                offsets = torch.arange(width, device=device) - (width - lengths)[:, None]
-                called = clock()
-                out = self.model(
-                    input_ids=step.to(device),
-                    attention_mask=attention,
-                    position_ids=next_pos[:, None] + offsets.clamp(min=0),
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
+                logits, attention, next_pos, seconds = self._forward(
+                    chunks, attention, next_pos, cache
                 )
-                model_s += clock() - called
+                model_s += seconds
                 forwards += 1
-                logits = out.logits[:, -1]
-                next_pos = next_pos + lengths
                 for r in active:
                     rows[r].forward_passes += 1
         self.stats.add(
@@ -460,6 +400,98 @@ class GreedyDecoder:
             host_s=clock() - decoding_since - model_s - wait_s,
         )
         return rows
+
+    def _choose(
+        self, logits: Any, masks: Sequence[TokenMasks | None], states: Sequence[Any]
+    ) -> tuple[Any, Any]:
+        """(the greedy token, its log-probability) of each active row, held to its schema
+        (`masks[i]` in state `states[i]`), as tensors on the device."""
+        import torch
+
+        # as `generate` does before its processors; the logits are this step's own, so the mask
+        # is applied in place
+        scores = logits.float()
+        if any(m is not None for m in masks):
+            allowed = torch.stack(
+                [
+                    m.mask(state)
+                    if m is not None
+                    else torch.ones(scores.shape[1], dtype=torch.bool, device=self.model.device)
+                    for m, state in zip(masks, states, strict=True)
+                ]
+            )
+            scores.masked_fill_(allowed.logical_not_(), float("-inf"))
+        chosen = scores.argmax(-1)
+        return chosen, scores.log_softmax(-1).gather(1, chosen.view(-1, 1)).view(-1)
+
+    def _advance(
+        self,
+        rows: list[Decoded],
+        masks: Sequence[TokenMasks | None],
+        states: list[Any],
+        active: Sequence[int],
+        tokens: Sequence[int],
+        logprobs: Sequence[float],
+    ) -> tuple[list[int], list[list[int]]]:
+        """Append each active row's chosen token and the run of schema-forced tokens after it;
+        (the positions in `active` of the rows that go on, the chunk each feeds the next
+        forward). A row ends at end-of-sequence or at the token budget."""
+        eos, limit = self.tokenizer.eos_token_id, self.max_new_tokens
+        keep, chunks = [], []
+        for j, (r, t, lp) in enumerate(zip(active, tokens, logprobs, strict=True)):
+            row, m = rows[r], masks[r]
+            row.tokens.append(t)
+            row.logprobs.append(lp)
+            if t == eos or len(row.tokens) >= limit:
+                continue
+            chunk = [t]
+            if m is not None:
+                states[r] = m.advance(states[r], t)
+                while len(row.tokens) < limit:
+                    forced = m.forced(states[r])
+                    if forced is None:
+                        break
+                    row.tokens.append(forced)
+                    row.logprobs.append(0.0)  # the only allowed token: probability 1
+                    if forced == eos:
+                        break
+                    states[r] = m.advance(states[r], forced)
+                    chunk.append(forced)
+            if row.tokens[-1] == eos or len(row.tokens) >= limit:
+                continue
+            keep.append(j)
+            chunks.append(chunk)
+        return keep, chunks
+
+    def _forward(
+        self, chunks: Sequence[Sequence[int]], attention: Any, next_pos: Any, cache: Any
+    ) -> tuple[Any, Any, Any, float]:
+        """One forward of every row's chunk: (the last position's logits, the attention mask
+        and the next positions, both grown by the chunks, the model's own seconds)."""
+        import torch
+
+        device, pad = self.model.device, self.tokenizer.pad_token_id
+        width = max(len(c) for c in chunks)
+        # left-padded, so that every row's last token is the chunk's last position: the model
+        # computes the logits of that position only (`logits_to_keep`), not of every forced
+        # token. Built as lists, one tensor each: a tensor write per row cost ~10 us a row.
+        step = torch.tensor([[pad] * (width - len(c)) + list(c) for c in chunks])
+        step_mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunks])
+        lengths = torch.tensor([len(c) for c in chunks], device=device)
+        attention = torch.cat([attention, step_mask.to(device)], dim=1)
+        # a row's tokens continue its positions; its padding takes its first one
+        offsets = torch.arange(width, device=device) - (width - lengths)[:, None]
+        called = time.perf_counter()
+        out = self.model(
+            input_ids=step.to(device),
+            attention_mask=attention,
+            position_ids=next_pos[:, None] + offsets.clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        seconds = time.perf_counter() - called
+        return out.logits[:, -1], attention, next_pos + lengths, seconds
 
     def _prefill(self, prompts: Sequence[Sequence[int]], cache: Any) -> tuple[Any, Any]:
         """Run the left-padded prompts into `cache`: (last-position logits, attention mask).
