@@ -8,7 +8,9 @@ answers (a judge behind a URL: its own `EngineLimit`), so a request the backlog 
 its deadline is held until there is room, or refused at once (`Busy`, which the server answers
 503 with Retry-After). A cancelled request (its client left, its deadline passed) cancels its
 traces' `TraceDeadline`: the workers skip them, and the judge sends nothing more for them.
-Nothing here knows HTTP: the server (`server.py`) maps requests and `Busy` onto routes.
+Nothing here knows HTTP: the server (`server.py`) maps requests and `Busy` onto routes. Every
+time here (deadlines, holds, the wait for a batch, the pace) is read and waited on through one
+`stepgap.clock.Clock`, the machine's unless a test gives its own.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import contextlib
 import logging
 import math
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepgap.clock import SYSTEM, Clock
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # OpenRLHF 0.11's remote reward client waits 180 s in all (aiohttp total=180), 5 tries 1 s apart
 OPENRLHF_TIMEOUT = 180.0
-HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits
+HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits, at the latest
 WHEN_OVERLOADED = ("hold", "refuse")  # what a request that does not fit now gets
 FIRST = asyncio.FIRST_COMPLETED
 
@@ -161,6 +163,7 @@ class MicroBatcher:
         on_drop: Callable[[str, int], None] | None = None,
         judge_limit: EngineLimit | None = None,
         when_overloaded: str = "hold",
+        clock: Clock = SYSTEM,
     ) -> None:
         if (check is None) == (stream is None):
             raise ValueError("give one of check or stream")
@@ -171,6 +174,7 @@ class MicroBatcher:
         if when_overloaded not in WHEN_OVERLOADED:
             raise ValueError(f"when_overloaded must be hold or refuse, got {when_overloaded!r}")
         self.when_overloaded = when_overloaded
+        self.clock = clock
         self.stream: Stream = stream or _stream_of(check)  # type: ignore[arg-type]
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
@@ -188,6 +192,7 @@ class MicroBatcher:
         self.closing = False
         self._workers: list[asyncio.Task] = []  # the collector and the calls it started
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._room: asyncio.Future | None = None  # done when a call ends: held ones look again
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -214,7 +219,11 @@ class MicroBatcher:
             len(self.calls),
             grace,
         )
-        asyncio.get_running_loop().call_later(grace, self._stop_calls)
+        self._workers.append(asyncio.ensure_future(self._stop_calls_after(grace)))
+
+    async def _stop_calls_after(self, grace: float) -> None:
+        await self.clock.sleep(grace)
+        self._stop_calls()
 
     def close_threadsafe(self, grace: float = 30.0) -> None:
         """`close` from a signal handler or another thread."""
@@ -255,7 +264,7 @@ class MicroBatcher:
             raise Busy("shutdown", "the server is shutting down")
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
-        until = time.monotonic() + usable_seconds(budget)
+        until = self.clock.now() + usable_seconds(budget)
         steps = sum(len(t.steps or []) for t in traces)
         gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         try:
@@ -289,7 +298,7 @@ class MicroBatcher:
             while True:
                 position = next(i for i, (t, _) in enumerate(self.held) if t is ticket)
                 ahead = self.steps_ahead() + sum(s for _, s in self.held[:position])
-                left = until - time.monotonic()
+                left = until - self.clock.now()
                 expected = self.pace.estimate(ahead, steps) if ahead else None
                 if self.closing:
                     raise Busy("shutdown", "the server is shutting down")
@@ -302,12 +311,11 @@ class MicroBatcher:
                         f"past this request's {budget:g} s deadline",
                         retry_after=min(expected - 0.8 * left, 60.0),
                     )
-                if gone is not None:
-                    await asyncio.wait({gone}, timeout=HOLD_POLL_S)
-                    if gone.done():
-                        return False
-                else:
-                    await asyncio.sleep(HOLD_POLL_S)
+                # until a call ends (there may be room now), the client leaves, or the next look
+                waits = {self._room_changes(), *([gone] if gone is not None else [])}
+                await self.clock.wait(waits, self.clock.now() + HOLD_POLL_S)
+                if gone is not None and gone.done():
+                    return False
         finally:
             self.held = [(t, s) for t, s in self.held if t is not ticket]
 
@@ -318,7 +326,9 @@ class MicroBatcher:
         if self.closing:  # the queue was answered 503 already; nothing more joins it
             raise Busy("shutdown", "the server is shutting down")
         loop = asyncio.get_running_loop()
-        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]
+        items = [
+            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces
+        ]
         for item in items:
             # a trace nobody waits for any more (deadline, client gone): its judge requests end
             item.future.add_done_callback(_cancel_deadline_of(item))
@@ -330,9 +340,7 @@ class MicroBatcher:
         if gone is not None:
             waiting.add(gone)
         try:
-            await asyncio.wait(
-                waiting, timeout=max(0.0, until - time.monotonic()), return_when=FIRST
-            )
+            await self.clock.wait(waiting, until)
         except asyncio.CancelledError:  # the request's task itself (a forced shutdown)
             for item in items:
                 item.future.cancel()
@@ -354,6 +362,16 @@ class MicroBatcher:
             return None
         raise Busy("deadline", f"not checked within its {budget:g} s deadline")
 
+    def _room_changes(self) -> asyncio.Future:
+        """A future that is done when the next checker call ends."""
+        if self._room is None or self._room.done():
+            self._room = asyncio.get_running_loop().create_future()
+        return self._room
+
+    def _room_changed(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
     def steps_ahead(self) -> int:
         """Steps queued or in flight and still wanted: what a new request waits behind."""
         running = sum(i.steps for c in self.calls for i in c.items if not i.future.done())
@@ -366,17 +384,21 @@ class MicroBatcher:
         return item
 
     async def _next_batch(self) -> list[_Item]:
-        loop = asyncio.get_running_loop()
         batch = [await self._get()]
-        until = loop.time() + self.max_wait
-        while len(batch) < self.max_batch:
-            timeout = until - loop.time()
-            if timeout <= 0:
-                break
+        until = self.clock.now() + self.max_wait
+        while len(batch) < self.max_batch and self.clock.now() < until:
+            if not self.queue.empty():
+                batch.append(await self._get())
+                continue
+            getting = asyncio.ensure_future(self._get())
             try:
-                batch.append(await asyncio.wait_for(self._get(), timeout))
-            except asyncio.TimeoutError:
+                done = await self.clock.wait({getting}, until)
+            finally:  # the time ran out, or this task was cancelled: a get cancelled before it
+                if not getting.done():  # took its item leaves the queue as it was
+                    getting.cancel()
+            if getting not in done:
                 break
+            batch.append(getting.result())
         # a client that hung up or timed out cancelled its items: they are not checked
         return [i for i in batch if not i.future.done()]
 
@@ -402,7 +424,7 @@ class MicroBatcher:
         for item in batch:
             item.future.add_done_callback(call.maybe_stop)
         finished = loop.create_future()
-        started = time.monotonic()
+        started = self.clock.now()
         answered = 0
 
         def deliver(position: int, verdicts: list[Verdict]) -> None:
@@ -414,11 +436,12 @@ class MicroBatcher:
 
         def end(error: BaseException | None) -> None:
             if answered == len(batch):  # a whole call: what the next requests can expect
-                self.pace.observe(time.monotonic() - started, sum(i.steps for i in batch))
+                self.pace.observe(self.clock.now() - started, sum(i.steps for i in batch))
             for item in batch:  # a trace the call never answered (a fault in the call itself)
                 _fail(item, error or RuntimeError("the checker gave no verdicts for this trace"))
             if not finished.done():
                 finished.set_result(None)
+            self._room_changed()
 
         def work() -> None:
             error: BaseException | None = None

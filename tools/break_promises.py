@@ -287,9 +287,11 @@ MUTATIONS = [
     Mutation(
         "server/flat-memory",
         "serving/batching.py",
-        "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]",
-        "        items = [_Item(t, loop.create_future(), TraceDeadline(until)) for t in traces]\n"
-        '        self.__dict__.setdefault("kept", []).append(items)',
+        "            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces\n"
+        "        ]\n",
+        "            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces\n"
+        "        ]\n"
+        '        self.__dict__.setdefault("kept", []).append(items)\n',
         (
             "tests/serving/test_server_load.py::"
             "test_64_clients_for_20_s_lose_nothing_and_memory_stays_flat",
@@ -354,9 +356,11 @@ MUTATIONS = [
     Mutation(
         "server/deadline-503",
         "serving/batching.py",
-        "                waiting, timeout=max(0.0, until - time.monotonic()), return_when=FIRST",
-        "                waiting, timeout=None, return_when=FIRST",
+        "            await self.clock.wait(waiting, until)",
+        "            await self.clock.wait(waiting, None)",
         (
+            "tests/serving/test_batching.py::"
+            "test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace",
             "tests/serving/test_server_deadlines.py::"
             "test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped",
             "tests/serving/test_server_deadlines.py::"

@@ -28,26 +28,30 @@ Messages = list[dict[str, str]]
 
 
 class TraceDeadline:
-    """Until when a trace's answer is worth something: a time (`time.monotonic()` seconds), and
-    a cancel for a client that left. Thread-safe: the reward server cancels it from its event
-    loop, a judge reads it from its own. A judge sends no request for a trace that is past its
-    deadline or cancelled, and a cancel closes the requests already in flight."""
+    """Until when a trace's answer is worth something: a time (`clock()` seconds, by default
+    `time.monotonic()`: the reward server gives its own clock's), and a cancel for a client that
+    left. Thread-safe: the reward server cancels it from its event loop, a judge reads it from
+    its own. A judge sends no request for a trace that is past its deadline or cancelled, and a
+    cancel closes the requests already in flight."""
 
-    def __init__(self, at: float | None = None) -> None:
+    def __init__(
+        self, at: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.at = at
+        self.clock = clock
         self._cancelled = False
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
 
     @classmethod
-    def after(cls, seconds: float) -> TraceDeadline:
-        return cls(time.monotonic() + seconds)
+    def after(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> TraceDeadline:
+        return cls(clock() + seconds, clock)
 
     def remaining(self) -> float | None:
         """Seconds left (None: no deadline); 0 once cancelled."""
         if self._cancelled:
             return 0.0
-        return None if self.at is None else max(0.0, self.at - time.monotonic())
+        return None if self.at is None else max(0.0, self.at - self.clock())
 
     @property
     def cancelled(self) -> bool:
@@ -57,7 +61,7 @@ class TraceDeadline:
         """Why the trace is no longer wanted (cancelled, past its deadline), or None."""
         if self._cancelled:
             return "its client no longer waits for it"
-        if self.at is not None and time.monotonic() >= self.at:
+        if self.at is not None and self.clock() >= self.at:
             return "its deadline passed"
         return None
 
