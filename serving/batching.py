@@ -387,9 +387,6 @@ class MicroBatcher:
         batch = [await self._get()]
         until = self.clock.now() + self.max_wait
         while len(batch) < self.max_batch and self.clock.now() < until:
-            if not self.queue.empty():
-                batch.append(await self._get())
-                continue
             getting = asyncio.ensure_future(self._get())
             try:
                 done = await self.clock.wait({getting}, until)
