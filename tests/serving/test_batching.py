@@ -230,7 +230,8 @@ def test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace(example
     """The call's own stop, apart from the judge's deadlines: a checker that ignores deadlines
     but looks at the stop event between traces (as `StepGapReward.check_stream` does) checks
     no trace after its request's deadline has passed and every trace of the call is gone.
-    Each trace takes 0.4 s of the test's clock; the request's deadline is 0.6 s."""
+    The request's deadline is 0.6 s (0.48 s less the margin); it passes while trace 1 is
+    checked."""
     checked: list[int] = []
     clock = ManualClock()
     gates = [threading.Event() for _ in range(4)]
@@ -251,6 +252,7 @@ def test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace(example
                                clock=clock)  # fmt: skip
         batcher.start()
         try:
+            sent = clock.now()
             request = asyncio.ensure_future(batcher.submit(list(example_traces[:4]), timeout=0.6))
             while not batcher.calls:  # the collector waits 50 ms of the clock for more traces
                 clock.advance(0.01)
@@ -258,7 +260,8 @@ def test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace(example
             gates[0].set()  # trace 0 is checked in the call's first 0.4 s
             while not checked:
                 await asyncio.sleep(0)
-            clock.advance(0.4)  # trace 1 is under way when the deadline (0.48 s) passes
+            # trace 1 is under way when the deadline (0.48 s after the request) passes
+            clock.advance(sent + 0.5 - clock.now())
             with pytest.raises(Busy) as refused:
                 await request
             assert refused.value.reason == "deadline"
