@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import stepgap.student  # noqa: F401 - registers the `student:PATH` judge for load_checker's specs
 from stepgap.registry import call_checked
+
+# importing the student's judge registers `student:PATH` among the judges load_checker builds
 from stepgap.student.judge import ServedStudentJudge, StudentJudge, student_meta
 from stepgap.teacher.build import LOCAL_NAMES, CheckerConfig, build_judge_with
 from stepgap.teacher.checker import Checker

@@ -26,16 +26,20 @@ class Clock:
         self, futures: Iterable[Awaitable[Any]], until: float | None
     ) -> set[asyncio.Future]:
         """Wait until one of `futures` is done or `now()` reaches `until` (None: no limit);
-        returns the done ones (empty when the time ran out)."""
-        futures = set(futures)
-        if not futures:
-            await self.sleep(0.0 if until is None else until - self.now())
+        returns the done ones (empty when the time ran out). Written on `sleep`, so a clock
+        that changes `now` and `sleep` waits in its own time."""
+        waiting = {asyncio.ensure_future(f) for f in futures}
+        timer = asyncio.ensure_future(self.sleep(until - self.now())) if until is not None else None
+        if timer is None and not waiting:
             return set()
-        timeout = None if until is None else max(0.0, until - self.now())
-        done, _ = await asyncio.wait(
-            set(futures), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        return done
+        try:
+            done, _ = await asyncio.wait(
+                waiting | ({timer} if timer else set()), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return done - {timer}
 
 
 SYSTEM = Clock()  # the machine's, the default everywhere
