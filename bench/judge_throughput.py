@@ -657,9 +657,11 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from dataclasses import replace
+
     from stepgap.io import replacing
     from stepgap.teacher.judges.decoding import GROUPED_SDPA
-    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
     from stepgap.teacher.judges.vllm_engine import vllm_device
 
     model = args.model
@@ -678,15 +680,15 @@ def main() -> None:
         p.error(f"--hf-path-steps: a number or 'auto', got {args.hf_path_steps!r}")
     requests = workload(args.traces, args.steps)
     hf_requests = requests[: args.hf_steps] if args.hf_steps else requests
-    options = {
-        "device": args.device,
-        "dtype": args.dtype,
-        "max_new_tokens": args.max_new_tokens,
-        "max_string_chars": args.max_string_chars,
-    }
+    options = HFJudgeOptions(
+        judge_device=args.device,
+        judge_dtype=args.dtype,
+        max_tokens=args.max_new_tokens,
+        max_string_chars=args.max_string_chars,
+    )
     runs: dict[str, dict[str, Any]] = {}
     start = time.perf_counter()
-    judge = HFJudge(model, engine="hf", **options)
+    judge = HFJudge(model, replace(options, engine="hf"))
     load = {"hf": round(time.perf_counter() - start, 1)}
     device, dtype = str(judge.model.device), str(judge.model.dtype)
     prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]  # every example step
@@ -830,7 +832,7 @@ def main() -> None:
         context["vllm"] = "started; the bench stopped before it ended"
         save()
         start = time.perf_counter()
-        engine = HFJudge(model, engine="vllm", **options)
+        engine = HFJudge(model, replace(options, engine="vllm"))
         load["vllm"] = round(time.perf_counter() - start, 1)
         run(engine, requests[:16], "vllm warm-up")
         runs["vllm"] = run(engine, requests, "vllm")
@@ -842,14 +844,14 @@ def main() -> None:
     if args.served:
         import httpx
 
-        from stepgap.teacher.judges import load_judge
+        from stepgap.teacher.judges import build_judge
 
         try:  # a server that is not up fails here, in one line, not as the judge's API errors
             httpx.get(f"{args.served.rstrip('/')}/models", timeout=10).raise_for_status()
         except httpx.HTTPError as exc:
             sys.exit(f"--served {args.served}: no OpenAI-compatible server answers there ({exc})")
 
-        served = load_judge(
+        served = build_judge(
             f"openai:{args.served_model}",
             base_url=args.served,
             concurrency=args.served_concurrency,

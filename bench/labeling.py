@@ -38,7 +38,7 @@ def barrier_label(
     checker = build_checker(
         judge="openai:gpt-4.1-mini",
         nli=f"replay:{nli}",
-        judge_options={"base_url": base_url, "concurrency": concurrency, "cache": False},
+        judge_options={"base_url": base_url, "concurrency": concurrency, "no_cache": True},
     )
     pending = list(iter_traces(traces))
     with JsonlWriter(out) as writer:

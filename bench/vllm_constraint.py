@@ -41,13 +41,15 @@ def one(
     each); after a two-prompt warm-up."""
     from vllm import LLM, SamplingParams
 
-    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
     from stepgap.teacher.judges.vllm_engine import engine_args, sampling_params
 
     sys.path.insert(0, str(REPO / "bench"))  # the judge bench's workload
     from judge_throughput import workload
 
-    judge = HFJudge(model, engine="hf", max_new_tokens=320, max_string_chars=max_chars)
+    judge = HFJudge(
+        model, HFJudgeOptions(engine="hf", max_tokens=320, max_string_chars=max_chars)
+    )
     prompts = [
         {"prompt_token_ids": judge.prompt_ids(r)}
         for r in workload(str(REPO / "examples" / "traces.jsonl"), steps)

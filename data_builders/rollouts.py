@@ -30,7 +30,7 @@ crash or a kill loses only the rollouts in flight. This module is the run loop; 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from stepgap.io import ErrorReport, JsonlWriter, resume_keys
+from stepgap.options import Options
 
 from .policies import Policy, load_policy
 from .qa import QAItem, iter_questions
@@ -203,14 +204,15 @@ def rollouts_file(
     subset: str | None = None,
     exclude_ids: Iterable[str | Path] = (),
     report: ErrorReport | None = None,
-    policy_options: dict[str, Any] | None = None,
-    retriever_device: str | None = None,
+    policy_options: Options | Mapping[str, Any] | None = None,
+    retriever_options: Options | Mapping[str, Any] | None = None,
+    retriever_name: str | None = None,
     **options: Any,
 ) -> RolloutSummary:
     """`stepgap rollouts`: questions from `qa` (see `iter_questions`), traces to `output`.
 
     `policy` and `retriever` are spec strings (`hf:PATH`, `openai:MODEL`; an index folder or a
-    Search-R1 server URL) or ready objects; `exclude_ids` are files of question ids to leave out
+    Search-R1 server URL), built with their options, or ready objects; `exclude_ids` are files of question ids to leave out
     (one per line, or JSONL with `id` / `trace_id`, as `sft-data` reads them). Other options go
     to `run_rollouts`.
     """
@@ -218,13 +220,11 @@ def rollouts_file(
 
     excluded = set().union(*(read_ids(p) for p in exclude_ids)) if exclude_ids else set()
     questions = iter_questions(qa, columns=columns, split=split, subset=subset, report=report)
-    ret_name = retriever if isinstance(retriever, str) else type(retriever).__name__
-    ret = (
-        load_retriever(retriever, device=retriever_device)
-        if isinstance(retriever, str)
-        else retriever
+    ret_name = retriever_name or (
+        retriever if isinstance(retriever, str) else type(retriever).__name__
     )
-    pol = load_policy(policy, **(policy_options or {})) if isinstance(policy, str) else policy
+    ret = load_retriever(retriever, retriever_options) if isinstance(retriever, str) else retriever
+    pol = load_policy(policy, policy_options) if isinstance(policy, str) else policy
     return run_rollouts(
         questions, pol, ret, output, exclude_ids=excluded, retriever_name=str(ret_name), **options
     )

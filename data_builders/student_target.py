@@ -10,7 +10,7 @@ target leaves out the judge's free-text reasoning (the tree reads none of it).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal, get_args
 
 from stepgap.schema import LABELS, Judge, Verdict
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema, parse_judge
@@ -19,7 +19,8 @@ from stepgap.tree import PATH_TOKENS
 STUDENT_KEYS = ("pipeline_path", "gap_type")  # what the student adds to the judge object
 # What the student writes: "full" is the teacher's judge JSON (the paper's), "compact" drops the
 # judge's free-text reasoning and keeps what the tree reads (decisions, the verbatim quote).
-TARGETS = ("full", "compact")
+Target = Literal["full", "compact"]
+TARGETS: tuple[str, ...] = get_args(Target)
 # The judge's free-text fields, per stage, that the compact target leaves out (the tree reads
 # none of them; `evidence_quote` is kept: stage D's premise).
 REASONING_FIELDS = {

@@ -13,17 +13,19 @@ Ablations of StepGap itself come from `stepgap relabel --ablate A|E`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
+from abc import abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from stepgap.io import ErrorReport, JsonlWriter, check_output
-from stepgap.registry import Default, Registry
+from stepgap.options import Options, at_least_one, option
+from stepgap.registry import Backend, Registry
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
 from stepgap.teacher.checker import Checker
-from stepgap.teacher.judges.base import close_judge
+from stepgap.teacher.judges.base import JudgeBackend, close_judge
 from stepgap.teacher.nli.base import NLIBackend
 from stepgap.tree import JudgeResult, TreeConfig, nli_label
 
@@ -244,56 +246,112 @@ def ner_quote(
         yield from verdicts
 
 
-Baseline = Callable[[Sequence[Trace]], Iterable[Verdict]]
+class Baseline(Backend):
+    """A baseline checker: traces in, verdicts out (`stepgap baseline KIND`). It is built with
+    the judge and the NLI model it `needs` (and no other), the tree's thresholds and its options;
+    `__call__` is the one method it must write."""
+
+    #: which of a judge and an NLI model it is built with; each is then required
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        options: Options | None = None,
+        *,
+        judge: JudgeBackend | None = None,
+        nli: NLIBackend | None = None,
+        tree: TreeConfig | None = None,
+    ) -> None:
+        self.options = options or self.options_class()
+        self.judge, self.nli, self.tree = judge, nli, tree or TreeConfig()
+
+    @classmethod
+    def from_spec(  # type: ignore[override]
+        cls,
+        arg: str,
+        options: Options,
+        *,
+        judge: JudgeBackend | None = None,
+        nli: NLIBackend | None = None,
+        tree: TreeConfig | None = None,
+    ) -> Baseline:
+        """The baseline a kind names (it takes no ARG), with what it needs."""
+        return cls(options, judge=judge, nli=nli, tree=tree)
+
+    @abstractmethod
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        """A verdict for every step of every trace."""
 
 
-def nli_only_baseline(_: str = "", *, nli: NLIBackend, tree: TreeConfig | None = None) -> Baseline:
+class NLIOnlyBaseline(Baseline):
     """`nli-only`: the tree's thresholds on NLI(all evidence so far, claim)."""
-    t = tree or TreeConfig()
-    return partial(
-        nli_only, nli=nli, entail_threshold=t.entail_threshold,
-        contradict_threshold=t.contradict_threshold,
-    )  # fmt: skip
+
+    needs = frozenset({"nli"})
+
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        return nli_only(
+            traces, self.nli,  # type: ignore[arg-type]
+            entail_threshold=self.tree.entail_threshold,
+            contradict_threshold=self.tree.contradict_threshold,
+        )  # fmt: skip
 
 
-def minicheck_baseline(
-    _: str = "",
-    *,
-    nli: NLIBackend,
-    tree: TreeConfig | None = None,
-    chunk_words: int | None = None,
-) -> Baseline:
+@dataclass(frozen=True)
+class MiniCheckOptions(Options):
+    """The options of `minicheck`."""
+
+    chunk_words: int | None = option(
+        None, f"minicheck: words per chunk of whole sentences (default {CHUNK_WORDS})", metavar="N"
+    )
+
+    def __post_init__(self) -> None:
+        at_least_one("chunk_words", self.chunk_words)
+        super().__post_init__()
+
+
+class MiniCheckBaseline(Baseline):
     """`minicheck`: NLI on sentence chunks of `chunk_words` words (default `CHUNK_WORDS`)."""
-    t = tree or TreeConfig()
-    return partial(
-        minicheck, nli=nli, chunk_words=chunk_words or CHUNK_WORDS,
-        entail_threshold=t.entail_threshold, contradict_threshold=t.contradict_threshold,
-    )  # fmt: skip
+
+    needs = frozenset({"nli"})
+    options_class = MiniCheckOptions
+
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        return minicheck(
+            traces, self.nli,  # type: ignore[arg-type]
+            chunk_words=self.options.chunk_words or CHUNK_WORDS,  # type: ignore[attr-defined]
+            entail_threshold=self.tree.entail_threshold,
+            contradict_threshold=self.tree.contradict_threshold,
+        )  # fmt: skip
 
 
-def ner_quote_baseline(
-    _: str = "", *, judge: Any, nli: NLIBackend, tree: TreeConfig | None = None
-) -> Baseline:
+class NERQuoteBaseline(Baseline):
     """`ner-quote`: the judge's stages A and B, entity and quote matching for C to E."""
-    return partial(ner_quote, judge=judge, nli=nli, config=tree)
+
+    needs = frozenset({"judge", "nli"})
+
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        return ner_quote(traces, self.judge, self.nli, self.tree)  # type: ignore[arg-type]
 
 
-def flag_everything_baseline(_: str = "") -> Baseline:
+class FlagEverythingBaseline(Baseline):
     """`flag-everything`: every step flagged (the checker Q-F1 cannot tell from a good one)."""
-    return flag_everything
+
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        return flag_everything(traces)
 
 
 # `stepgap baseline KIND`: the six here and in llm_baselines.py, and plug-ins' (`stepgap.baselines`)
 BASELINES: Registry[Baseline] = Registry(
     "baseline",
     "stepgap.baselines",
+    Baseline,
     builtin={
-        "nli-only": "stepgap.eval.baselines:nli_only_baseline",
-        "minicheck": "stepgap.eval.baselines:minicheck_baseline",
-        "ner-quote": "stepgap.eval.baselines:ner_quote_baseline",
-        "llm-strict": "stepgap.eval.llm_baselines:llm_strict_baseline",
-        "llm-only": "stepgap.eval.llm_baselines:llm_only_baseline",
-        "flag-everything": "stepgap.eval.baselines:flag_everything_baseline",
+        "nli-only": "stepgap.eval.baselines:NLIOnlyBaseline",
+        "minicheck": "stepgap.eval.baselines:MiniCheckBaseline",
+        "ner-quote": "stepgap.eval.baselines:NERQuoteBaseline",
+        "llm-strict": "stepgap.eval.llm_baselines:LLMStrictBaseline",
+        "llm-only": "stepgap.eval.llm_baselines:LLMOnlyBaseline",
+        "flag-everything": "stepgap.eval.baselines:FlagEverythingBaseline",
     },
     arg_required=False,
 )
@@ -305,40 +363,38 @@ def run_baseline(
     output: str | Path,
     *,
     nli: str | NLIBackend | None = None,
-    judge: str | Any = None,
+    judge: str | JudgeBackend | None = None,
     tree: TreeConfig | None = None,
-    device: str | None = None,
-    judge_options: dict[str, Any] | None = None,
-    chunk_words: int | None = None,
+    options: Options | Mapping[str, Any] | None = None,
+    judge_options: Options | Mapping[str, Any] | None = None,
+    nli_options: Options | Mapping[str, Any] | None = None,
     report: ErrorReport | None = None,
 ) -> int:
     """A baseline's verdicts for every trace of `input_path`, written to `output` (`stepgap
-    baseline`); returns the verdicts written. `nli` and `judge` are specs or backends;
-    `chunk_words` is MiniCheck's chunk size (default `CHUNK_WORDS`). An option the baseline
-    does not use (an NLI model for `llm-only`) is an error naming it."""
-    name, arg = BASELINES.parse(kind)
-    for option, given, flag in (
+    baseline`); returns the verdicts written. `nli` and `judge` are specs (built with their
+    options) or backends; `options` are the baseline's own (`chunk_words` of `minicheck`). What
+    the baseline does not use (an NLI model for `llm-only`) is an error naming it."""
+    needs = BASELINES.backend_of(kind).needs
+    for need, given, flag in (
         ("judge", judge, "--judge SPEC (openai:MODEL, hf:PATH, ...)"),
         ("nli", nli, "--nli SPEC"),
     ):
-        if not given and BASELINES.requires(name, option):
+        if not given and need in needs:
             raise ValueError(f"baseline {kind} needs {flag}")
-        if given and not BASELINES.takes(name, option):
+        if given and need not in needs:
             raise ValueError(f"baseline {kind} takes no {flag.split()[0]}")
     check_output(output, input_path)
     traces = list(iter_traces(input_path, report))
     built = isinstance(judge, str)
-    if built:
-        from stepgap.teacher.build import build_judge
+    if isinstance(judge, str):
+        from stepgap.teacher.judges import build_judge
 
-        judge = build_judge(judge, **(judge_options or {}))
+        judge = build_judge(judge, judge_options)
     if isinstance(nli, str):
         from stepgap.teacher.nli import load_nli
 
-        nli = load_nli(nli, device=device)
-    baseline = BASELINES.call(
-        name, arg, nli=nli, judge=judge, tree=Default(tree), chunk_words=chunk_words
-    )
+        nli = load_nli(nli, nli_options)
+    baseline = BASELINES.build(kind, options, judge=judge, nli=nli, tree=tree)
     n = 0
     try:
         verdicts = baseline(traces)
@@ -348,5 +404,5 @@ def run_baseline(
                 n += 1
     finally:
         if built:  # a judge passed in is the caller's to close
-            close_judge(judge)
+            close_judge(judge)  # type: ignore[arg-type]
     return n

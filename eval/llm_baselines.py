@@ -21,12 +21,12 @@ Any judge backend that can hold an answer to a schema takes the request (`openai
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from stepgap.eval.baselines import Baseline
 from stepgap.schema import REPAIRS, Step, Trace, Verdict
 from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest
 from stepgap.teacher.prompt import build_messages
@@ -285,15 +285,19 @@ def llm_baseline(
         yield strict if kind == "llm-strict" else only
 
 
-def llm_strict_baseline(
-    _: str = "", *, judge: JudgeBackend
-) -> Callable[[Sequence[Trace]], Iterable[Verdict]]:
+class LLMStrictBaseline(Baseline):
     """`llm-strict`: a gap wherever the judge's strict answer finds one."""
-    return partial(llm_baseline, "llm-strict", judge=judge)
+
+    needs = frozenset({"judge"})
+
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        return llm_baseline("llm-strict", traces, self.judge)  # type: ignore[arg-type]
 
 
-def llm_only_baseline(
-    _: str = "", *, judge: JudgeBackend
-) -> Callable[[Sequence[Trace]], Iterable[Verdict]]:
+class LLMOnlyBaseline(Baseline):
     """`llm-only`: the judge's answer alone, at its confidence threshold."""
-    return partial(llm_baseline, "llm-only", judge=judge)
+
+    needs = frozenset({"judge"})
+
+    def __call__(self, traces: Sequence[Trace]) -> Iterable[Verdict]:
+        return llm_baseline("llm-only", traces, self.judge)  # type: ignore[arg-type]

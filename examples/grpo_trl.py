@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
     from stepgap.serving import StepGapReward
     from stepgap.serving.trl import stepgap_reward_func
     from stepgap.teacher import build_checker
+    from stepgap.teacher.judges.hf import StudentJudgeOptions
 
     if args.bundle:  # the exported checker: its student as the judge, its ONNX NLI model
-        checker = OfflineChecker.from_bundle(args.bundle, max_new_tokens=256)
+        checker = OfflineChecker.from_bundle(args.bundle, StudentJudgeOptions(max_tokens=256))
     else:
         checker = build_checker(
             args.judge,
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "base_url": args.judge_base_url,
                 "max_string_chars": args.judge_max_string_chars,
                 "max_tokens": 256,
-                "cache": False,
+                "no_cache": True,
             },
         )
     reward = StepGapReward(checker, variant=args.variant)

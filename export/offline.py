@@ -15,18 +15,20 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stepgap.registry import call_checked
-
 # importing the student's judge registers `student:PATH` among the judges load_checker builds
 from stepgap.student.judge import ServedStudentJudge, StudentJudge, student_meta
-from stepgap.teacher.build import LOCAL_NAMES, CheckerConfig, build_judge_with
+from stepgap.teacher.build import CheckerConfig
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges import JudgeBackend
-from stepgap.teacher.nli.onnx import Provider, parse_providers
+from stepgap.teacher.judges.base import with_cache_and_meter
+from stepgap.teacher.judges.hf import StudentJudgeOptions
+from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
+from stepgap.teacher.nli.onnx import ONNXNLI, ONNXNLIOptions, parse_providers
 from stepgap.tree import TreeConfig
 
 from .bundle import Bundle, BundleError, read_bundle
@@ -59,97 +61,89 @@ class OfflineChecker(Checker):
     def from_bundle(
         cls,
         path: str | Path,
+        judge_options: StudentJudgeOptions | None = None,
+        nli_options: ONNXNLIOptions | None = None,
         *,
-        nli_precision: str | None = None,
-        nli_providers: Sequence[Provider] | None = None,
-        nli_device: str | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        batch_size: int = 8,
-        max_new_tokens: int = 768,
-        nli_batch_size: int = 32,
-        engine: str = "auto",
         online: bool = False,
-        kv_cache_gib: float | None = None,
         served_judge: Callable[[Bundle], JudgeBackend] | None = None,
     ) -> OfflineChecker:
-        """`nli_providers`: ONNX Runtime execution providers for the NLI model, in order of
-        preference, each a name or (name, provider options), e.g. `["CUDAExecutionProvider",
-        "CPUExecutionProvider"]`; default CUDA when available, then CPU. `nli_device` (`cpu`,
-        `cuda`, `cuda:1`) instead picks the provider that places it there; `device` is the
-        student's. The bundle's probe pairs are re-run on the provider and precision that will
-        serve before the student loads: probabilities off the recorded PyTorch ones raise
-        BundleError.
-
-        `engine`: how the student decodes (`auto`, `vllm`, `hf`; see `HFJudge`), `online`: on
-        vLLM's async engine, for a server. `served_judge(bundle)`: the bundle's student as
-        served elsewhere (an OpenAI-compatible engine: `served_student`), used instead of
-        loading the student here."""
-        from stepgap.teacher.nli.onnx import ONNXNLI
-
+        """`judge_options`: the student's (its device, dtype, batch, answer budget, engine;
+        `student_base` moves the base the bundle names); it keeps no answer cache. `online`:
+        the student on vLLM's async engine, for a server. `nli_options`: which ONNX graph
+        (`nli_precision`, default the bundle's) on which ONNX Runtime execution providers
+        (`nli_provider`, in order of preference, e.g. `["CUDAExecutionProvider",
+        "CPUExecutionProvider"]`; default CUDA when available, then CPU), or on `device`. The
+        bundle's probe pairs are re-run on the provider and precision that will serve before
+        the student loads: probabilities off the recorded PyTorch ones raise BundleError.
+        `served_judge(bundle)`: the bundle's student as served elsewhere (an OpenAI-compatible
+        engine: `served_student`), used instead of loading the student here."""
         go_offline()
         bundle = read_bundle(path)
+        nli_options = nli_options or ONNXNLIOptions()
         nli = ONNXNLI(
             bundle.nli_dir,
-            precision=nli_precision or bundle.nli_precision,
-            providers=nli_providers,
-            device=nli_device,
-            batch_size=nli_batch_size,
+            precision=nli_options.nli_precision or bundle.nli_precision,
+            providers=parse_providers(nli_options.nli_provider),
+            device=nli_options.device,
         )
-        served = None
-        if bundle.parity_reference is not None:
-            try:
-                served = served_parity(
-                    nli, bundle.parity_reference, atol=bundle.parity_atol, floor=bundle.parity_floor
-                )
-            except ParityError as exc:
-                raise BundleError(f"{bundle.root}: {exc}") from None
-            log.info("%s: NLI parity holds on %s (%s)", bundle.root, nli.provider, nli.precision)
-        else:
-            log.warning(
-                "%s: the bundle records no parity reference (exported by an older stepgap), so "
-                "the NLI model is not checked on %s; re-export to check it",
-                bundle.root,
-                nli.provider,
-            )
+        served = cls.check_parity(bundle, nli)
         judge: JudgeBackend
         if served_judge is not None:
             judge = served_judge(bundle)
         else:
+            options = judge_options or StudentJudgeOptions()
+            if not options.student_base:
+                options = replace(options, student_base=bundle.student_base)
             judge = StudentJudge(
                 str(bundle.student_dir),
-                base=bundle.student_base,
+                options,
                 base_revision=bundle.student_base_revision,
-                device=device,
-                dtype=dtype,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-                engine=engine,
                 online=online,
-                kv_cache_gib=kv_cache_gib,
             )
         checker = cls(judge, nli, TreeConfig(**bundle.tree))
         checker.manifest = bundle.manifest
         checker.nli_parity = served
         return checker
 
+    @staticmethod
+    def check_parity(bundle: Bundle, nli: Any) -> dict[str, Any] | None:
+        """The bundle's parity probe re-run on the NLI model as it will serve (None for a
+        bundle that records none, with a warning)."""
+        if bundle.parity_reference is None:
+            log.warning(
+                "%s: the bundle records no parity reference (exported by an older stepgap), so "
+                "the NLI model is not checked on %s; re-export to check it",
+                bundle.root,
+                nli.provider,
+            )
+            return None
+        try:
+            served = served_parity(
+                nli, bundle.parity_reference, atol=bundle.parity_atol, floor=bundle.parity_floor
+            )
+        except ParityError as exc:
+            raise BundleError(f"{bundle.root}: {exc}") from None
+        log.info("%s: NLI parity holds on %s (%s)", bundle.root, nli.provider, nli.precision)
+        return served
 
-def served_student(bundle: Bundle, name: str, **options: Any) -> JudgeBackend:
+
+def served_student(bundle: Bundle, name: str, options: OpenAIJudgeOptions) -> JudgeBackend:
     """The bundle's student served by an OpenAI-compatible engine under model `name` (`--bundle
     B --judge openai:NAME`), prompted as it was trained (NLI features, evidence budget, target)
     and its tokens checked against the student's own tokenizer where the bundle ships one (an
-    adapter may leave it to its base). `options` are the judge's (`build_judge`'s)."""
+    adapter may leave it to its base). `options` are the openai judge's."""
     meta = student_meta(bundle.student_dir)
     shipped = (bundle.student_dir / "tokenizer_config.json").is_file()
-    return build_judge_with(
-        ServedStudentJudge,
+    return with_cache_and_meter(
+        functools.partial(
+            ServedStudentJudge,
+            nli_features=bool(meta.get("nli_features", False)),
+            earlier_evidence_chars=meta.get("earlier_evidence_chars"),
+            target=meta.get("target") or "full",  # the schema it was trained to write
+            tokenizer=str(bundle.student_dir) if shipped else None,
+        ),
         name,
-        f"the judge openai:{name} (the bundle's student, served)",
-        nli_features=bool(meta.get("nli_features", False)),
-        earlier_evidence_chars=meta.get("earlier_evidence_chars"),
-        target=meta.get("target") or "full",  # the schema it was trained to write
-        tokenizer=str(bundle.student_dir) if shipped else None,
-        **options,
+        options,
     )
 
 
@@ -159,38 +153,35 @@ def load_checker(config: CheckerConfig, *, online: bool = False) -> Checker:
     judge on vLLM runs its async engine). With a bundle, `judge="openai:NAME"` asks the bundle's
     student served by an OpenAI-compatible engine at `base_url` instead of loading it here; the
     bundle still gives the schema, prompt version, NLI model and thresholds. The other judge
-    options go to the bundle's student (`device`, `dtype`, `batch_size`, `max_tokens`,
-    `engine`, `kv_cache_gib`); one it does not take is an error naming its flag."""
+    options go to the bundle's student (`StudentJudgeOptions`); one it does not take is an
+    error naming its flag."""
     if not config.bundle:
         return config.build(online=online)
     if config.nli:
         raise ValueError("--bundle brings its own NLI model; drop --nli")
-    options = config.judge_options(online=online)
-    served = None
-    with config.said_in_flags():
-        if config.judge is not None:
-            kind, _, name = config.judge.partition(":")
-            if kind != "openai" or not name:
-                raise ValueError(
-                    "with --bundle, --judge can only be openai:NAME: the bundle's student served "
-                    "by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) at --base-url"
-                )
-            served = functools.partial(served_student, name=name, **options)
-            options = {}  # every judge option is the served student's
-        else:
-            options.pop("prices", None)  # the bundle's student counts no cost, keeps no cache
-            if options.get("cache") is False:
-                options.pop("cache")
-            for ours, local in LOCAL_NAMES.items():
-                if ours in options:
-                    options[local] = options.pop(ours)
-        return call_checked(
-            OfflineChecker.from_bundle,
-            str(config.bundle),
-            f"the checker of --bundle {config.bundle}",
-            nli_precision=config.nli_precision,
-            nli_providers=parse_providers(config.nli_provider),
-            nli_device=config.device,
-            served_judge=served,
-            **options,
+    what = f"the judge of --bundle {config.bundle}"
+    nli_options = config.nli_options(ONNXNLI, f"the NLI model of --bundle {config.bundle}")
+    if config.judge is None:
+        if config.cache or config.prices:
+            raise ValueError(
+                f"--cache and --prices do not apply to {what}: it keeps no answer cache"
+            )
+        options = config.judge_options(StudentJudge, what)
+        return OfflineChecker.from_bundle(
+            config.bundle,
+            options,
+            nli_options,
+            online=online,  # type: ignore[arg-type]
         )
+    kind, _, name = config.judge.partition(":")
+    if kind != "openai" or not name:
+        raise ValueError(
+            "with --bundle, --judge can only be openai:NAME: the bundle's student served "
+            "by an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) at --base-url"
+        )
+    options = config.judge_options(OpenAIJudge, f"the judge {config.judge}")
+    return OfflineChecker.from_bundle(
+        config.bundle,
+        nli_options=nli_options,  # type: ignore[arg-type]
+        served_judge=functools.partial(served_student, name=name, options=options),
+    )

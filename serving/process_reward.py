@@ -8,33 +8,27 @@
 - `configure(reward)`: any `StepGapReward`, e.g. over an in-process checker;
 - `STEPGAP_REWARD_URL` (comma-separated replicas) or `STEPGAP_REWARD_CONFIG` (the JSON file).
 
-The JSON file holds `stepgap serve`'s checker and reward flags by name, with their defaults:
-the fields of `CheckerConfig` and `TreeConfig` (`{"judge", "nli"}` or `{"bundle"}`, with
-`base_url`, `api_key_env`, `concurrency`, `no_cache`, `entail_threshold`, ...) and those of
-`RewardOptions` (`variant`, `lam`, `on_failed_check`). A key it does not know is an error, never ignored: a misspelt `base_url` would send every
-judge request to the default host. The API key is read from the variable `api_key_env` names,
-never from the file.
+The JSON file holds `stepgap serve`'s checker and reward options by name, with their defaults:
+the fields of `CheckerConfig` (`{"judge", "nli"}` or `{"bundle"}`, with `base_url`,
+`api_key_env`, `concurrency`, `no_cache`, `entail_threshold`, ...) and those of `RewardOptions`
+(`variant`, `lam`, `on_failed_check`), the same names as in Python. A key it does not know is an
+error, never ignored: a misspelt `base_url` would send every judge request to the default host.
+The API key is read from the variable `api_key_env` names, never from the file.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import typing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from stepgap.configs import key_lines, nearest_name
 from stepgap.serving.reward_function import RewardOptions, StepGapReward
 from stepgap.teacher.build import REFUSED_KEYS, CheckerConfig
-from stepgap.tree import TreeConfig
 
 _REWARD: StepGapReward | None = None
 _FROM: object = None  # what the reward was built from, to rebuild when veRL passes other kwargs
-_SETTINGS = ("url", "urls", "config", *RewardOptions.model_fields, "served_model",
+_SETTINGS = ("url", "urls", "config", *RewardOptions.names(), "served_model",
              "reward_router_address")  # fmt: skip
 
 
@@ -52,12 +46,11 @@ def configure(reward: StepGapReward) -> None:
 
 def _options(settings: dict[str, Any], options: RewardOptions) -> RewardOptions:
     """`options` with the reward keys that `settings` (veRL's reward_kwargs) give."""
-    given = {k: settings[k] for k in RewardOptions.model_fields if k in settings}
+    given = {k: settings[k] for k in RewardOptions.names() if k in settings}
     try:
-        return RewardOptions.model_validate({**options.model_dump(), **given})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        raise ValueError(f"reward_kwargs: {error['loc'][0]}: {error['msg']}") from None
+        return replace(options, **given)
+    except ValueError as exc:
+        raise ValueError(f"reward_kwargs: {exc}") from None
 
 
 def _from_settings(settings: dict[str, Any]) -> StepGapReward:
@@ -99,78 +92,23 @@ def served_by_router(
             "(veRL serves reward.reward_model.model_path under that name)"
         )
     base = address if "://" in address else f"http://{address}"
-    return config.model_copy(
-        update={"judge": f"openai:{model}", "base_url": base.rstrip("/") + "/v1"}
-    )
+    return replace(config, judge=f"openai:{model}", base_url=base.rstrip("/") + "/v1")
 
 
 def reward_config(path: str | Path) -> tuple[CheckerConfig, RewardOptions]:
-    """The checker configuration and reward options of a JSON file of `stepgap serve` flag names
-    (`base_url` or `base-url`). An unknown key, a value the flag would refuse or a file that is
-    not a JSON object is a ValueError naming the file, the line and the key."""
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: not JSON ({exc.msg}, column {exc.colno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object of flag names to values")
-    lines = key_lines(text)
-    tree_names = {f.name for f in dataclasses.fields(TreeConfig)}
-    checker_names = set(CheckerConfig.model_fields) - {"tree"}
-    reward_names = set(RewardOptions.model_fields)
-    known = sorted(tree_names | checker_names | reward_names)
-    written: dict[str, str] = {}  # field -> the key as the file spells it
-    parts: dict[str, dict[str, Any]] = {"tree": {}, "checker": {}, "reward": {}}
-    for key, value in data.items():
-        name = str(key).lstrip("-").replace("-", "_")
-        written[name] = str(key)
-        where = f"{path}:{lines.get(str(key), 1)}: {key}"
-        if name in REFUSED_KEYS:
-            raise ValueError(f"{where}: {REFUSED_KEYS[name]}")
-        part = (
-            "tree" if name in tree_names
-            else "checker" if name in checker_names
-            else "reward" if name in reward_names
-            else None
-        )  # fmt: skip
-        if part is None:
-            close = nearest_name(name, known)
-            hint = f"did you mean {close}? " if close else ""
-            raise ValueError(
-                f"{where}: a reward configuration has no such key ({hint}keys: {', '.join(known)})"
-            )
-        if name == "nli_provider" and isinstance(value, str):
-            value = [value]  # one provider list, as on the command line
-        parts[part][name] = value
+    """The checker configuration and reward options of a JSON file (YAML for a `.yaml` or
+    `.yml` file) whose keys are `stepgap serve`'s options (`base_url` or `base-url`). An unknown
+    key, a value the flag would refuse or a file that is not a mapping is a ValueError naming
+    the file, the line and the key."""
+    from stepgap.arguments import ArgumentParser
 
-    def where(name: str) -> str:
-        key = written.get(name, name)
-        return f"{path}:{lines.get(key, 1)}: {key}"
-
-    def named(exc: ValidationError, name: str = "") -> ValueError:
-        error = exc.errors()[0]
-        name = str(error["loc"][0]) if error["loc"] else name
-        return ValueError(f"{where(name)}: {error['msg']} (got {error['input']!r})")
-
-    def check(name: str, annotation: Any, value: Any) -> Any:
-        try:
-            return TypeAdapter(annotation).validate_python(value, strict=True)
-        except ValidationError as exc:
-            raise named(exc, name) from None
-
-    hints = typing.get_type_hints(TreeConfig)
-    values = {n: check(n, hints[n], v) for n, v in parts["tree"].items()}
-    try:
-        tree = TreeConfig(**values)
-    except ValueError as exc:  # a threshold out of range
-        raise ValueError(f"{path}: {exc}") from None
-    try:
-        config = CheckerConfig.model_validate({**parts["checker"], "tree": tree})
-    except ValidationError as exc:
-        raise named(exc) from None
-    hints = typing.get_type_hints(RewardOptions)
-    options = RewardOptions(**{n: check(n, hints[n], v) for n, v in parts["reward"].items()})
+    parser = ArgumentParser(
+        (CheckerConfig, RewardOptions),
+        what="a reward configuration",
+        refused_keys=REFUSED_KEYS,
+    )
+    kind = "yaml" if Path(path).suffix in (".yaml", ".yml") else "json"
+    config, options = parser.parse_file(path, kind=kind)
     return config, options
 
 

@@ -16,13 +16,13 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Literal, get_args
 
 from stepgap.io import ErrorReport, check_output
-from stepgap.reward_arithmetic import VARIANTS, RewardResult, compute_reward
+from stepgap.options import Options, one_of, option
+from stepgap.reward_arithmetic import VARIANTS, RewardResult, Variant, compute_reward
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.checker import StepChecker
@@ -31,25 +31,45 @@ from stepgap.teacher.judges.base import TraceDeadline
 log = logging.getLogger(__name__)
 
 # What a trace with a failed step check gets: no reward (the default), or its failed steps 0.
-ON_FAILED_CHECK = ("no_reward", "zero")
+OnFailedCheck = Literal["no_reward", "zero"]
+ON_FAILED_CHECK: tuple[str, ...] = get_args(OnFailedCheck)
 
 
-class RewardOptions(BaseModel):
+REWARD_GROUP = "the reward"
+
+
+@dataclass(frozen=True)
+class RewardFormula(Options):
+    """How verdicts become a number (docs/contract.md, section 4): `stepgap reward`'s options."""
+
+    variant: Variant = option(
+        "typed_shape", "the reward variant (docs/contract.md, section 4)", group=REWARD_GROUP
+    )
+    lam: float = option(1.0, "weight of the step rewards", group=REWARD_GROUP)
+
+    def __post_init__(self) -> None:
+        one_of("variant", self.variant, VARIANTS)
+        if isinstance(self.lam, bool) or not isinstance(self.lam, int | float):
+            raise ValueError(f"lam must be a number, got {self.lam!r}")
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class RewardOptions(RewardFormula):
     """How verdicts become the reward in training: one set of options for `stepgap serve`'s
     flags, a reward JSON file's keys (veRL, OpenRLHF, Ray Serve) and veRL's `reward_kwargs`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    variant: Literal[VARIANTS] = Field(  # type: ignore[valid-type]
-        "typed_shape", description="the reward variant (docs/contract.md, section 4)"
-    )
-    lam: float = Field(1.0, description="weight of the step rewards")
-    on_failed_check: Literal[ON_FAILED_CHECK] = Field(  # type: ignore[valid-type]
+    on_failed_check: OnFailedCheck = option(
         "no_reward",
-        description="a rollout with a failed step check (a judge that is down, an answer that "
-        "cannot be parsed) gets no reward (no_reward: TRL None, OpenRLHF a 503, veRL an "
-        "exception), or is scored with that step at 0 (zero: EM alone when every check failed)",
+        "a rollout with a failed step check (a judge that is down, an answer that cannot be "
+        "parsed) gets no reward (no_reward: TRL None, OpenRLHF a 503, veRL an exception), or is "
+        "scored with that step at 0 (zero: EM alone when every check failed)",
+        group=REWARD_GROUP,
     )
+
+    def __post_init__(self) -> None:
+        one_of("on_failed_check", self.on_failed_check, ON_FAILED_CHECK)
+        super().__post_init__()
 
     def reward(self, checker: StepChecker, tokenizer: Any = None) -> StepGapReward:
         return StepGapReward(

@@ -3,31 +3,33 @@ plug-ins from other distributions found through Python entry points.
 
 Each kind of backend is one `Registry`: judges (`teacher/judges`), NLI models (`teacher/nli`),
 rollout policies and retrievers (`data_builders`) and baselines (`eval`). A registry lists its
-layer's own backends in code (`builtin`: kind -> `module:attribute`, imported when a spec first
-asks for it, in the manner of lm-evaluation-harness's `MODEL_MAPPING`); a layer above adds its
-own with `register` (the student's `student:` judge, when `stepgap.student` is imported); a
-plug-in package declares its backends under the registry's entry-point group (`stepgap.judges`,
-`stepgap.nli`, `stepgap.policies`, `stepgap.retrievers`, `stepgap.baselines`). What a backend
-builds must be an instance of the registry's `interface` (the abstract class of its kind).
+layer's own backends in code (`builtin`: kind -> `module:Class`, imported when a spec first asks
+for it, in the manner of lm-evaluation-harness's `MODEL_MAPPING`); a layer above adds its own
+with `register` (the student's `student:` judge, when `stepgap.student` is imported); a plug-in
+package declares its backends under the registry's entry-point group (`stepgap.judges`,
+`stepgap.nli`, `stepgap.policies`, `stepgap.retrievers`, `stepgap.baselines`).
 
-Every spec parses the same way: `KIND:ARG`, or for kinds with a default backend (a bare hub id
-for NLI and policies, an index folder for retrievers) the whole spec as that backend's ARG. A
-backend is built as `factory(ARG, **options)`. An option its factory does not take is an error
-naming the option and the backend; a value wrapped in `Default` (a setting the user left at its
-default) goes only to backends that take it.
+A backend is a subclass of its kind's abstract class (`interface`), itself a `Backend`: it
+declares its options as a dataclass of its own (`options_class`, `stepgap.options`), and a spec
+builds it with `from_spec(ARG, options, **context)`. Every spec parses the same way: `KIND:ARG`,
+or for kinds with a default backend (a bare hub id for NLI and policies, an index folder for
+retrievers) the whole spec as that backend's ARG. An option the backend's class does not have is
+an error naming the option and the backend.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
-from collections.abc import Callable
+from abc import ABC
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
-T = TypeVar("T")
+from stepgap.options import Options
+
+B = TypeVar("B", bound="Backend")
 
 log = logging.getLogger(__name__)
 
@@ -37,63 +39,99 @@ class UnknownBackendError(ValueError):
 
 
 class BackendTypeError(ValueError):
-    """A backend whose factory built something that is not of its kind's interface."""
+    """A backend that is not a subclass of its kind's interface."""
 
 
 class BackendOptionError(ValueError):
-    """An option the backend's factory does not take: `option`, and the ones `taken`."""
+    """An option the backend does not take: `option`, and the ones it takes (`taken`)."""
 
-    def __init__(self, message: str, option: str = "", taken: frozenset[str] = frozenset()):
+    def __init__(self, message: str, option: str = "", taken: tuple[str, ...] = ()):
         super().__init__(message)
         self.option, self.taken = option, taken
 
 
-@dataclass(frozen=True)
-class Default(Generic[T]):
-    """A setting left at its default: passed to a backend only when its factory takes it."""
+class Backend(ABC):  # noqa: B024 - abstract through its kinds' interfaces, not here
+    """What every backend a spec names is, whatever its kind: the options it takes, as a
+    dataclass of its own, and how a spec builds it."""
 
-    value: T
+    #: the options it takes (flags and configuration keys); the base `Options` has none
+    options_class: ClassVar[type[Options]] = Options
+
+    @classmethod
+    def from_spec(cls, arg: str, options: Options, **context: Any) -> Backend:
+        """The backend a spec `KIND:ARG` names, with its options; `context` is what its kind
+        gives every backend beside the options (a judge: whether it serves online).
+        `cls(arg, options)` by default."""
+        return cls(arg, options)  # type: ignore[call-arg]
 
 
-def taken_options(factory: Callable[..., Any]) -> frozenset[str] | None:
-    """The keyword options `factory(arg, **options)` takes; None when it takes any. A class
-    whose `__init__` passes `**options` on takes what its bases' `__init__` take."""
-    owners = (
-        [c for c in factory.__mro__ if "__init__" in vars(c)] if inspect.isclass(factory) else []
-    )
-    callables: list[Callable[..., Any]] = [c.__init__ for c in owners] or [factory]  # type: ignore[misc]
-    names: set[str] = set()
-    for target in callables:
-        params = list(inspect.signature(target).parameters.values())
-        if owners:
-            params = params[1:]  # self
-        var_keyword = False
-        for i, p in enumerate(params):
-            if p.kind is p.VAR_KEYWORD:
-                var_keyword = True
-            elif i > 0 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                names.add(p.name)  # the first parameter is the spec's ARG
-        if not var_keyword:
-            return frozenset(names)
-    return None
+def make_options(
+    backend: type[Backend], given: Options | Mapping[str, Any] | None, what: str
+) -> Options:
+    """The options object of `backend`: `given` as it is (an instance of its options class), or
+    made from a mapping of field names, an unknown name an error naming it and `what`."""
+    wanted = backend.options_class
+    if given is None:
+        return wanted()
+    if isinstance(given, Options):
+        if not isinstance(given, wanted):
+            raise BackendOptionError(
+                f"{what} takes {wanted.__name__}, not {type(given).__name__}", taken=wanted.names()
+            )
+        return given
+    for key in given:
+        if key not in wanted.names():
+            taken = ", ".join(wanted.names()) or "none"
+            raise BackendOptionError(
+                f"{what} takes no option {key!r} (it takes: {taken})",
+                option=key,
+                taken=wanted.names(),
+            )
+    return wanted(**given)
+
+
+def options_for(
+    config: Options, backend: type[Backend], among: Iterable[type[Options]], what: str
+) -> Options:
+    """The options of `backend` taken by name from `config`, a configuration that holds those of
+    several backends of one kind (`among`: their options classes); a field of theirs that is set
+    but that `backend` does not take is an error naming its flag and the flags it takes:
+    `--engine does not apply to the judge openai:m (its flags: --base-url, ...)`."""
+    wanted = backend.options_class
+    of_kind = {name for options in among for name in options.names()}
+    for name in config.changed():
+        if name in of_kind and name not in wanted.names():
+            takes = ", ".join(flag(n) for n in wanted.names())
+            raise BackendOptionError(
+                f"{flag(name)} does not apply to {what}"
+                + (f" (its flags: {takes})" if takes else ""),
+                option=name,
+                taken=wanted.names(),
+            )
+    return wanted.take(config)
+
+
+def flag(name: str) -> str:
+    """The flag of an option key: `--base-url` for `base_url`."""
+    return "--" + name.replace("_", "-")
 
 
 @dataclass
-class Registry(Generic[T]):
+class Registry(Generic[B]):
     """One kind of backend: `what` names it in messages ("judge"), `group` is its entry-point
-    group for plug-ins, `builtin` its own backends (kind -> `module:attribute`), `interface`
-    the class every backend builds an instance of; `default` is the backend of a spec without a
-    known `KIND:` prefix; `arg_required`: a spec must carry an ARG (a baseline's name alone is a
-    whole spec)."""
+    group for plug-ins, `interface` the abstract class every backend subclasses, `builtin` its
+    own backends (kind -> `module:Class`); `default` is the backend of a spec without a known
+    `KIND:` prefix; `arg_required`: a spec must carry an ARG (a baseline's name alone is a whole
+    spec); `bare` what a spec without `KIND:` may have meant, `{spec}` filled in."""
 
     what: str
     group: str
+    interface: type[B]
     builtin: dict[str, str] = field(default_factory=dict)
-    interface: type | None = None
     default: str | None = None
     arg_required: bool = True
-    bare: str | None = None  # what a spec without `KIND:` may have meant, `{spec}` filled in
-    _added: dict[str, Callable[..., T] | str] = field(default_factory=dict, repr=False)
+    bare: str | None = None
+    _added: dict[str, type[B] | str] = field(default_factory=dict, repr=False)
     _found: tuple[tuple[str, ...], dict[str, str]] | None = field(default=None, repr=False)
 
     def plugins(self) -> dict[str, str]:
@@ -117,9 +155,9 @@ class Registry(Generic[T]):
         """Every kind a spec may name: the built-ins, those registered here, the plug-ins."""
         return sorted({*self.builtin, *self._added, *self.plugins()})
 
-    def register(self, name: str, factory: Callable[..., T] | str) -> None:
-        """Add a backend for this process: a callable, or its import path `module:attr`."""
-        self._added[name] = factory
+    def register(self, name: str, backend: type[B] | str) -> None:
+        """Add a backend for this process: its class, or its import path `module:Class`."""
+        self._added[name] = backend
 
     def parse(self, spec: str) -> tuple[str, str]:
         """`KIND:ARG` -> (KIND, ARG); a spec of no known kind goes to the default backend."""
@@ -136,69 +174,39 @@ class Registry(Generic[T]):
             f"plug-ins of the entry-point group {self.group}){hint}"
         )
 
-    def factory(self, name: str) -> Callable[..., T]:
-        """The factory of backend `name`, imported now."""
+    def backend(self, name: str) -> type[B]:
+        """The class of backend `name`, imported now; one that does not subclass `interface`
+        is an error naming the class to subclass."""
         entry = self.builtin.get(name) or self._added.get(name) or self.plugins().get(name)
         if entry is None:
             raise UnknownBackendError(f"no {self.what} backend {name!r} in {self.group}")
-        return resolve(entry)
-
-    def takes(self, name: str, option: str) -> bool:
-        """Whether backend `name`'s factory takes `option`."""
-        taken = taken_options(self.factory(name))
-        return taken is None or option in taken
-
-    def requires(self, name: str, option: str) -> bool:
-        """Whether backend `name`'s factory cannot be built without `option`."""
-        param = inspect.signature(self.factory(name)).parameters.get(option)
-        return param is not None and param.default is param.empty
-
-    def call(self, name: str, arg: str, **options: Any) -> T:
-        """`factory(arg, **options)` of backend `name`, its options checked first (see
-        `call_checked`), and what it built checked against `interface`."""
-        what = f"the {self.what} backend {name!r}"
-        built = call_checked(self.factory(name), arg, what, **options)
-        return built if self.interface is None else of_interface(built, self.interface, what)
-
-    def build(self, spec: str, **options: Any) -> T:
-        """The backend a spec names, built with `options` (see `call`)."""
-        name, arg = self.parse(spec)
-        return self.call(name, arg, **options)
-
-
-def call_checked(factory: Callable[..., T], arg: str, what: str, **options: Any) -> T:
-    """`factory(arg, **options)`, its options checked first: None values, and `Default` values
-    the factory does not take, are left out; any other option it does not take is a
-    `BackendOptionError` naming it and `what` (the backend, in the message)."""
-    taken = taken_options(factory)
-    given: dict[str, Any] = {}
-    for key, value in options.items():
-        fallback = isinstance(value, Default)
-        value = value.value if fallback else value
-        if value is None or (fallback and taken is not None and key not in taken):
-            continue
-        if taken is not None and key not in taken:
-            accepted = ", ".join(sorted(taken)) or "none"
-            raise BackendOptionError(
-                f"{what} takes no option {key!r} (it takes: {accepted})", option=key, taken=taken
+        found = resolve(entry)
+        if not (isinstance(found, type) and issubclass(found, self.interface)):
+            shown = getattr(found, "__name__", repr(found))  # a plug-in's entry: any object
+            raise BackendTypeError(
+                f"the {self.what} backend {name!r} is {shown}, which is not a subclass of "
+                f"{self.interface.__module__}.{self.interface.__name__}: subclass it"
             )
-        given[key] = value
-    return factory(arg, **given)
+        return found
+
+    def backend_of(self, spec: str) -> type[B]:
+        """The class of the backend a spec names."""
+        return self.backend(self.parse(spec)[0])
+
+    def build(
+        self, spec: str, options: Options | Mapping[str, Any] | None = None, **context: Any
+    ) -> B:
+        """The backend a spec names, built with `options` (an instance of its options class,
+        or a mapping of its field names; none: its defaults) and its kind's `context`."""
+        name, arg = self.parse(spec)
+        backend = self.backend(name)
+        what = f"the {self.what} backend {name!r}"
+        return backend.from_spec(arg, make_options(backend, options, what), **context)  # type: ignore[return-value]
 
 
-def of_interface(built: Any, interface: type, what: str) -> Any:
-    """`built`, if it is an instance of `interface`; else a `BackendTypeError` naming `what`."""
-    if not isinstance(built, interface):
-        raise BackendTypeError(
-            f"{what} built a {type(built).__name__}, which is not a "
-            f"{interface.__module__}.{interface.__name__}: subclass it"
-        )
-    return built
-
-
-def resolve(entry: str | Callable[..., Any]) -> Callable[..., Any]:
-    """The callable an entry names: itself, or the object at `"module:attribute.path"`."""
-    if callable(entry):
+def resolve(entry: str | Callable[..., Any] | type) -> Any:
+    """The object an entry names: itself, or the object at `"module:attribute.path"`."""
+    if not isinstance(entry, str):
         return entry
     import importlib
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from stepgap.options import Options, one_of, option
 from stepgap.schema import REPAIRS, Judge, NLICall, NLILabel, NLIProbs, Snippet, Step, Verdict
 
 # What the tree reads: a judge's answer (stages A-C) and NLI probabilities (D-E). The judge and
@@ -61,28 +62,25 @@ HypothesisMode = Literal["answer_statement", "answer", "claim"]
 Ablation = Literal["A", "E"]
 
 
-@dataclass(frozen=True)
-class TreeConfig:
-    """What can change a label without asking any model again. Every verdict records the one
-    that decided it (`Verdict.tree`); the command line's tree flags are made from these fields
-    (their defaults, choices and help), so there is one list of them."""
+TREE_GROUP = "the decision tree"
 
-    ablate: Ablation | None = field(
-        default=None,
-        metadata={"choices": ("A", "E"), "help": "remove a stage (docs/contract.md, section 3)"},
+
+@dataclass(frozen=True)
+class TreeConfig(Options):
+    """What can change a label without asking any model again. Every verdict records the one
+    that decided it (`Verdict.tree`); its fields are the tree's flags and configuration keys."""
+
+    ablate: Ablation | None = option(
+        None, "remove a stage (docs/contract.md, section 3)", group=TREE_GROUP
     )
-    entail_threshold: float = field(
-        default=0.5, metadata={"help": "stages D and E: entailment at or above this"}
+    entail_threshold: float = option(
+        0.5, "stages D and E: entailment at or above this", group=TREE_GROUP
     )
-    contradict_threshold: float = field(
-        default=0.5, metadata={"help": "stage D: contradiction at or above this"}
+    contradict_threshold: float = option(
+        0.5, "stage D: contradiction at or above this", group=TREE_GROUP
     )
-    hypothesis: HypothesisMode = field(
-        default="answer_statement",
-        metadata={
-            "choices": ("answer_statement", "answer", "claim"),
-            "help": "the NLI hypothesis of a conclusion step",
-        },
+    hypothesis: HypothesisMode = option(
+        "answer_statement", "the NLI hypothesis of a conclusion step", group=TREE_GROUP
     )
 
     def __post_init__(self) -> None:
@@ -90,9 +88,9 @@ class TreeConfig:
             raise ValueError(f"ablate must be 'A', 'E' or None, got {self.ablate!r}")
         for name in ("entail_threshold", "contradict_threshold"):
             if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1]")
-        if self.hypothesis not in ("answer_statement", "answer", "claim"):
-            raise ValueError(f"unknown hypothesis mode {self.hypothesis!r}")
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        one_of("hypothesis", self.hypothesis, ("answer_statement", "answer", "claim"))
+        super().__post_init__()
 
 
 # Every token a verdict path can hold, in stage order (the student is held to this vocabulary).

@@ -1,7 +1,7 @@
 """`student:PATH`: the distilled student as the judge of stages A-C.
 
 PATH is a LoRA adapter folder (its base is read from `adapter_config.json`, or given with
-`base=`) or a merged model folder. The student writes the judge JSON plus the path and label it
+`student_base`) or a merged model folder. The student writes the judge JSON plus the path and label it
 learned from the teacher (`pipeline_path`, `gap_type`); decoding is held to that extended schema,
 the extra keys go to `JudgeResult.extra` (hard-negative mining compares them with the teacher's)
 and the judge object alone is fed to the same decision tree as the teacher's. A student trained
@@ -26,8 +26,13 @@ from stepgap.models import explain_load_errors, model_identity
 from stepgap.schema import Judge
 from stepgap.teacher.judges import JUDGES
 from stepgap.teacher.judges.base import JudgeConfigError
-from stepgap.teacher.judges.hf import HFJudge, load_causal_lm, load_chat_tokenizer
-from stepgap.teacher.judges.openai_api import OpenAIJudge
+from stepgap.teacher.judges.hf import (
+    HFJudge,
+    StudentJudgeOptions,
+    load_causal_lm,
+    load_chat_tokenizer,
+)
+from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
 from stepgap.teacher.judges.vllm_engine import merged_folder
 
 log = logging.getLogger(__name__)
@@ -75,29 +80,37 @@ def adapter_base(path: str | Path, base: str | None = None) -> str:
     config = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     base = base or config.get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base model; pass base=ID_OR_PATH")
+        raise ValueError(
+            f"{path}/{ADAPTER_CONFIG} names no base model; give its base (student_base, --student-base)"
+        )
     return base
 
 
 class StudentJudge(HFJudge):
+    """`student:PATH`: a trained student as a local judge (`HFJudge`), loaded from its adapter
+    (on `options.student_base`, else the base its adapter names, at `base_revision`) or its
+    merged folder, prompted and parsed as it was trained."""
+
     name = "student"
     target = "full"  # what it was trained to write; set from its stepgap_student.json
+    options_class = StudentJudgeOptions
 
     def __init__(
         self,
         model: str,
+        options: StudentJudgeOptions | None = None,
         *,
-        base: str | None = None,
         base_revision: str | None = None,
-        **options: Any,
+        **services: Any,
     ) -> None:
-        self.base = base
+        options = options or StudentJudgeOptions()
+        self.base = options.student_base
         self.base_revision = base_revision
         meta = student_meta(model)
         self.nli_features = bool(meta.get("nli_features", False))  # the Checker adds them
         self.earlier_evidence_chars = meta.get("earlier_evidence_chars")  # its prompt budget
         self.target = meta_target(meta, str(Path(model) / STUDENT_META))  # what it writes
-        super().__init__(model, **options)  # builds the decoding index from schema()
+        super().__init__(model, options, **services)  # builds the decoding index from schema()
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
         return load_student(model, self.base, device, dtype, self.base_revision)
@@ -137,17 +150,18 @@ class ServedStudentJudge(OpenAIJudge):
     def __init__(
         self,
         model: str,
+        options: OpenAIJudgeOptions | None = None,
         *,
         nli_features: bool = False,
         earlier_evidence_chars: int | None = None,
         target: str = "full",
         tokenizer: str | None = None,
-        **options: Any,
+        **services: Any,
     ) -> None:
         self.nli_features = nli_features
         self.earlier_evidence_chars = earlier_evidence_chars
         self.target = check_target(target)
-        super().__init__(model, **options)
+        super().__init__(model, options, **services)
         # the student's own tokenizer (a bundle's `student/`, where it ships one): the first
         # answer's prompt tokens show whether the server tokenizes as the student was trained
         self.tokenizer = None

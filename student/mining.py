@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from stepgap.io import JsonlWriter, replacing, write_text
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.base import JudgeBackend
+from stepgap.teacher.judges.hf import StudentJudgeOptions
 from stepgap.teacher.nli.base import NLIBackend
 from stepgap.teacher.relabel import group_by_trace
 from stepgap.tree import TreeConfig
@@ -292,9 +293,11 @@ AUGMENT_LR_DIVISOR = 10
 
 def augment_learning_rate(config: str | Path, overrides: Sequence[str] = ()) -> float:
     """The recipe's distillation rate divided by `AUGMENT_LR_DIVISOR` (the paper's protocol)."""
-    from .recipe import load_config, parse_overrides
+    from stepgap.arguments import parse_sets
 
-    recipe = load_config(config, parse_overrides(list(overrides)))
+    from .recipe import load_config
+
+    recipe = load_config(config, parse_sets(list(overrides)))
     return recipe.training_args.learning_rate / AUGMENT_LR_DIVISOR
 
 
@@ -314,8 +317,10 @@ def augment(
     augments an order of magnitude below the distillation rate, so as not to overfit the small
     mined set.
     """
+    from stepgap.arguments import parse_sets
+
     from .judge import ADAPTER_CONFIG
-    from .recipe import load_config, parse_overrides
+    from .recipe import load_config
     from .trainer import train
 
     adapter_cfg = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
@@ -327,7 +332,7 @@ def augment(
         "output_dir": str(out),
         "max_steps": max_steps,
         "max_train_examples": None,
-        **parse_overrides(list(overrides)),
+        **parse_sets(list(overrides)),
     }
     if learning_rate is None:
         learning_rate = augment_learning_rate(config, overrides)
@@ -379,7 +384,7 @@ def mine(
     augment_steps: int = 200,
     augment_lr: float | None = None,
     overrides: Sequence[str] = (),
-    judge_options: dict[str, Any] | None = None,
+    judge_options: StudentJudgeOptions | Mapping[str, Any] | None = None,
     report: Any = None,
 ) -> dict[str, Any]:
     """Mine hard negatives from a teacher-labeled pool and optionally augment (`stepgap mine`).
@@ -390,14 +395,14 @@ def mine(
     (gold-supported ones with `gold` files), writes them under `output` (see `write_mined`) and,
     with `augment_config`, continues the adapter on the mined train half at the recipe's rate
     / 10 and measures again. Returns the summary also written to `summary.json`. `nli` is a
-    spec or a backend; `judge_options` go to the student judge (`base`, `device`, `dtype`,
-    `batch_size`, `max_new_tokens`).
+    spec or a backend (on `device`); `judge_options` are the student judge's
+    (`StudentJudgeOptions`, or its fields by name: `student_base`, `judge_device`, ...).
     """
     from stepgap.io import ErrorReport, read_models
-    from stepgap.teacher.judges import close_judge, load_judge
+    from stepgap.teacher.judges import build_judge, close_judge
 
     report = report if report is not None else ErrorReport()
-    options = judge_options or {}
+    options = judge_options
     verdicts, pool_info = held_out_pool(
         [v for _, v in read_models(pool, Verdict, report)],
         student,
@@ -413,7 +418,7 @@ def mine(
         from stepgap.teacher.nli import load_nli
 
         nli_backend = load_nli(nli, device=device)
-    judge = load_judge(f"student:{student}", **options)
+    judge = build_judge(f"student:{student}", options)
     try:
         comparisons = compare(judge, verdicts, nli_backend, tree)  # type: ignore[arg-type]
         features = nli_backend if judge.nli_features else None
@@ -438,7 +443,7 @@ def mine(
             learning_rate=augment_lr,
             overrides=overrides,
         )
-        augmented = load_judge(f"student:{adapter}", **options)
+        augmented = build_judge(f"student:{adapter}", options)
         try:
             after = compare(augmented, verdicts, nli_backend, tree)  # type: ignore[arg-type]
         finally:

@@ -4,12 +4,13 @@
     python student/train.py --config tiny --max_steps 20 --learning_rate 1e-3
     python student/train.py --config tiny --set max_steps=20 --print-config
 
-As in TRL's own scripts (`trl/scripts/sft.py`), `TrlParser` reads the recipe (`--config`: a YAML
-file, or a packaged recipe by name) into stepgap's `StudentArguments`, TRL's `SFTConfig` and
-`ModelConfig`; any of their fields is also a flag (`python student/train.py --help` lists them),
-and `--set key=value` gives a key as the file would. `--resume` continues from the last
-checkpoint in `output_dir` (same step count as an uninterrupted run); `--print-config` prints the
-resolved recipe. `stepgap train` parses and trains with the same two functions.
+As in TRL's own scripts (`trl/scripts/sft.py`), an `HfArgumentParser` (stepgap's one parser,
+`stepgap.arguments.ArgumentParser`) reads the recipe (`--config`: a YAML file, or a packaged
+recipe by name) into stepgap's `StudentArguments`, TRL's `SFTConfig` and `ModelConfig`; any of
+their fields is also a flag (`python student/train.py --help` lists them), and `--set
+key=value` gives a key as the file would. `--resume` continues from the last checkpoint in
+`output_dir` (same step count as an uninterrupted run); `--print-config` prints the keys the
+run set. `stepgap train` parses and trains with the same two functions.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from stepgap.hub_access import HubUploadError
 from stepgap.redact import install_redaction, redact
-from stepgap.student.recipe import Recipe, RunOptions, StudentArguments, make_parser, recipe_yaml
+from stepgap.student.recipe import Recipe, RunArguments, StudentArguments, make_parser
 
 if TYPE_CHECKING:
     from trl import ModelConfig, SFTConfig
@@ -36,16 +37,13 @@ def main(
     script_args: StudentArguments,
     training_args: SFTConfig,
     model_args: ModelConfig,
-    options: RunOptions,
+    run: RunArguments,
 ) -> int:
-    """Print the recipe (`--print-config`), or train on it and print the metrics once."""
-    if options.print_config:
-        print(recipe_yaml(options), end="")
-        return 0
+    """Train on the recipe and print the metrics once."""
     from stepgap.student.trainer import process_state, train
 
     try:
-        metrics = train(Recipe(script_args, training_args, model_args), resume=options.resume)
+        metrics = train(Recipe(script_args, training_args, model_args), resume=run.resume)
         if process_state().is_main_process:  # one report, not one per rank
             print(json.dumps(metrics, indent=2, default=str))
             what = "the LoRA adapter" if model_args.use_peft else "the model"
@@ -84,5 +82,5 @@ if __name__ == "__main__":
     install_redaction()
     parser = make_parser(prog="student/train.py")
     with one_line_errors(parser.prog):
-        script_args, training_args, model_args, options = parser.parse_args_and_config()
-        sys.exit(main(script_args, training_args, model_args, options))
+        parsed = parser.parse()
+        sys.exit(0 if parsed is None else main(*parsed))

@@ -15,6 +15,7 @@ before is never asked again.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -121,7 +122,7 @@ class RayChecker(StepChecker):
 
     @property
     def provenance(self) -> dict[str, object]:
-        return {"ray": {"actors": self.actors, "config": self.config.model_dump(mode="json")}}
+        return {"ray": {"actors": self.actors, "config": dataclasses.asdict(self.config)}}
 
     def check_stream(
         self,

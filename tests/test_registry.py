@@ -14,25 +14,33 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.registry import BackendOptionError, Default, Registry, UnknownBackendError
+from stepgap.registry import Backend, BackendOptionError, Registry, UnknownBackendError
 
 REPO = Path(__file__).resolve().parents[1]
 
 PLUGIN_JUDGE = '''
 import json
+from dataclasses import dataclass
 
+from stepgap.options import Options, option
 from stepgap.schema import Judge
 from stepgap.teacher.judges import JudgeBackend
 from stepgap.tree import JudgeResult
+
+
+@dataclass(frozen=True)
+class EchoOptions(Options):
+    copies: int = option(1, "how many copies")
 
 
 class EchoJudge(JudgeBackend):
     """Gives every step the judge object of the JSON file its spec names."""
 
     name = "echo"
+    options_class = EchoOptions
 
-    def __init__(self, path, *, copies=1):
-        self.path, self.copies = path, copies
+    def __init__(self, path, options=None):
+        self.path, self.copies = path, (options or EchoOptions()).copies
         with open(path) as f:
             self.answer = Judge.model_validate(json.load(f))
 
@@ -80,24 +88,27 @@ def test_stepgaps_own_backends_are_listed_in_code_not_in_entry_points():
     }  # fmt: skip
     for registry in (JUDGES, NLI_BACKENDS, POLICIES, RETRIEVERS, BASELINES):
         for kind in registry.builtin:
-            assert callable(registry.factory(kind)), (registry.what, kind)
+            assert issubclass(registry.backend(kind), registry.interface), (registry.what, kind)
     own = [ep.group for ep in distribution("stepgap").entry_points if ep.group != "console_scripts"]
     assert own == []
     from stepgap.student.judge import StudentJudge
 
-    assert JUDGES.factory("student") is StudentJudge
+    assert JUDGES.backend("student") is StudentJudge
 
 
 def test_a_plugin_that_is_not_of_its_kinds_interface_is_named(tmp_path):
-    """A backend must be an instance of its kind's abstract class; one that is not is one
-    error naming the backend and the class to subclass, not an AttributeError later."""
+    """A backend must be a subclass of its kind's abstract class; one that is not is one
+    error naming the backend and the class to subclass, before anything is built."""
     from stepgap.registry import BackendTypeError
     from stepgap.teacher.judges import JUDGES
 
-    JUDGES.register("plain", lambda arg: object())
+    def plain(arg):
+        raise AssertionError("a backend of the wrong kind is never called")
+
+    JUDGES.register("plain", plain)  # type: ignore[arg-type]
     try:
-        with pytest.raises(BackendTypeError, match="judge backend 'plain' built a object, which "
-                           "is not a stepgap.teacher.judges.base.JudgeBackend: subclass it"):  # fmt: skip
+        with pytest.raises(BackendTypeError, match="judge backend 'plain' is plain, which is not "
+                           "a subclass of stepgap.teacher.judges.base.JudgeBackend: subclass it"):  # fmt: skip
             JUDGES.build("plain:x")
     finally:
         JUDGES._added.pop("plain")
@@ -135,21 +146,24 @@ def test_every_kind_parses_the_same_way():
 
 def test_an_option_a_backend_does_not_take_is_an_error_naming_both(tmp_path):
     from stepgap.data_builders.policies import load_policy
-    from stepgap.teacher.judges import load_judge
+    from stepgap.teacher.judges import build_judge
     from stepgap.teacher.nli import load_nli
 
     replay = REPO / "examples" / "judge_replay.jsonl"
     with pytest.raises(BackendOptionError, match="judge backend 'replay' takes no option "
                        "'concurrency'"):  # fmt: skip
-        load_judge(f"replay:{replay}", concurrency=4)
-    with pytest.raises(BackendOptionError, match="'openai' takes no option 'device'"):
-        load_judge("openai:gpt-4.1-mini", device="cuda", api_key_env="NO_SUCH_KEY_VAR")
+        build_judge(f"replay:{replay}", concurrency=4)
+    with pytest.raises(BackendOptionError, match="'openai' takes no option 'judge_device'"):
+        build_judge("openai:gpt-4.1-mini", judge_device="cuda", api_key_env="NO_SUCH_KEY_VAR")
     with pytest.raises(BackendOptionError, match="NLI backend 'replay' takes no option 'device'"):
         load_nli(f"replay:{replay}", device="cpu")
     with pytest.raises(BackendOptionError, match="policy backend 'openai' takes no option 'dtype'"):
-        load_policy("openai:qwen", dtype="bfloat16")
-    # a setting left at its default goes where it is taken and nowhere else
-    assert load_judge(f"replay:{replay}", concurrency=Default(8)).name == "replay"
+        load_policy("openai:qwen", {"dtype": "bfloat16"})
+    # the options of another backend's class are refused as a whole, naming the class it takes
+    from stepgap.teacher.judges.hf import HFJudgeOptions
+
+    with pytest.raises(BackendOptionError, match="'openai' takes OpenAIJudgeOptions, not HFJudge"):
+        build_judge("openai:gpt-4.1-mini", HFJudgeOptions())
 
 
 def test_an_option_error_reaches_the_command_line_in_one_line(examples_dir, tmp_path):
@@ -168,16 +182,16 @@ def test_an_option_error_reaches_the_command_line_in_one_line(examples_dir, tmp_
 def test_a_plugin_judge_plugs_in_as_ours_do(plugin, examples_dir, tiny_nli, tmp_path):
     """Installed by its own distribution's entry point, the judge builds from its spec, takes
     its own options and no others, and checks traces from the command line."""
-    from stepgap.teacher.judges import JUDGES, load_judge
+    from stepgap.teacher.judges import JUDGES, build_judge
 
     answer = tmp_path / "answer.json"
     first = json.loads((examples_dir / "judge_replay.jsonl").read_text().splitlines()[0])
     answer.write_text(json.dumps(first["judge"]))
     assert "echo" in JUDGES.names()
-    judge = load_judge(f"echo:{answer}", copies=2)
+    judge = build_judge(f"echo:{answer}", copies=2)
     assert (judge.path, judge.copies) == (str(answer), 2)
     with pytest.raises(BackendOptionError, match="'echo' takes no option 'concurrency'.*copies"):
-        load_judge(f"echo:{answer}", concurrency=2)
+        build_judge(f"echo:{answer}", concurrency=2)
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), *sys.path])}
     out = tmp_path / "verdicts.jsonl"
@@ -193,15 +207,22 @@ def test_a_plugin_judge_plugs_in_as_ours_do(plugin, examples_dir, tiny_nli, tmp_
     assert all(v["label"] is not None for v in verdicts)
 
 
+class Widget(Backend):
+    def __init__(self, arg, options):
+        self.arg = arg
+
+
 def test_a_registry_finds_a_distribution_added_to_the_path_later(tmp_path, monkeypatch):
-    registry: Registry[object] = Registry("widget", "stepgap.test_widgets")
+    registry: Registry[Widget] = Registry("widget", "stepgap.test_widgets", Widget)
     assert registry.names() == []
     site = tmp_path / "later"
     info = site / "widgets-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: widgets\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[stepgap.test_widgets]\nbox = builtins:dict\n")
-    (site / "unused.py").write_text(textwrap.dedent("X = 1\n"))
+    (info / "entry_points.txt").write_text("[stepgap.test_widgets]\nbox = widgets_box:Box\n")
+    (site / "widgets_box.py").write_text(
+        textwrap.dedent("from tests.test_registry import Widget\nclass Box(Widget):\n    pass\n")
+    )
     monkeypatch.syspath_prepend(str(site))
     assert registry.names() == ["box"]
-    assert registry.build("box:") == {}
+    assert registry.build("box:lid").arg == "lid"

@@ -1,11 +1,12 @@
 """The `stepgap` command line.
 
 The commands of each folder live in one module here, named after it (`stepgap.cli.teacher` has
-`check`, `label`, `relabel`; ...): each declares its flags, calls one library function and
-prints. This is the top layer: nothing below imports it (docs/architecture.md).
-This package collects them, adds the shared `--config FILE.yaml` / `--print-config` layer
-(`stepgap.cli.config_files`) and turns user errors into one line on stderr and exit code 2.
-Heavy imports happen inside the commands, so `stepgap --help` stays instant.
+`check`, `label`, `relabel`; ...): each declares its options as dataclasses (`stepgap.options`),
+calls one library function and prints. This is the top layer: nothing below imports it
+(docs/architecture.md). A command's options are parsed by stepgap's one parser
+(`stepgap.arguments.ArgumentParser`, transformers' `HfArgumentParser` with `--config
+FILE.yaml` and `--print-config`), built only for the command that runs, so `stepgap --help`
+stays instant; user errors are one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -17,29 +18,44 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stepgap import __version__
 from stepgap.redact import install_redaction, redact
 
-from .config_files import (
-    ConfigParser,
-    DefaultsFormatter,
-    add_config_options,
-    error_line,
-    parse_with_config,
-)
+if TYPE_CHECKING:
+    from stepgap.arguments import ArgumentParser
 
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its name, one help line, its flags, and what it runs."""
+    """One subcommand: its name, one help line, the dataclasses of its options, and what it
+    runs (called with their instances, in that order). `parser`: a command whose parser is
+    its own (`train`: the training recipe's)."""
 
     name: str
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    arguments: tuple[type, ...]
+    run: Callable[..., int]
+    parser: Callable[[str], ArgumentParser] | None = None
+
+    def make_parser(self) -> ArgumentParser:
+        """The command's parser: its dataclasses' fields as flags and configuration keys."""
+        prog = f"stepgap {self.name}"
+        if self.parser is not None:
+            return self.parser(prog)
+        from stepgap.arguments import ArgumentParser
+        from stepgap.teacher.build import REFUSED_KEYS
+
+        return ArgumentParser(
+            self.arguments,
+            prog=prog,
+            description=self.help,
+            what=f"`{prog}`",
+            refused_keys=REFUSED_KEYS,
+        )
 
 
 # The command groups, in pipeline order; each module defines `COMMANDS: list[Command]`.
@@ -55,8 +71,8 @@ GROUPS = (
 
 # How `stepgap --help` lists them: the life cycle of a checker, then its distillation.
 ORDER = (
-    "index", "serve-index", "rollouts", "segment", "check", "label", "relabel", "baseline",
-    "eval", "reward", "view", "serve", "prepare-verl-data",
+    "index", "serve-index", "rollouts", "segment", "check", "label", "merge", "relabel",
+    "baseline", "eval", "reward", "view", "serve", "prepare-verl-data",
     "sft-data", "train", "mine", "export", "push",
 )  # fmt: skip
 
@@ -80,11 +96,15 @@ def __getattr__(name: str) -> object:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ConfigParser(
+    """`stepgap`'s own flags and its list of commands; each command parses its own arguments
+    (`Command.make_parser`), so listing them loads no command's options."""
+    parser = argparse.ArgumentParser(
         prog="stepgap",
-        description="Step-level evidence-gap checking (CC / IE / MB) for search agents.",
+        description="Step-level evidence-gap checking (CC / IE / MB) for search agents. "
+        "`stepgap COMMAND --help` lists a command's options.",
         epilog=EXIT_STATUSES,
-        formatter_class=EpilogFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"stepgap {__version__}")
     parser.add_argument(
@@ -92,11 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in commands().values():
-        p = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.add_arguments(p)
-        add_config_options(p)
-        p.set_defaults(_run=command.run)
+        sub.add_parser(command.name, help=command.help, add_help=False)
     return parser
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
+    """(`stepgap`'s own flags, the command, the command's arguments)."""
+    argv = list(argv)
+    names = commands()
+    for i, token in enumerate(argv):
+        if token in names:
+            return argv[:i], token, argv[i + 1 :]
+        if not token.startswith("-"):
+            break
+    return argv, None, []
 
 
 EXIT_STATUSES = """exit status:
@@ -109,13 +138,6 @@ EXIT_STATUSES = """exit status:
        lacks them); --allow-skipped exits 0 instead
   130  interrupted (Ctrl-C); an earlier output is left as it was, resumable outputs keep
        what was finished"""
-
-
-class EpilogFormatter(DefaultsFormatter):
-    """`stepgap --help` keeps the epilog's lines as written (the exit status table)."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
 # bitsandbytes warns at import, on every CPU machine, that its optional `kernels` package is
@@ -201,45 +223,53 @@ def libraries_without_bars() -> None:
         disable_progress_bar()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, name, rest = split_command(argv)
+    top = build_parser().parse_args([*own, *([name] if name else [])])
+    command = commands()[top.command]
     try:
-        args = parse_with_config(parser, argv)
-    except ValueError as exc:  # a config file that does not fit its command
-        named = next((a for a in argv if a in commands()), None)  # as argparse's errors say it
-        prog = f"stepgap {named}" if named else "stepgap"
-        print(f"{prog}: error: {redact(str(exc))}", file=sys.stderr)
+        parsed = command.make_parser().parse(rest)
+    except ValueError as exc:  # a configuration file that does not fit the command
+        print(f"stepgap {command.name}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
-    if args is None:  # --print-config printed the resolved configuration
+    if parsed is None:  # --print-config printed the resolved configuration
         return 0
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    if args.verbose < 2:  # import-time notices of optional kernels that stepgap does not use
-        for name in QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
-    # each command lists its skipped records once, at its end (`options.finish`)
-    logging.getLogger("stepgap.io.skipped").setLevel(logging.ERROR)
-    vllm_logs_as_ours(args.verbose)
-    if getattr(args, "no_progress", False):
-        libraries_without_bars()
-    install_redaction()
+    from stepgap.cli.options import ProgressOptions
+
+    quiet = any(isinstance(p, ProgressOptions) and p.no_progress for p in parsed)
+    set_up_logging(top.verbose, quiet=quiet)
     try:
-        return int(args._run(args) or 0)
+        return int(command.run(*parsed) or 0)
     except KeyboardInterrupt:  # Ctrl-C: what was written is kept (see each command's output)
-        print(f"stepgap {args.command}: interrupted", file=sys.stderr)
+        print(f"stepgap {command.name}: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as exc:
         if (line := missing_extra(exc)) is None:
             raise
-        if args.verbose:
+        if top.verbose:
             traceback.print_exc()
-        print(f"stepgap {args.command}: error: {line}", file=sys.stderr)
+        print(f"stepgap {command.name}: error: {line}", file=sys.stderr)
         return 2
     except _user_errors() as exc:
-        if args.verbose:
+        if top.verbose:
             traceback.print_exc()
-        print(f"stepgap {args.command}: error: {redact(error_line(exc, args))}", file=sys.stderr)
+        print(f"stepgap {command.name}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
+
+
+def set_up_logging(verbose: int, *, quiet: bool) -> None:
+    """Log at `-v`'s level; `quiet` (`--no-progress`): no progress bars of the libraries."""
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if verbose < 2:  # import-time notices of optional kernels that stepgap does not use
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    # each command lists its skipped records once, at its end (`options.finish`)
+    logging.getLogger("stepgap.io.skipped").setLevel(logging.ERROR)
+    vllm_logs_as_ours(verbose)
+    if quiet:
+        libraries_without_bars()
+    install_redaction()

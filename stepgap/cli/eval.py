@@ -3,19 +3,14 @@ paper's baseline checkers as verdict files) and `view` (an HTML page to look at 
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from stepgap.cli import Command
-from stepgap.cli.options import (
-    add_errors_option,
-    add_judge_options,
-    add_tree_options,
-    checker_config,
-    finish,
-    positive_int,
-    tree_config,
-)
+from stepgap.cli.options import RecordOptions, finish
+from stepgap.options import at_least_one, option
+from stepgap.teacher.build import CheckerConfig
 
 
 def _named_files(specs: list[str]) -> dict[str, str]:
@@ -30,7 +25,26 @@ def _named_files(specs: list[str]) -> dict[str, str]:
     return files
 
 
-def evaluate(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class EvalArguments(RecordOptions):
+    gold: list[str] = option(
+        help="gold step labels and trace correctness (one file or two; repeatable)",
+        metavar="FILE",
+    )
+    pred: list[str] = option(help="a checker's verdicts (repeatable)", metavar="NAME=FILE")
+    output: str = option(help="report folder", metavar="DIR", aliases=["-o"])
+    resamples: int = option(2000, "bootstrap resamples")
+    seed: int = option(0, "bootstrap seed")
+    unit: Literal["step", "trace"] = option("step", "bootstrap unit")
+    silver: str | None = option(None, "a --pred checker to use as silver reference", metavar="NAME")
+    no_plots: bool = option(False, "skip the PNG plots")
+
+    def __post_init__(self) -> None:
+        at_least_one("resamples", self.resamples)
+        super().__post_init__()
+
+
+def evaluate(args: EvalArguments) -> int:
     from stepgap.eval import evaluate as run_evaluation
     from stepgap.io import ErrorReport
 
@@ -70,31 +84,26 @@ def evaluate(args: argparse.Namespace) -> int:
     return finish(args, report, len(result.files), f"files to {args.output}: {names}")
 
 
-def evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--gold",
-        required=True,
-        action="append",
-        metavar="FILE",
-        help="gold step labels and trace correctness (one file or two; repeatable)",
+@dataclass(frozen=True, kw_only=True)
+class BaselineArguments(RecordOptions):
+    kind: str = option(
+        help="nli-only: NLI on (all evidence, claim); minicheck: NLI on sentence chunks of the "
+        "evidence, best chunk decides; ner-quote: spaCy NER + token overlap instead of stage C; "
+        "llm-strict / llm-only: the judge does all five stages, flagging on any stage signal / "
+        "on an overall gap confidence >= 0.5; flag-everything: every step a gap; or an installed "
+        "plug-in's (entry-point group stepgap.baselines). --judge: ner-quote's judge of stages A "
+        "and B, llm-strict's and llm-only's of every stage (not replay); --nli: nli-only's, "
+        "minicheck's and ner-quote's",
+        positional=True,
     )
-    p.add_argument(
-        "--pred",
-        required=True,
-        action="append",
-        metavar="NAME=FILE",
-        help="a checker's verdicts (repeatable)",
+    input: str = option(help="traces (raw or segmented)", positional=True)
+    output: str = option(help="verdicts (JSONL)", aliases=["-o"])
+    chunk_words: int | None = option(
+        None, "minicheck: words per chunk of whole sentences (default 400)", metavar="N"
     )
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="report folder")
-    p.add_argument("--resamples", type=positive_int, default=2000, help="bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--unit", choices=["step", "trace"], default="step", help="bootstrap unit")
-    p.add_argument("--silver", metavar="NAME", help="a --pred checker to use as silver reference")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    add_errors_option(p)
 
 
-def baseline(args: argparse.Namespace) -> int:
+def baseline(args: BaselineArguments, config: CheckerConfig) -> int:
     from stepgap.eval.baselines import run_baseline
     from stepgap.io import ErrorReport, require_input
 
@@ -104,48 +113,63 @@ def baseline(args: argparse.Namespace) -> int:
         args.kind,
         args.input,
         args.output,
-        nli=args.nli,
-        judge=args.judge,
-        tree=tree_config(args),
-        device=args.device,
-        judge_options=checker_config(args).judge_options(),
-        chunk_words=args.chunk_words,
+        tree=config.tree,
+        options={"chunk_words": args.chunk_words} if args.chunk_words else None,
         report=report,
+        **_models(args.kind, config),
     )
     return finish(args, report, n, f"{args.kind} verdicts to {args.output}")
 
 
-def baseline_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "kind",
-        help="nli-only: NLI on (all evidence, claim); minicheck: NLI on sentence chunks of the "
-        "evidence, best chunk decides; ner-quote: spaCy NER + token overlap instead of stage C; "
-        "llm-strict / llm-only: the judge does all five stages, flagging on any stage signal / "
-        "on an overall gap confidence >= 0.5; flag-everything: every step a gap; or an installed "
-        "plug-in's (entry-point group stepgap.baselines)",
-    )
-    p.add_argument("input", help="traces (raw or segmented)")
-    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL)")
-    add_errors_option(p)
-    p.add_argument(
-        "--judge",
-        metavar="SPEC",
-        help="ner-quote: judge for stages A and B; llm-strict, llm-only: the judge of every stage "
-        "(openai:MODEL, hf:PATH, student:PATH; not replay)",
-    )
-    p.add_argument("--nli", metavar="SPEC", help="nli-only, minicheck, ner-quote: NLI model")
-    p.add_argument(
-        "--chunk-words",
-        type=positive_int,
-        metavar="N",
-        help="minicheck: words per chunk of whole sentences (default 400)",
-    )
-    p.add_argument("--device", default=None, help="NLI device")
-    add_tree_options(p)
-    add_judge_options(p, required=False)
+def _models(kind: str, config: CheckerConfig) -> dict[str, Any]:
+    """The judge and NLI model of a baseline: specs with their options, or those of a bundle
+    (loaded here, given to the baseline that needs them)."""
+    if config.bundle:
+        from stepgap.eval.baselines import BASELINES
+        from stepgap.export.offline import load_checker
+
+        needs = BASELINES.backend_of(kind).needs
+        bundled = load_checker(config)
+        return {
+            "judge": bundled.judge if "judge" in needs else None,
+            "nli": bundled.nli if "nli" in needs else None,
+        }
+    from stepgap.teacher.judges import JUDGES
+    from stepgap.teacher.nli import NLI_BACKENDS
+
+    models: dict[str, Any] = {"judge": config.judge, "nli": config.nli}
+    if config.judge:
+        backend = JUDGES.backend_of(config.judge)
+        models["judge_options"] = config.judge_options(backend, f"the judge {config.judge}")
+    if config.nli:
+        backend = NLI_BACKENDS.backend_of(config.nli)
+        models["nli_options"] = config.nli_options(backend, f"the NLI model {config.nli}")
+    return models
 
 
-def view(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class ViewArguments(RecordOptions):
+    input: str = option(help="traces (raw or segmented)", positional=True)
+    verdicts: list[str] = option(
+        help="a checker's verdicts (repeatable: the checkers are shown side by side)",
+        metavar="[NAME=]FILE",
+    )
+    reward: str | None = option(None, "rewards written by `stepgap reward`", metavar="FILE")
+    gold: list[str] | None = option(
+        None, "gold step labels and trace correctness (one file or two; repeatable)", metavar="FILE"
+    )
+    output: str = option(help="the HTML page, overwritten", aliases=["-o"])
+    title: str | None = option(None, "page title (default: the traces file name)")
+    page_size: int = option(25, "traces per page")
+    resamples: int = option(2000, "bootstrap resamples (with --gold)")
+
+    def __post_init__(self) -> None:
+        at_least_one("page_size", self.page_size)
+        at_least_one("resamples", self.resamples)
+        super().__post_init__()
+
+
+def view(args: ViewArguments) -> int:
     from stepgap.eval.view import parse_named_files, write_view
     from stepgap.io import ErrorReport
 
@@ -174,49 +198,24 @@ def view(args: argparse.Namespace) -> int:
     )
 
 
-def view_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="traces (raw or segmented)")
-    p.add_argument(
-        "--verdicts",
-        required=True,
-        action="append",
-        metavar="[NAME=]FILE",
-        help="a checker's verdicts (repeatable: the checkers are shown side by side)",
-    )
-    p.add_argument("--reward", metavar="FILE", help="rewards written by `stepgap reward`")
-    p.add_argument(
-        "--gold",
-        action="append",
-        metavar="FILE",
-        help="gold step labels and trace correctness (one file or two; repeatable)",
-    )
-    p.add_argument("-o", "--output", required=True, help="the HTML page, overwritten")
-    p.add_argument("--title", help="page title (default: the traces file name)")
-    p.add_argument("--page-size", type=positive_int, default=25, help="traces per page")
-    p.add_argument(
-        "--resamples", type=positive_int, default=2000, help="bootstrap resamples (with --gold)"
-    )
-    add_errors_option(p)
-
-
 COMMANDS = [
     Command(
         "baseline",
         "run a baseline checker: nli-only, minicheck, ner-quote, llm-strict, llm-only or "
         "flag-everything",
-        baseline_arguments,
+        (BaselineArguments, CheckerConfig),
         baseline,
     ),
     Command(
         "eval",
         "score checkers against gold labels: report.json, report.md and PNG plots",
-        evaluate_arguments,
+        (EvalArguments,),
         evaluate,
     ),
     Command(
         "view",
         "one offline HTML page of traces and verdicts: paths, quotes, NLI, rewards, gold",
-        view_arguments,
+        (ViewArguments,),
         view,
     ),
 ]

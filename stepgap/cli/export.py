@@ -3,19 +3,55 @@ Hugging Face Hub)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import asdict, dataclass
+from typing import Literal
 
 from stepgap.cli import Command
-from stepgap.cli.options import add_tree_options, tree_config
+from stepgap.options import option
+from stepgap.tree import TreeConfig
 
 
-def export(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
+@dataclass(frozen=True, kw_only=True)
+class ExportArguments:
+    student: str = option(help="trained adapter or merged", metavar="PATH")
+    base: str | None = option(
+        None, "the adapter's base (default: its config)", metavar="ID_OR_PATH"
+    )
+    base_revision: str | None = option(
+        None,
+        "a hub base's commit (default: the one in the local cache); local bases are copied in",
+        metavar="COMMIT",
+    )
+    nli: str = option(help="NLI cross-encoder", metavar="ID_OR_PATH")
+    output: str = option(help="bundle folder", metavar="BUNDLE", aliases=["-o"])
+    merge: bool = option(False, "merge the LoRA into the base weights")
+    dtype: str | None = option(None, "merged weights dtype (float32, bfloat16; default float32)")
+    nli_quantize: Literal["int8"] | None = option(None, "add a dynamic int8 graph (CPU)")
+    nli_fp16: bool = option(False, "add an fp16 graph (GPU)")
+    parity_floor: float = option(
+        0.99, "least label agreement of int8/fp16 with fp32 on the probe set"
+    )
+    probe_verdicts: str | None = option(
+        None, "verdicts whose NLI pairs join the parity probe set", metavar="FILE"
+    )
+    eval_report: str | None = option(None, "stepgap eval report.json for the card", metavar="JSON")
+    eval_checker: str | None = option(
+        None,
+        "the report's row that measured this student (needed when it has several)",
+        metavar="NAME",
+    )
+    overwrite: bool = option(False, "replace an existing bundle")
 
+
+def export(args: ExportArguments, tree: TreeConfig) -> int:
     from stepgap.export.bundle import export_bundle
 
+    if tree.ablate:
+        raise ValueError(
+            "--ablate removes a stage for an experiment; a bundle keeps the whole tree"
+        )
     out = export_bundle(
         args.student,
         args.nli,
@@ -27,7 +63,7 @@ def export(args: argparse.Namespace) -> int:
         nli_fp16=args.nli_fp16,
         probe_verdicts=args.probe_verdicts,
         parity_floor=args.parity_floor,
-        tree=asdict(tree_config(args)),
+        tree=asdict(tree),
         eval_report=args.eval_report,
         eval_checker=args.eval_checker,
         overwrite=args.overwrite,
@@ -38,42 +74,16 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--student", required=True, metavar="PATH", help="trained adapter or merged")
-    p.add_argument("--base", metavar="ID_OR_PATH", help="the adapter's base (default: its config)")
-    p.add_argument(
-        "--base-revision",
-        metavar="COMMIT",
-        help="a hub base's commit (default: the one in the local cache); local bases are copied in",
-    )
-    p.add_argument("--nli", required=True, metavar="ID_OR_PATH", help="NLI cross-encoder")
-    p.add_argument("-o", "--output", required=True, metavar="BUNDLE", help="bundle folder")
-    p.add_argument("--merge", action="store_true", help="merge the LoRA into the base weights")
-    p.add_argument("--dtype", help="merged weights dtype (float32, bfloat16; default float32)")
-    p.add_argument("--nli-quantize", choices=["int8"], help="add a dynamic int8 graph (CPU)")
-    p.add_argument("--nli-fp16", action="store_true", help="add an fp16 graph (GPU)")
-    p.add_argument(
-        "--parity-floor",
-        type=float,
-        default=0.99,
-        help="least label agreement of int8/fp16 with fp32 on the probe set",
-    )
-    p.add_argument(
-        "--probe-verdicts",
-        metavar="FILE",
-        help="verdicts whose NLI pairs join the parity probe set",
-    )
-    p.add_argument("--eval-report", metavar="JSON", help="stepgap eval report.json for the card")
-    p.add_argument(
-        "--eval-checker",
-        metavar="NAME",
-        help="the report's row that measured this student (needed when it has several)",
-    )
-    add_tree_options(p, exclude=("ablate",))
-    p.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
+@dataclass(frozen=True, kw_only=True)
+class PushArguments:
+    bundle: str = option(help="folder written by stepgap export", positional=True)
+    repo_id: str = option(help="the Hub repository", metavar="USER/NAME")
+    private: bool = option(False, "create a private repo")
+    revision: str | None = option(None, "push to this branch (created if needed)", metavar="BRANCH")
+    dry_run: bool = option(False, "list the files and print the card")
 
 
-def push(args: argparse.Namespace) -> int:
+def push(args: PushArguments) -> int:
     from stepgap.export.push import push_bundle
 
     plan = push_bundle(
@@ -92,22 +102,17 @@ def push(args: argparse.Namespace) -> int:
     return 0
 
 
-def push_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", help="folder written by stepgap export")
-    p.add_argument("--repo-id", required=True, metavar="USER/NAME")
-    p.add_argument("--private", action="store_true", help="create a private repo")
-    p.add_argument("--revision", metavar="BRANCH", help="push to this branch (created if needed)")
-    p.add_argument("--dry-run", action="store_true", help="list the files and print the card")
-
-
 COMMANDS = [
     Command(
         "export",
         "one offline bundle: student (merged or adapter) + ONNX NLI + checksummed manifest",
-        export_arguments,
+        (ExportArguments, TreeConfig),
         export,
     ),
     Command(
-        "push", "upload a bundle and its model card to the Hugging Face Hub", push_arguments, push
+        "push",
+        "upload a bundle and its model card to the Hugging Face Hub",
+        (PushArguments,),
+        push,
     ),
 ]

@@ -3,25 +3,26 @@ checker and the reward over HTTP)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+from typing import Literal
 
 from stepgap.cli import Command
-from stepgap.cli.options import (
-    add_checker_options,
-    add_errors_option,
-    add_ray_options,
-    add_reward_options,
-    checker,
-    checker_config,
-    finish,
-    join_ray,
-    positive_int,
-    reward_options,
-)
+from stepgap.cli.options import RayServeOptions, RecordOptions, checker, finish, join_ray
+from stepgap.options import at_least_one, more_than_zero, option
+from stepgap.serving.reward_function import RewardFormula, RewardOptions
+from stepgap.teacher.build import CheckerConfig
 
 
-def reward(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class RewardArguments(RecordOptions):
+    input: str = option(help="traces (raw or segmented)", positional=True)
+    verdicts: str = option(help="verdicts for those traces")
+    output: str = option(help="one reward line per trace (JSONL)", aliases=["-o"])
+    tokenizer: str | None = option(None, "hub id or path: adds token spans (the dense form)")
+
+
+def reward(args: RewardArguments, options: RewardFormula) -> int:
     from stepgap.io import ErrorReport
     from stepgap.serving.reward_function import reward_file
 
@@ -30,40 +31,77 @@ def reward(args: argparse.Namespace) -> int:
         args.input,
         args.verdicts,
         args.output,
-        variant=args.variant,
-        lam=args.lam,
+        variant=options.variant,
+        lam=options.lam,
         tokenizer=args.tokenizer,
         report=report,
     )
     return finish(args, report, n, f"rewards to {args.output}")
 
 
-def reward_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="traces (raw or segmented)")
-    p.add_argument("--verdicts", required=True, help="verdicts for those traces")
-    p.add_argument("-o", "--output", required=True, help="one reward line per trace (JSONL)")
-    p.add_argument("--tokenizer", help="hub id or path: adds token spans (the dense form)")
-    add_errors_option(p)
-    add_reward_options(p, training=False)
+@dataclass(frozen=True, kw_only=True)
+class ServeArguments:
+    host: str = option("127.0.0.1", "bind address (default loopback only)")
+    port: int = option(8000, "port")
+    max_batch: int = option(32, "traces per checker call")
+    max_wait_ms: float = option(10.0, "wait this long to fill a batch")
+    max_queue: int = option(1024, "queued traces before 503")
+    max_inflight: int | None = option(
+        None,
+        "checker calls running at once (default: 8 with a judge behind a URL, whose own "
+        "--concurrency does the work; 1 with a model in this process)",
+        metavar="N",
+    )
+    client_timeout: float = option(
+        180.0,
+        "seconds a client waits for its answer when its request has no X-Stepgap-Timeout "
+        "header (OpenRLHF: 180); what cannot be answered in time gets 503 + Retry-After",
+        metavar="S",
+    )
+    when_overloaded: Literal["hold", "refuse"] = option(
+        "hold",
+        "a request its deadline cannot be met for now: hold it (checked by nobody) until "
+        "there is room or its time runs out, then 503 (what OpenRLHF's client, which retries "
+        "blindly 1 s apart, gets the most rewards from), or refuse it 503 at once. A client "
+        "that sends X-Stepgap-Timeout (stepgap's RemoteChecker) is always refused at once: it "
+        "moves to another replica",
+    )
+    grace: float = option(
+        30.0,
+        "on SIGTERM, seconds the checks in flight may finish before the rest gets 503",
+        metavar="S",
+    )
+    max_body_mb: int = option(8, "largest request body (MB)")
+    view_keep: int = option(
+        100, "GET /view shows the last N checked traces (older ones are dropped)", metavar="N"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_queue", "max_inflight", "max_body_mb"):
+            at_least_one(name, getattr(self, name))
+        more_than_zero("client_timeout", self.client_timeout)
+        if self.max_wait_ms < 0 or self.grace < 0 or self.view_keep < 0:
+            raise ValueError("max_wait_ms, grace and view_keep must be 0 or more")
 
 
-def serve_on_ray(args: argparse.Namespace) -> int:
+def serve_on_ray(
+    args: ServeArguments, options: RewardOptions, config: CheckerConfig, ray: RayServeOptions
+) -> int:
     """`stepgap serve --ray`: the same routes as a Ray Serve application."""
-    config = checker_config(args)
-    join_ray(args, config)
+    join_ray(ray, config)
     from ray import serve
 
     from stepgap.serving.ray_serve import deployment
 
     autoscaling = None
-    if args.ray_max_replicas:
-        autoscaling = {"min_replicas": args.ray_replicas, "max_replicas": args.ray_max_replicas}
+    if ray.ray_max_replicas:
+        autoscaling = {"min_replicas": ray.ray_replicas, "max_replicas": ray.ray_max_replicas}
     app = deployment(
         config,
-        reward_options(args),
-        num_replicas=args.ray_replicas,
+        options,
+        num_replicas=ray.ray_replicas,
         autoscaling_config=autoscaling,
-        ray_actor_options={"num_cpus": args.ray_cpus, "num_gpus": args.ray_gpus},
+        ray_actor_options={"num_cpus": ray.ray_cpus, "num_gpus": ray.ray_gpus},
         max_batch=args.max_batch,
         batch_wait_s=args.max_wait_ms / 1000,
     )
@@ -73,13 +111,15 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
-    if args.ray is not None:
-        return serve_on_ray(args)
+def serve(
+    args: ServeArguments, options: RewardOptions, config: CheckerConfig, ray: RayServeOptions
+) -> int:
+    if ray.ray is not None:
+        return serve_on_ray(args, options, config, ray)
     from stepgap.serving.server import serve as run_server
 
     run_server(
-        reward_options(args).reward(checker(args, online=True)),
+        options.reward(checker(config, online=True)),
         host=args.host,
         port=args.port,
         max_batch=args.max_batch,
@@ -95,68 +135,17 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=positive_int, default=32, help="traces per checker call")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait this long to fill a batch")
-    p.add_argument("--max-queue", type=positive_int, default=1024, help="queued traces before 503")
-    p.add_argument(
-        "--max-inflight",
-        type=positive_int,
-        metavar="N",
-        help="checker calls running at once (default: 8 with a judge behind a URL, whose own "
-        "--concurrency does the work; 1 with a model in this process)",
-    )
-    p.add_argument(
-        "--client-timeout",
-        type=float,
-        default=180.0,
-        metavar="S",
-        help="seconds a client waits for its answer when its request has no X-Stepgap-Timeout "
-        "header (OpenRLHF: 180); what cannot be answered in time gets 503 + Retry-After",
-    )
-    p.add_argument(
-        "--when-overloaded",
-        choices=("hold", "refuse"),
-        default="hold",
-        help="a request its deadline cannot be met for now: hold it (checked by nobody) until "
-        "there is room or its time runs out, then 503 (what OpenRLHF's client, which retries "
-        "blindly 1 s apart, gets the most rewards from), or refuse it 503 at once. A client "
-        "that sends X-Stepgap-Timeout (stepgap's RemoteChecker) is always refused at once: it "
-        "moves to another replica",
-    )
-    p.add_argument(
-        "--grace",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="on SIGTERM, seconds the checks in flight may finish before the rest gets 503",
-    )
-    p.add_argument("--max-body-mb", type=positive_int, default=8, help="largest request body (MB)")
-    p.add_argument(
-        "--view-keep",
-        type=int,
-        default=100,
-        metavar="N",
-        help="GET /view shows the last N checked traces (older ones are dropped)",
-    )
-    add_reward_options(p)
-    add_checker_options(p)
-    add_ray_options(p, serve=True)
-
-
 COMMANDS = [
     Command(
         "reward",
         "typed GRPO rewards (docs/contract.md) for stored traces and verdicts",
-        reward_arguments,
+        (RewardArguments, RewardFormula),
         reward,
     ),
     Command(
         "serve",
         "serve /check, /reward and OpenRLHF's /get_reward with micro-batching; /view",
-        serve_arguments,
+        (ServeArguments, RewardOptions, CheckerConfig, RayServeOptions),
         serve,
     ),
 ]

@@ -3,24 +3,22 @@ shard outputs) and `relabel` (re-decide stored verdicts without calling a model)
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stepgap.cli import Command
 from stepgap.cli.options import (
     EXIT_NOTHING,
-    add_checker_options,
-    add_errors_option,
-    add_judge_options,
-    add_nli_options,
-    add_ray_options,
-    add_tree_options,
+    ProgressOptions,
+    RayDataOptions,
+    RecordOptions,
     checker,
     finish,
-    positive_int,
-    tree_overrides,
 )
+from stepgap.options import at_least_one, option, overrides_of
+from stepgap.teacher.build import CheckerConfig
+from stepgap.tree import TreeConfig
 
 if TYPE_CHECKING:
     from stepgap.teacher.checker import StepChecker
@@ -39,12 +37,6 @@ def _all_failed(counts, kept: str | None = None) -> int:
     return EXIT_NOTHING
 
 
-def _close(judged_by: StepChecker) -> None:
-    """A local judge's engine shut down here, not killed at exit (vLLM then warns that its
-    engine "exited unexpectedly"); a Ray pool's actors end with the job."""
-    judged_by.close()
-
-
 def _print_meter(judged_by: StepChecker) -> None:
     """The judge's API calls, cache hits, tokens and cost, when it keeps a meter."""
     meter = judged_by.judge.meter if judged_by.judge is not None else None
@@ -52,13 +44,24 @@ def _print_meter(judged_by: StepChecker) -> None:
         print(f"stepgap: {meter.summary()}", file=sys.stderr)
 
 
-def check(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class CheckArguments(RecordOptions, ProgressOptions):
+    input: str = option(help="traces (raw or segmented)", positional=True)
+    output: str = option(help="verdicts (JSONL), overwritten", aliases=["-o"])
+    batch_size: int = option(64, "traces per judge+NLI batch")
+
+    def __post_init__(self) -> None:
+        at_least_one("batch_size", self.batch_size)
+        super().__post_init__()
+
+
+def check(args: CheckArguments, config: CheckerConfig, ray: RayDataOptions) -> int:
     from stepgap.io import ErrorReport, require_input
     from stepgap.teacher.label import check_file
 
     require_input(args.input)  # before the models load
     report = ErrorReport()
-    judged_by = checker(args)
+    judged_by = checker(config, ray, batch_size=args.batch_size, progress=not args.no_progress)
     try:
         counts = check_file(
             args.input,
@@ -66,11 +69,11 @@ def check(args: argparse.Namespace) -> int:
             args.output,
             report,
             # a Ray pool takes every trace in one stream (--batch-size is then per actor call)
-            batch_size=args.batch_size if args.ray is None else sys.maxsize,
+            batch_size=args.batch_size if ray.ray is None else sys.maxsize,
             progress=not args.no_progress,
         )
     finally:
-        _close(judged_by)
+        judged_by.close()  # a local judge's engine shut down here, not killed at exit
     print(f"stepgap: {counts.describe()}", file=sys.stderr)
     _print_meter(judged_by)
     if counts.all_failed:  # check_file kept the earlier output
@@ -78,24 +81,33 @@ def check(args: argparse.Namespace) -> int:
     return finish(args, report, counts.verdicts, f"verdicts to {args.output}")
 
 
-def check_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="traces (raw or segmented)")
-    p.add_argument("-o", "--output", required=True, help="verdicts (JSONL), overwritten")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="traces per judge+NLI batch")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_errors_option(p)
-    add_checker_options(p)
-    add_ray_options(p)
+@dataclass(frozen=True, kw_only=True)
+class LabelArguments(RecordOptions, ProgressOptions):
+    input: str = option(help="traces (raw or segmented)", positional=True)
+    output: str = option(help="verdicts (JSONL); appended to, rerun to resume", aliases=["-o"])
+    shard: str = option("0/1", "label only shard I of N", metavar="I/N")
+    limit: int | None = option(None, "at most N traces", metavar="N")
+    batch_size: int = option(16, "finished traces per NLI batch")
+    fsync: bool = option(False, "fsync after every verdict")
+    summary: str | None = option(None, "write counts and cost as JSON", metavar="FILE")
+    keep_errors: bool = option(
+        False, "on a rerun, keep the failed verdicts of earlier runs instead of asking again"
+    )
+
+    def __post_init__(self) -> None:
+        at_least_one("limit", self.limit)
+        at_least_one("batch_size", self.batch_size)
+        super().__post_init__()
 
 
-def label(args: argparse.Namespace) -> int:
+def label(args: LabelArguments, config: CheckerConfig, ray: RayDataOptions) -> int:
     from stepgap.io import ErrorReport, require_input
     from stepgap.teacher.label import label_file, parse_shard
 
     shard = parse_shard(args.shard)
     require_input(args.input)  # before the models load
     report = ErrorReport()
-    judged_by = checker(args)
+    judged_by = checker(config, ray, batch_size=args.batch_size, progress=not args.no_progress)
     try:
         summary = label_file(
             args.input,
@@ -111,7 +123,7 @@ def label(args: argparse.Namespace) -> int:
             retry_errors=not args.keep_errors,
         )
     finally:
-        _close(judged_by)
+        judged_by.close()
     _print_meter(judged_by)
     retried = f", {summary.retried} failed step(s) asked again" if summary.retried else ""
     print(
@@ -123,31 +135,20 @@ def label(args: argparse.Namespace) -> int:
     return _all_failed(summary) if summary.all_failed else status
 
 
-def label_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="traces (raw or segmented)")
-    p.add_argument(
-        "-o", "--output", required=True, help="verdicts (JSONL); appended to, rerun to resume"
+@dataclass(frozen=True, kw_only=True)
+class MergeArguments(RecordOptions):
+    inputs: list[str] = option(
+        help="verdict files of `stepgap label --shard I/N` runs", positional=True
     )
-    p.add_argument("--shard", default="0/1", metavar="I/N", help="label only shard I of N")
-    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="at most N traces")
-    p.add_argument(
-        "--batch-size", type=positive_int, default=16, help="finished traces per NLI batch"
+    output: str = option(help="the joined verdicts (JSONL)", aliases=["-o"])
+    traces: str | None = option(
+        None,
+        "the labelled traces: every step of each of them must have one verdict",
+        metavar="FILE",
     )
-    p.add_argument("--fsync", action="store_true", help="fsync after every verdict")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--summary", metavar="FILE", help="write counts and cost as JSON")
-    p.add_argument(
-        "--keep-errors",
-        action="store_true",
-        help="on a rerun, keep the failed verdicts of earlier runs instead of asking again",
-    )
-    add_errors_option(p)
-    add_judge_options(p)
-    add_nli_options(p)
-    add_ray_options(p)
 
 
-def merge(args: argparse.Namespace) -> int:
+def merge(args: MergeArguments) -> int:
     from stepgap.io import ErrorReport
     from stepgap.teacher.label import merge_verdicts
 
@@ -157,51 +158,54 @@ def merge(args: argparse.Namespace) -> int:
     return finish(args, report, counts.verdicts, f"merged verdicts to {args.output}")
 
 
-def merge_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="verdict files of `stepgap label --shard I/N` runs")
-    p.add_argument("-o", "--output", required=True, help="the joined verdicts (JSONL)")
-    p.add_argument(
-        "--traces",
-        metavar="FILE",
-        help="the labelled traces: every step of each of them must have one verdict",
+@dataclass(frozen=True, kw_only=True)
+class RelabelArguments(RecordOptions):
+    input: str = option(
+        help="verdicts written by `stepgap check` or `stepgap label`", positional=True
     )
-    add_errors_option(p)
+    output: str = option(help="the re-decided verdicts (JSONL)", aliases=["-o"])
 
 
-def relabel(args: argparse.Namespace) -> int:
+# The tree's options with no defaults: each verdict is re-decided under the tree it recorded,
+# changed only where an option is given.
+TreeOverrides = overrides_of(
+    TreeConfig, "TreeOverrides", note=" (default: as each verdict recorded)"
+)
+
+
+def relabel(args: RelabelArguments, tree: TreeOverrides) -> int:  # type: ignore[valid-type]
     from stepgap.io import ErrorReport
     from stepgap.teacher.relabel import relabel_file
 
     report = ErrorReport()
-    n = relabel_file(args.input, args.output, report=report, **tree_overrides(args))
+    overrides = {k: v for k, v in vars(tree).items() if v is not None}
+    n = relabel_file(args.input, args.output, report=report, **overrides)
     return finish(args, report, n, f"relabelled verdicts to {args.output}")
 
 
-def relabel_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="verdicts written by `stepgap check` or `stepgap label`")
-    p.add_argument("-o", "--output", required=True)
-    add_errors_option(p)
-    add_tree_options(p, recorded=True)
-
-
 COMMANDS = [
-    Command("check", "label every step of traces with a typed gap verdict", check_arguments, check),
+    Command(
+        "check",
+        "label every step of traces with a typed gap verdict",
+        (CheckArguments, CheckerConfig, RayDataOptions),
+        check,
+    ),
     Command(
         "label",
         "label traces at scale: concurrent judge, cache, cost, --shard, resume after a crash",
-        label_arguments,
+        (LabelArguments, CheckerConfig, RayDataOptions),
         label,
     ),
     Command(
         "merge",
         "join the verdicts of `label --shard I/N` runs; refuses duplicate and missing steps",
-        merge_arguments,
+        (MergeArguments,),
         merge,
     ),
     Command(
         "relabel",
         "re-decide stored verdicts (ablation, thresholds) without calling a model",
-        relabel_arguments,
+        (RelabelArguments, TreeOverrides),
         relabel,
     ),
 ]

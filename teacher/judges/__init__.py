@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
+from stepgap.options import Options
 from stepgap.registry import Registry
 
 from .base import (
+    JUDGE_GROUP,
     JudgeBackend,
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
+    ModelJudgeOptions,
     close_judge,
     judge_json_schema,
     parse_judge,
@@ -26,27 +29,42 @@ from .replay import ReplayJudge
 JUDGES: Registry[JudgeBackend] = Registry(
     "judge",
     "stepgap.judges",
+    JudgeBackend,
     builtin={
         "openai": "stepgap.teacher.judges.openai_api:OpenAIJudge",
         "hf": "stepgap.teacher.judges.hf:HFJudge",
-        "replay": "stepgap.teacher.judges.replay:ReplayJudge.from_file",
+        "replay": "stepgap.teacher.judges.replay:ReplayJudge",
     },
-    interface=JudgeBackend,
     bare="openai:{spec} (a model behind an OpenAI-compatible API) or hf:{spec} (a local model)",
 )
 
 
-def register_judge(kind: str, factory: str | Callable[..., JudgeBackend]) -> None:
-    """Make `kind:ARG` specs build a backend with `factory(ARG, **options)` in this process (a
-    callable, or its import path `"module:name"`); installed packages use the entry point."""
-    JUDGES.register(kind, factory)
+def register_judge(kind: str, backend: str | type[JudgeBackend]) -> None:
+    """Make `kind:ARG` specs build `backend` (a `JudgeBackend` subclass, or its import path
+    `"module:Class"`) in this process; installed packages use the entry point."""
+    JUDGES.register(kind, backend)
 
 
-def load_judge(spec: str, **options: Any) -> JudgeBackend:
-    """Build a judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `replay:FILE`,
-    `student:PATH` (once `stepgap.student` is imported), or an installed plug-in's kind. An option the backend does not take is an
-    error naming it (`stepgap.registry`)."""
-    return JUDGES.build(spec, **options)
+def build_judge(
+    spec: str,
+    options: Options | Mapping[str, Any] | None = None,
+    *,
+    online: bool = False,
+    **values: Any,
+) -> JudgeBackend:
+    """A judge from `KIND:ARG`: `openai:gpt-4.1-mini`, `hf:PATH_OR_ID`, `replay:FILE`,
+    `student:PATH` (once `stepgap.student` is imported), or an installed plug-in's kind.
+
+    Its options are an instance of its class's `options_class` (`OpenAIJudgeOptions`,
+    `HFJudgeOptions`, ...), or their fields by name (`build_judge("openai:m",
+    base_url="http://127.0.0.1:8000/v1")`); one the backend does not have is an error naming
+    it. A model judge keeps the answer cache and the cost meter its options name.
+    `online`: for a server (a local judge on vLLM runs its async engine)."""
+    if values:
+        if options is not None:
+            raise TypeError("give the judge's options as one object or as keywords, not both")
+        options = values
+    return JUDGES.build(spec, options, online=online)
 
 
 __all__ = [
@@ -54,6 +72,7 @@ __all__ = [
     "CostMeter",
     "JudgeCache",
     "default_cache_path",
+    "JUDGE_GROUP",
     "JudgeBackend",
     "JudgeConfigError",
     "JudgeParseError",
@@ -62,7 +81,8 @@ __all__ = [
     "ReplayJudge",
     "close_judge",
     "judge_json_schema",
-    "load_judge",
+    "build_judge",
+    "ModelJudgeOptions",
     "parse_judge",
     "register_judge",
     "response_format",

@@ -18,7 +18,8 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
@@ -33,22 +34,26 @@ from stepgap.models import (
     resolve_model_ref,
     stand_in_note,
 )
+from stepgap.options import at_least_one, more_than_zero, one_of, option
 from stepgap.schema import Judge
 from stepgap.tree import JudgeResult
 
 from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
 from .base import (
+    JUDGE_GROUP,
     JudgeBackend,
     JudgeParseError,
     JudgeRequest,
     JudgeStopped,
+    ModelJudgeOptions,
     TraceDeadline,
     answer_json_schema,
     answer_params,
     judge_json_schema,
     parse_answer,
     parse_judge,
+    with_cache_and_meter,
 )
 from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
@@ -122,6 +127,65 @@ def load_causal_lm(
     return tokenizer, model
 
 
+DEFAULT_MAX_NEW_TOKENS = 768  # a local judge's answer budget when `max_tokens` is not set
+
+
+@dataclass(frozen=True)
+class HFJudgeOptions(ModelJudgeOptions):
+    """The options of `hf:PATH_OR_ID`, a local model as the judge (and of the student judges,
+    which are local models too)."""
+
+    judge_device: str | None = option(
+        None, "local judge: device (cpu, cuda, cuda:1; default auto)", group=JUDGE_GROUP
+    )
+    judge_dtype: str | None = option(
+        None, "local judge: dtype (float32, bfloat16, ...)", group=JUDGE_GROUP
+    )
+    judge_batch_size: int | None = option(
+        8, "local judge: generation batch on transformers (none: by memory)", group=JUDGE_GROUP
+    )
+    engine: Literal["auto", "vllm", "hf"] = option(
+        "auto",
+        "local judges (hf:, student:, a bundle's student): decode on vLLM's engine in this "
+        "process or on transformers; auto: vLLM where it is installed and runs on the judge's "
+        "device",
+        group=JUDGE_GROUP,
+    )
+    kv_cache_gib: float | None = option(
+        None,
+        "local judge on vLLM: GiB of KV cache (default: vLLM's share of the GPU; 2 on CPU)",
+        metavar="GIB",
+        group=JUDGE_GROUP,
+    )
+    max_string_chars: int | None = option(
+        None, "local judge: cap every free-text field at this many characters", group=JUDGE_GROUP
+    )
+    unconstrained: bool = option(
+        False, "local judge: no schema-constrained decoding", group=JUDGE_GROUP
+    )
+
+    def __post_init__(self) -> None:
+        at_least_one("judge_batch_size", self.judge_batch_size)
+        at_least_one("max_string_chars", self.max_string_chars)
+        more_than_zero("kv_cache_gib", self.kv_cache_gib)
+        one_of("engine", self.engine, ("auto", "vllm", "hf"))
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class StudentJudgeOptions(HFJudgeOptions):
+    """The options of `student:PATH` (`stepgap.student.judge`), a local judge trained as a LoRA
+    adapter: the base it goes on. Declared here, beside the options of the local judge it
+    extends, so that the checker's configuration (`CheckerConfig`) holds them too."""
+
+    student_base: str | None = option(
+        None,
+        "student judge: base model of the adapter (default: the one in adapter_config.json)",
+        metavar="ID_OR_PATH",
+        group=JUDGE_GROUP,
+    )
+
+
 class HFJudge(JudgeBackend):
     """Batched greedy generation of judge objects; subclasses change how the model loads, the
     schema it is held to and how an answer is parsed (see `stepgap.student.judge`).
@@ -142,30 +206,34 @@ class HFJudge(JudgeBackend):
 
     name = "hf"
 
+    options_class = HFJudgeOptions
+
     def __init__(
         self,
         model: str,
+        options: HFJudgeOptions | None = None,
         *,
-        device: str | None = None,
-        dtype: str | None = None,
-        batch_size: int | None = None,
-        max_new_tokens: int = 768,
-        constrained: bool = True,
-        max_string_chars: int | None = None,
-        decoding: str = "loop",
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
-        engine: str = "auto",
         online: bool = False,
-        kv_cache_gib: float | None = None,
+        decoding: str = "loop",
     ) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if kv_cache_gib is not None and not kv_cache_gib > 0:
-            raise ValueError(f"kv_cache_gib must be more than 0 GiB, got {kv_cache_gib}")
+        """`options`: its flags; `cache` and `meter` are made from them by `from_spec`, or
+        given here; `online`: vLLM's async engine (a server's judge); `decoding`: `loop`,
+        `generate` or `static` (see the class docstring)."""
+        options = options or self.options_class()
+        self.options = options
+        device, dtype, kv_cache_gib = (
+            options.judge_device,
+            options.judge_dtype,
+            options.kv_cache_gib,
+        )
+        constrained, max_string_chars = not options.unconstrained, options.max_string_chars
+        max_new_tokens = options.max_tokens or DEFAULT_MAX_NEW_TOKENS
+        batch_size = options.judge_batch_size
         self.model_ref = model
-        self.engine_name = choose_engine(engine, device, model)
+        self.engine_name = choose_engine(options.engine, device, model)
         self.engine: VLLMEngine | AsyncVLLMEngine | None = None
         self.model: Any = None
         if self.engine_name == "vllm":
@@ -213,6 +281,12 @@ class HFJudge(JudgeBackend):
             # in the same folder must not answer from the old one's cache
             "model_identity": model_identity(model, self.model) if cache is not None else None,
         }
+
+    @classmethod
+    def from_spec(cls, arg: str, options: HFJudgeOptions, *, online: bool = False) -> HFJudge:
+        """`hf:PATH_OR_ID` (or a student's `student:PATH`) with its answer cache and cost meter
+        made from its options."""
+        return with_cache_and_meter(cls, arg, options, online=online)
 
     def load(self, model: str, device: str | None, dtype: str | None) -> tuple[Any, Any]:
         return load_causal_lm(model, device, dtype)

@@ -28,25 +28,29 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from stepgap.options import at_least_one, more_than_zero, one_of, option
 from stepgap.redact import redact
 from stepgap.schema import Judge
 from stepgap.tree import JudgeResult
 
 from ..prompt import PROMPT_VERSION
 from .base import (
+    JUDGE_GROUP,
     JudgeBackend,
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
     JudgeStopped,
+    ModelJudgeOptions,
     answer_json_schema,
     answer_params,
     judge_json_schema,
     parse_answer,
     parse_judge,
     response_format,
+    with_cache_and_meter,
 )
 from .cache import JudgeCache, cache_key
 from .concurrency import EngineLimit, continuous_batching, engine_slots
@@ -56,6 +60,7 @@ from .cost import CostMeter
 log = logging.getLogger(__name__)
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_MAX_TOKENS = 1024  # the answer budget when `max_tokens` is not set
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"  # the SDK's, when no base URL is given
 
 
@@ -94,50 +99,108 @@ def openai_client(
     return make(api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries)
 
 
+@dataclass(frozen=True)
+class OpenAIJudgeOptions(ModelJudgeOptions):
+    """The options of `openai:MODEL`, a judge behind an OpenAI-compatible server."""
+
+    base_url: str | None = option(
+        None, "openai judge: its server, e.g. http://127.0.0.1:8000/v1", group=JUDGE_GROUP
+    )
+    api_key_env: str = option(
+        DEFAULT_API_KEY_ENV,
+        "openai judge: environment variable holding the API key (keys are never read from the "
+        "command line or a file)",
+        metavar="NAME",
+        group=JUDGE_GROUP,
+    )
+    response_format: Literal["auto", "json_schema", "json_object", "none"] = option(
+        "auto",
+        "openai judge: how to ask for JSON. json_schema (strict; OpenAI, vLLM, SGLang, "
+        "llama.cpp), json_object with the schema (llama-cpp-python, Ollama), none (schema in the "
+        "prompt); auto tries them in that order until the server takes one",
+        group=JUDGE_GROUP,
+    )
+    concurrency: int = option(
+        8, "openai judge: requests in flight per checker call", group=JUDGE_GROUP
+    )
+    engine_slots: str = option(
+        "auto",
+        "openai judge: requests its server serves at once (not --engine, which is a local "
+        "judge's): all checker calls together send it at most that plus one. auto: what the "
+        "server says (llama.cpp's /props), else what the latencies show; a number; none: no "
+        "limit beyond --concurrency per call",
+        metavar="auto|N|none",
+        group=JUDGE_GROUP,
+    )
+    max_retries: int = option(
+        6, "openai judge: API retries (backoff, Retry-After)", group=JUDGE_GROUP
+    )
+    timeout: float = option(
+        120.0,
+        "openai judge: seconds per API request (a served trace's deadline replaces it)",
+        group=JUDGE_GROUP,
+    )
+    invalid_retries: int = option(
+        2,
+        "openai judge: re-asks after a refusal, a truncated answer or schema-violating JSON",
+        group=JUDGE_GROUP,
+    )
+    no_logprobs: bool = option(
+        False, "openai judge: do not request token log-probabilities", group=JUDGE_GROUP
+    )
+
+    def __post_init__(self) -> None:
+        at_least_one("concurrency", self.concurrency)
+        one_of("response_format", self.response_format, ("auto", *RESPONSE_FORMATS))
+        slots = str(self.engine_slots).strip().lower()
+        if slots not in ("auto", "none") and not (slots.isdigit() and int(slots) > 0):
+            raise ValueError(
+                f"engine_slots must be auto, none or a number, got {self.engine_slots!r}"
+            )
+        more_than_zero("timeout", self.timeout)
+        if self.max_retries < 0 or self.invalid_retries < 0:
+            raise ValueError("max_retries and invalid_retries must be 0 or more")
+        super().__post_init__()
+
+
 class OpenAIJudge(JudgeBackend):
     name = "openai"
+    options_class = OpenAIJudgeOptions
 
     def __init__(
         self,
         model: str,
+        options: OpenAIJudgeOptions | None = None,
         *,
-        base_url: str | None = None,
-        api_key_env: str = DEFAULT_API_KEY_ENV,
-        concurrency: int = 8,
-        max_retries: int = 6,
-        timeout: float = 120.0,
-        invalid_retries: int = 2,
-        temperature: float = 0.0,
-        max_tokens: int = 1024,
-        logprobs: bool = True,
         cache: JudgeCache | None = None,
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
+        temperature: float = 0.0,
         stop_after: int = 3,
-        response_format: str = "auto",
-        engine_slots: str | int = "auto",
     ) -> None:
+        """`options`: its flags; `cache` and `meter` are made from them by `from_spec` (a
+        spec's judge), or given here; `on_result` sees each answer as it arrives;
+        `stop_after` identical failures in a row before any answer worked stop the run."""
         if not model:
             raise ValueError("openai judge needs a model name, e.g. openai:gpt-4.1-mini")
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        options = options or OpenAIJudgeOptions()
+        self.options = options
         self.model = model
-        self.base_url, _ = server_and_key("the openai judge", base_url, api_key_env)
-        self.api_key_env = api_key_env
-        self.concurrency = concurrency
-        self.max_retries = max_retries
-        self.timeout = timeout
-        self.invalid_retries = invalid_retries
-        if response_format not in (*RESPONSE_FORMATS, "auto"):
-            raise ValueError(
-                f"response_format must be auto or one of {', '.join(RESPONSE_FORMATS)}, "
-                f"got {response_format!r}"
-            )
+        self.base_url, _ = server_and_key("the openai judge", options.base_url, options.api_key_env)
+        self.api_key_env = options.api_key_env
+        self.concurrency = options.concurrency
+        self.max_retries = options.max_retries
+        self.timeout = options.timeout
+        self.invalid_retries = options.invalid_retries
         # auto: strict json_schema first; a server that refuses it (llama-cpp-python's answers
         # 500) is asked again with json_object, then with the schema in the prompt alone.
-        self.formats = list(RESPONSE_FORMATS) if response_format == "auto" else [response_format]
-        self.params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
-        self.logprobs = logprobs
+        fmt = options.response_format
+        self.formats = list(RESPONSE_FORMATS) if fmt == "auto" else [fmt]
+        self.params: dict[str, Any] = {
+            "temperature": temperature,
+            "max_tokens": options.max_tokens or DEFAULT_MAX_TOKENS,
+        }
+        self.logprobs = not options.no_logprobs
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
         self.on_result = on_result
@@ -148,14 +211,19 @@ class OpenAIJudge(JudgeBackend):
         self.working = False
         self._schemas: dict[object, dict[str, Any]] = {}  # per answer schema, built once
         # OpenAI's API has no slots to learn and nothing to adapt to; `engine_slots` may say
-        slots = str(engine_slots).strip().lower()
-        if slots not in ("auto", "none") and not (slots.isdigit() and int(slots) > 0):
-            raise ValueError(f"engine_slots must be auto, none or a number, got {engine_slots!r}")
+        slots = str(options.engine_slots).strip().lower()
         self.limit = EngineLimit(adapt=slots == "auto" and self.base_url is not None)
         if slots.isdigit():
             self.limit.learned(int(slots), "--engine-slots")
         self._loop = _JudgeLoop()
         self._probed = slots != "auto" or self.base_url is None
+
+    @classmethod
+    def from_spec(
+        cls, arg: str, options: OpenAIJudgeOptions, *, online: bool = False
+    ) -> OpenAIJudge:
+        """`openai:MODEL` with its answer cache and cost meter made from its options."""
+        return with_cache_and_meter(cls, arg, options)
 
     @property
     def provenance(self) -> dict[str, str | None]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from stepgap.io import ErrorReport, read_models
+from stepgap.options import Options
 from stepgap.schema import Judge, Verdict
 from stepgap.tree import JudgeResult
 
@@ -41,6 +42,11 @@ class ReplayJudge(JudgeBackend):
     def provenance(self) -> dict[str, str | None]:
         """Replayed answers: recorded earlier (by a model, or by hand), no model ran now."""
         return {"spec": f"replay:{self.source}", "note": "replayed: stored answers, no model ran"}
+
+    @classmethod
+    def from_spec(cls, arg: str, options: Options, *, online: bool = False) -> ReplayJudge:
+        """`replay:FILE`: the answers stored in FILE; it takes no options."""
+        return cls.from_file(arg)
 
     @classmethod
     def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayJudge:

@@ -13,7 +13,7 @@ from stepgap.models import check_model_ref, display_ref, explain_load_errors, st
 from stepgap.schema import NLIProbs
 from stepgap.tree import NLIError, Pair
 
-from .base import NLIBackend
+from .base import NLIBackend, NLIOptions
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,13 @@ class HFNLI(NLIBackend):
     Truncation cuts the premise only, never the hypothesis. Column order comes from the
     config's id2label when it names the three labels, otherwise from the probe pairs.
     """
+
+    options_class = NLIOptions
+
+    @classmethod
+    def from_spec(cls, arg: str, options: NLIOptions) -> HFNLI:
+        """`hf:ID_OR_PATH` (or a bare hub id or path) on `options.device`."""
+        return cls(arg, device=options.device)
 
     def __init__(
         self,

@@ -11,11 +11,14 @@ ONNX Runtime itself would fall back to the CPU without a word.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from stepgap.options import option
 from stepgap.tree import Pair
 
+from .base import NLI_GROUP, NLIOptions
 from .hf import HFNLI, labels_from_id2label
 
 ONNX_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_quantized.onnx"}
@@ -43,7 +46,7 @@ def parse_providers(values: Iterable[str] | None) -> list[Provider] | None:
                 key, eq, val = setting.partition("=")
                 if not eq or not key:
                     raise ValueError(
-                        f"--nli-provider {item!r}: provider options are KEY=VALUE after the "
+                        f"nli_provider {item!r}: provider options are KEY=VALUE after the "
                         f"name, e.g. CUDAExecutionProvider:device_id=0; got {setting!r}"
                     )
                 options[key] = val
@@ -100,7 +103,44 @@ def resolve_providers(providers: Sequence[Provider]) -> list[tuple[str, dict[str
     return resolved
 
 
+@dataclass(frozen=True)
+class ONNXNLIOptions(NLIOptions):
+    """The options of `onnx:PATH` (and of a bundle's NLI model): which graph, and on which ONNX
+    Runtime execution providers."""
+
+    nli_precision: Literal["fp32", "int8", "fp16"] | None = option(
+        None,
+        "ONNX NLI (onnx: or a bundle's): which graph (default fp32, a bundle's own)",
+        group=NLI_GROUP,
+    )
+    nli_provider: list[str] | None = option(
+        None,
+        "ONNX NLI (onnx: or a bundle's): ONNX Runtime execution provider(s) in order of "
+        "preference, repeated or a comma list, with provider options after the name, e.g. "
+        "CUDAExecutionProvider:device_id=1,CPUExecutionProvider (default: CUDA if available, "
+        "then CPU); a bundle's parity probe is re-run on them at load",
+        metavar="NAME[:KEY=VALUE...]",
+        group=NLI_GROUP,
+    )
+
+    def __post_init__(self) -> None:
+        parse_providers(self.nli_provider)  # a malformed provider option, said now
+        super().__post_init__()
+
+
 class ONNXNLI(HFNLI):
+    options_class = ONNXNLIOptions
+
+    @classmethod
+    def from_spec(cls, arg: str, options: ONNXNLIOptions) -> ONNXNLI:  # type: ignore[override]
+        """`onnx:PATH`, an exported folder, with its options."""
+        return cls(
+            arg,
+            precision=options.nli_precision or "fp32",
+            providers=parse_providers(options.nli_provider),
+            device=options.device,
+        )
+
     def __init__(
         self,
         path: str | Path,

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from stepgap.io import ErrorReport, read_models
+from stepgap.options import Options
 from stepgap.schema import NLICall, NLIProbs, Verdict
 from stepgap.tree import NLIError, Pair
 
@@ -40,6 +41,11 @@ class ReplayNLI(NLIBackend):
     def provenance(self) -> dict[str, str | None]:
         name = Path(self.source).name if self.source else "verdicts"
         return {"spec": f"replay:{name}", "note": "replayed: stored answers, no model ran"}
+
+    @classmethod
+    def from_spec(cls, arg: str, options: Options) -> ReplayNLI:
+        """`replay:FILE`: the probabilities stored in FILE; it takes no options."""
+        return cls.from_file(arg)
 
     @classmethod
     def from_file(cls, path: str | Path, report: ErrorReport | None = None) -> ReplayNLI:

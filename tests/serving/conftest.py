@@ -13,7 +13,7 @@ import pytest
 
 from stepgap.reward_arithmetic import compute_reward
 from stepgap.serving import StepGapReward
-from stepgap.teacher import Checker, ReplayJudge, ReplayNLI, load_judge, load_nli
+from stepgap.teacher import Checker, ReplayJudge, ReplayNLI, build_judge, load_nli
 from tests.fixtures.judges import CountingJudge
 from tests.fixtures.live_server import LiveServer
 from tests.fixtures.openai_server import FakeOpenAI
@@ -21,7 +21,7 @@ from tests.fixtures.openai_server import FakeOpenAI
 
 @pytest.fixture
 def reward(fake_openai, examples_dir):
-    judge = load_judge("openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0)
+    judge = build_judge("openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0)
     checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
     return StepGapReward(checker)
 
@@ -96,7 +96,7 @@ def inline_reward(any_judge_server, tiny_nli):
     This process's configured reward and inline checkers are reset around each test."""
     from stepgap.serving import inline, process_reward
 
-    judge = load_judge("openai:gpt-4.1-mini", base_url=any_judge_server.base_url, max_retries=0)
+    judge = build_judge("openai:gpt-4.1-mini", base_url=any_judge_server.base_url, max_retries=0)
     inline.reset()
     process_reward.reset()
     yield StepGapReward(Checker(CountingJudge(judge), load_nli(str(tiny_nli))))

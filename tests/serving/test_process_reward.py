@@ -94,25 +94,29 @@ def test_the_tree_and_reward_keys_of_the_file_are_used_and_reward_kwargs_win(rep
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"base_urll": "http://h/v1"}, r"reward\.json:4: base_urll: a reward configuration has no"),
+        (
+            {"base_urll": "http://h/v1"},
+            r"reward\.json:4: base_urll: not a key of a reward configuration; did you mean "
+            r"base_url\?",
+        ),
         ({"api_key": "sk-x"}, r"reward\.json:4: api_key: an API key is never read from a file"),
         (
             {"concurrency": 2.5},
-            r"reward\.json:4: concurrency: Input should be a valid integer \(got 2\.5\)",
+            r"reward\.json:4: concurrency: 2\.5 is not a valid value \(invalid literal for int",
         ),
         (
             {"response_format": "xml"},
-            r"reward\.json:4: response_format: Input should be 'auto', 'json_schema'",
+            r"reward\.json:4: response_format: 'xml' is not one of auto, json_schema",
         ),
-        ({"cache": False}, r"reward\.json:4: cache: Input should be a valid string \(got False\)"),
-        ({"no_cache": "yes"}, r"reward\.json:4: no_cache: Input should be a valid boolean"),
+        ({"cache": False}, r"reward\.json:4: cache: expected text, got false"),
+        ({"no_cache": "yes"}, r"reward\.json:4: no_cache: expected true or false, got 'yes'"),
         (
             {"entail_threshold": "high"},
-            r"reward\.json:4: entail_threshold: Input should be a valid",
+            r"reward\.json:4: entail_threshold: 'high' is not a valid value",
         ),
-        ({"entail_threshold": 1.5}, r"reward\.json: entail_threshold must be in"),
-        ({"variant": "typed"}, r"reward\.json:4: variant: Input should be 'search_only'"),
-        ({"lam": True}, r"reward\.json:4: lam: Input should be a valid number"),
+        ({"entail_threshold": 1.5}, r"reward\.json:4: entail_threshold must be in \(0, 1\]"),
+        ({"variant": "typed"}, r"reward\.json:4: variant: 'typed' is not one of search_only"),
+        ({"lam": True}, r"reward\.json:4: lam: expected a number, got true"),
     ],
 )
 def test_a_key_or_value_the_file_cannot_mean_names_the_file_line_and_key(
@@ -129,7 +133,7 @@ def test_a_key_or_value_the_file_cannot_mean_names_the_file_line_and_key(
     ("text", "message"),
     [
         ('{\n  "judge": "replay:x",\n  "nli": "replay:y",,\n}', r"reward\.json:3: not JSON"),
-        ('["judge", "nli"]', r"reward\.json: expected a JSON object"),
+        ('["judge", "nli"]', r"reward\.json: expected a mapping of option names to values"),
         ('{"judge": "openai:m"}', r"reward\.json: give --judge and --nli, or --bundle"),
     ],
 )

@@ -124,10 +124,10 @@ def test_a_checker_that_fails_every_step_warns_once_at_the_first_batch_with_its_
     """A judge that cannot be reached (every request 401): the reward quietly falling to EM
     alone would look like a working reward in a training log. The first batch logs one warning
     that every check failed, with the first error; later batches only count."""
-    from stepgap.teacher import Checker, ReplayNLI, load_judge
+    from stepgap.teacher import Checker, ReplayNLI, build_judge
 
     fake_openai.always = "401"
-    judge = load_judge("openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0)
+    judge = build_judge("openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0)
     dead = StepGapReward(Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")))
     responses, questions, golden = _inputs(example_traces[:3])
     traces = [dead.trace(r, q, g) for r, q, g in zip(responses, questions, golden, strict=True)]

@@ -18,7 +18,7 @@ import pytest
 
 from stepgap.serving import StepGapReward
 from stepgap.serving.server import create_app
-from stepgap.teacher import Checker, ReplayNLI, load_judge
+from stepgap.teacher import Checker, ReplayNLI, build_judge
 from tests.fixtures.live_server import LiveServer, ServeProcess, _free_port
 from tests.serving.conftest import chat_prompt
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def slow_reward(fake_openai, examples_dir, *, concurrency: int = 8) -> StepGapReward:
-    judge = load_judge(
+    judge = build_judge(
         "openai:gpt-4.1-mini",
         base_url=fake_openai.base_url,
         max_retries=0,
@@ -259,9 +259,9 @@ import os, signal, threading, time
 import httpx
 from stepgap.serving import StepGapReward
 from stepgap.serving.server import serve
-from stepgap.teacher import Checker, ReplayNLI, load_judge
+from stepgap.teacher import Checker, ReplayNLI, build_judge
 
-judge = load_judge("openai:gpt-4.1-mini", base_url={fake_openai.base_url!r}, max_retries=0)
+judge = build_judge("openai:gpt-4.1-mini", base_url={fake_openai.base_url!r}, max_retries=0)
 judge.close = lambda: open({str(closed)!r}, "w").write("closed")
 
 def stop():

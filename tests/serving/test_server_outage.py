@@ -14,7 +14,7 @@ import pytest
 from stepgap.serving import StepGapReward
 from stepgap.serving.reward_function import RewardUnavailable
 from stepgap.serving.server import create_app
-from stepgap.teacher import Checker, ReplayNLI, load_judge
+from stepgap.teacher import Checker, ReplayNLI, build_judge
 from tests.fixtures.live_server import LiveServer
 from tests.serving.conftest import chat_prompt
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _reward(base_url: str, examples_dir, **options) -> StepGapReward:
-    judge = load_judge("openai:gpt-4.1-mini", base_url=base_url, max_retries=0)
+    judge = build_judge("openai:gpt-4.1-mini", base_url=base_url, max_retries=0)
     checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
     return StepGapReward(checker, **options)
 

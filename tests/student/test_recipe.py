@@ -1,4 +1,4 @@
-"""Student recipes: TRL's parser reads them into stepgap's keys, TRL's SFTConfig and ModelConfig;
+"""Student recipes: stepgap's parser (an HfArgumentParser, as TRL's is) reads them into stepgap's keys, TRL's SFTConfig and ModelConfig;
 every shipped YAML parses and documents its keys, and errors name the key and where it was."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stepgap.arguments import parse_sets
 from stepgap.student.recipe import (
     Recipe,
     StudentArguments,
     load_config,
     make_parser,
-    parse_overrides,
 )
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "student" / "configs").glob("*.yaml"))
@@ -72,10 +72,10 @@ def test_any_sftconfig_field_is_a_recipe_key_a_set_and_a_flag(tmp_path):
     assert load_config(recipe, {"seed": 11}).training_args.seed == 11
     argv = ["--config", str(recipe), "--set", "seed=11", "--seed", "12", "--learning_rate", "1e-4",
             "--no_gradient_checkpointing", "--use_rslora", "--resume"]  # fmt: skip
-    script, training, model, options = make_parser().parse_args_and_config(argv)
+    script, training, model, run = make_parser().parse(argv)
     assert training.seed == 12  # the flag over --set over the file
     assert training.learning_rate == 1e-4 and not training.gradient_checkpointing
-    assert model.use_rslora and options.resume and not options.print_config
+    assert model.use_rslora and run.resume
     assert script.dataset == "y" and script.eval_fraction == 0.1  # stepgap's default
 
 
@@ -121,30 +121,31 @@ def test_the_recipes_args_reach_the_trainer(tmp_path, tiny_qwen2, examples_dir, 
 def test_unknown_key_is_an_error_naming_the_file_and_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(MINIMAL + "learning_rte: 0.1\n")
-    with pytest.raises(ValueError, match=rf"^{bad}:4: learning_rte: not a recipe key .*"
-                       r"did you mean learning_rate"):  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^{bad}:4: learning_rte: not a key of a training "
+                       r"recipe .*did you mean learning_rate"):  # fmt: skip
         load_config(bad)
     old = tmp_path / "old.yaml"  # keys an earlier recipe had: TRL names them otherwise
     for key, new in (("model", "model_name_or_path"), ("warmup_ratio", "warmup_steps")):
         old.write_text(f"{MINIMAL}{key}: 0.03\n")
-        with pytest.raises(ValueError, match=rf"old\.yaml:4: {key}: .*TRL names it {new}"):
+        with pytest.raises(ValueError, match=rf"old\.yaml:4: {key}: .*it is named {new}"):
             load_config(old)
     ok = tmp_path / "ok.yaml"
     ok.write_text(MINIMAL)
     with pytest.raises(ValueError, match=r"^--set max_steps: 'many' is not a valid value"):
         load_config(ok, {"max_steps": "many"})
-    with pytest.raises(ValueError, match=r"^--learning_rte: not a recipe key"):
-        make_parser().parse_args_and_config(["--config", str(ok), "--learning_rte", "0.1"])
-    with pytest.raises(ValueError, match=r"argument --max_steps/--max-steps: invalid int"):
-        make_parser().parse_args_and_config(["--config", str(ok), "--max_steps", "many"])
+    with pytest.raises(ValueError, match=r"^unrecognized arguments: --learning_rte \(did you "
+                       r"mean --learning_rate\?\)"):  # fmt: skip
+        make_parser().parse(["--config", str(ok), "--learning_rte", "0.1"])
+    with pytest.raises(ValueError, match=r"argument --max-steps: invalid int"):
+        make_parser().parse(["--config", str(ok), "--max_steps", "many"])
 
 
 def test_overrides_are_yaml_scalars():
-    assert parse_overrides(
+    assert parse_sets(
         ["max_steps=3", "init_adapter=null", "use_cpu=true", "model_name_or_path=a/b"]
     ) == {"max_steps": 3, "init_adapter": None, "use_cpu": True, "model_name_or_path": "a/b"}
     with pytest.raises(ValueError, match="key=value"):
-        parse_overrides(["max_steps"])
+        parse_sets(["max_steps"])
 
 
 def test_a_packaged_recipe_loads_by_name_and_prints_as_a_file(tmp_path, monkeypatch, capsys):
@@ -180,8 +181,8 @@ def test_a_token_key_is_refused_with_where_to_put_it(tmp_path):
     ok.write_text(MINIMAL)
     with pytest.raises(ValueError, match=r"^--set hub_token: a token never goes in a recipe"):
         load_config(ok, {"hub_token": secret})
-    with pytest.raises(ValueError, match=r"^--hub_token: a token never goes") as refused:
-        make_parser().parse_args_and_config(["--config", str(ok), "--hub_token", secret])
+    with pytest.raises(ValueError, match=r"^--hub-token: a token never goes") as refused:
+        make_parser().parse(["--config", str(ok), "--hub_token", secret])
     assert secret not in str(refused.value)
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from stepgap.teacher.judges import (
     JudgeParseError,
+    build_judge,
     judge_json_schema,
-    load_judge,
     parse_judge,
     response_format,
 )
@@ -107,4 +107,4 @@ def test_unknown_key_or_wrong_enum_is_rejected():
 
 def test_load_judge_rejects_unknown_specs():
     with pytest.raises(ValueError, match="unknown judge spec"):
-        load_judge("nope:x")
+        build_judge("nope:x")

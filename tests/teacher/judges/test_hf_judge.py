@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stepgap.schema import Judge
-from stepgap.teacher.judges import JudgeCache, load_judge
+from stepgap.teacher.judges import JudgeCache, build_judge
 from stepgap.teacher.judges.constrained import judge_regex
 from stepgap.teacher.judges.decoding import auto_batch_size
 from stepgap.teacher.judges.hf import HFJudge
@@ -28,7 +28,7 @@ def requests_(example_traces):
 def test_constrained_decoding_gives_schema_valid_judges_from_random_weights(
     tiny_qwen2, requests_, tmp_path
 ):
-    judge = load_judge(
+    judge = build_judge(
         f"hf:{tiny_qwen2}",
         max_string_chars=12,
         max_new_tokens=300,
@@ -266,7 +266,7 @@ def test_batch_by_memory_takes_more_rows_on_a_gpu(tiny_qwen2, monkeypatch):
 
 
 def test_unconstrained_random_model_failures_are_reported_not_guessed(tiny_qwen2, requests_):
-    judge = load_judge(f"hf:{tiny_qwen2}", constrained=False, max_new_tokens=16)
+    judge = build_judge(f"hf:{tiny_qwen2}", constrained=False, max_new_tokens=16)
     results = judge.judge(requests_[:3])
     assert all(r.judge is None for r in results)
     assert all("truncated" in r.error or "not JSON" in r.error for r in results)
@@ -282,7 +282,7 @@ def test_regex_caps_free_text_only():
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="model folder not found"):
-        load_judge(f"hf:{tmp_path / 'nope'}")
+        build_judge(f"hf:{tmp_path / 'nope'}")
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
-from stepgap.teacher.judges import CostMeter, JudgeCache, JudgeConfigError, load_judge
+from stepgap.teacher.judges import CostMeter, JudgeCache, JudgeConfigError, build_judge
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -17,7 +17,9 @@ def _judge(server, tmp_path, **kw):
         base_url=server.base_url, max_retries=2, timeout=1.0, concurrency=4, invalid_retries=2
     )
     options.update(kw)
-    return load_judge("openai:gpt-4.1-mini", cache=JudgeCache(tmp_path / "cache.sqlite"), **options)
+    return build_judge(
+        "openai:gpt-4.1-mini", cache=JudgeCache(tmp_path / "cache.sqlite"), **options
+    )
 
 
 def _run(judge, traces, examples_dir):
@@ -136,7 +138,7 @@ def test_missing_key_without_base_url_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(JudgeConfigError, match=r"\$OPENAI_API_KEY"):
-        load_judge("openai:gpt-4.1-mini")
+        build_judge("openai:gpt-4.1-mini")
 
 
 def test_a_judge_that_fails_to_build_leaves_no_cache_file(monkeypatch, tmp_path):
@@ -215,7 +217,7 @@ def test_a_fixed_response_format_is_never_changed(
         _run(judge, example_traces, examples_dir)
     assert set(fake_openai.formats_seen) == {"json_schema"} and len(fake_openai.formats_seen) == 3
     with pytest.raises(ValueError, match="response_format must be"):
-        load_judge("openai:m", base_url="http://x", response_format="yaml")
+        build_judge("openai:m", base_url="http://x", response_format="yaml")
 
 
 def test_a_completion_is_read_from_the_answer_json_and_a_bad_body_is_a_problem():
