@@ -111,11 +111,13 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
 def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_path):
     """The judge section's time budget: a cb run past its deadline stops inside the engine
     (no hang on its pending requests) and hands the model back for a later run."""
-    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
     from tests.fixtures.models import build_qwen2
 
     bench = _judge_bench()
-    judge = HFJudge(str(build_qwen2(tmp_path / "m", hidden=128)), engine="hf", max_new_tokens=8)
+    judge = HFJudge(
+        str(build_qwen2(tmp_path / "m", hidden=128)), HFJudgeOptions(engine="hf", max_tokens=8)
+    )
     attention = judge.model.config._attn_implementation
     requests = bench.workload(str(REPO / "examples" / "traces.jsonl"), 3)
     with pytest.raises(RuntimeError, match="no token came back before the deadline"):
@@ -134,11 +136,11 @@ def test_model_step_times_both_attentions_and_reports_grouped_heads_that_fail(
     on the judge's model as it was after; where grouped heads cannot run (a device's kernels),
     it says why and keeps the other figures, so a GPU run is not lost to it."""
     import stepgap.teacher.judges.decoding as decoding
-    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
     from tests.fixtures.models import build_qwen2
 
     bench = _judge_bench()
-    judge = HFJudge(str(build_qwen2(tmp_path / "m")), engine="hf", max_new_tokens=8)
+    judge = HFJudge(str(build_qwen2(tmp_path / "m")), HFJudgeOptions(engine="hf", max_tokens=8))
     step = bench.model_step(judge.model, batch=2, context=16, steps=2)
     assert step["attention"] == decoding.GROUPED_SDPA == judge.model.config._attn_implementation
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0

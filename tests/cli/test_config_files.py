@@ -85,8 +85,11 @@ def test_print_config_round_trips_and_runs_nothing(tmp_path, capsys):
         ("entail_threshold: lots\n", "bad.yaml:1: entail_threshold: 'lots' is not a valid value"),
         ("\n\nablate: B\n", "bad.yaml:3: ablate: 'B' is not one of A, E"),
         ("- a\n- b\n", "expected a mapping of option names to values"),
-        ("input: a.jsonl\nentail_treshold: 0.3\n", "bad.yaml:2: entail_treshold: not a key of "
-         "`stepgap relabel`; did you mean entail_threshold?"),  # fmt: skip
+        (
+            "input: a.jsonl\nentail_treshold: 0.3\n",
+            "bad.yaml:2: entail_treshold: not a key of "
+            "`stepgap relabel`; did you mean entail_threshold?",
+        ),  # fmt: skip
         ("input: [a, b]\n", "bad.yaml:1: input: expected a single value"),
         ("errors: {x: 1}\n", "bad.yaml:1: errors: expected a single value"),
     ],
@@ -155,7 +158,10 @@ def test_what_print_config_prints_every_command_reads_back(tmp_path, capsys):
     for name, command in commands().items():
         if command.parser is not None:  # train: the recipe's keys (tests/student/test_recipe.py)
             continue
-        assert command.make_parser().parse([*_required(command.make_parser()), "--print-config"]) is None
+        assert (
+            command.make_parser().parse([*_required(command.make_parser()), "--print-config"])
+            is None
+        )
         printed = capsys.readouterr().out
         again = tmp_path / f"{name}.yaml"
         again.write_text(printed)

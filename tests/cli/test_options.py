@@ -103,7 +103,9 @@ def test_a_count_below_one_is_its_flags_one_line_error(tmp_path, capsys):
     assert main([*base, "--config", str(config)]) == 2
     assert f"{config}:1: kv_cache_gib must be more than 0" in capsys.readouterr().err
     parser = commands()["check"].make_parser()
-    assert parser.parse([*base[1:], "--batch-size", "3", "--kv-cache-gib", "1.5"])[0].batch_size == 3
+    assert (
+        parser.parse([*base[1:], "--batch-size", "3", "--kv-cache-gib", "1.5"])[0].batch_size == 3
+    )
 
 
 def test_a_judge_flag_its_judge_does_not_take_is_named_as_a_flag(tmp_path, capsys):

@@ -18,6 +18,7 @@ from stepgap.cli import main
 from stepgap.export.bundle import BundleError, export_bundle, verify_bundle
 from stepgap.student.judge import StudentJudge
 from stepgap.teacher import Checker, load_nli
+from stepgap.teacher.judges.hf import StudentJudgeOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,9 @@ def bundles(tiny_student, tiny_nli, tmp_path_factory, examples_dir):
 @pytest.fixture(scope="module")
 def in_memory(tiny_student, tiny_nli, example_traces):
     adapter, _ = tiny_student
-    checker = Checker(StudentJudge(str(adapter), batch_size=8), load_nli(str(tiny_nli)))
+    checker = Checker(
+        StudentJudge(str(adapter), StudentJudgeOptions(judge_batch_size=8)), load_nli(str(tiny_nli))
+    )
     return [v for vs in checker.check(example_traces) for v in vs]
 
 
@@ -309,7 +312,7 @@ def student_answers(tiny_student, example_traces) -> dict[str, dict]:
 
     adapter, _ = tiny_student
     requests = [r for t in example_traces for r in build_requests(t.id, t.question, t.steps)]
-    results = StudentJudge(str(adapter), batch_size=8).judge(requests)
+    results = StudentJudge(str(adapter), StudentJudgeOptions(judge_batch_size=8)).judge(requests)
     answers = {
         prompt_key(q.messages): {**r.judge.model_dump(), **r.extra}
         for q, r in zip(requests, results, strict=True)

@@ -11,6 +11,8 @@ from stepgap.schema import LABELS
 from stepgap.student.judge import StudentJudge, is_adapter
 from stepgap.teacher.judges.base import JudgeParseError, judge_json_schema
 from stepgap.teacher.judges.constrained import judge_regex
+from stepgap.teacher.judges.hf import StudentJudgeOptions
+from stepgap.teacher.judges.openai_api import OpenAIJudgeOptions
 from stepgap.tree import PATH_TOKENS
 
 
@@ -120,7 +122,9 @@ def test_a_tiny_student_trained_on_the_compact_target_writes_and_parses_it(
     settings = {"output_dir": str(out), "dataset": str(data), "max_steps": 6}
     train(load_config(TINY, {**settings, "max_train_examples": 12}))
     assert student_meta(out)["target"] == "compact"
-    judge = StudentJudge(str(out), batch_size=8, max_new_tokens=256, max_string_chars=60)
+    judge = StudentJudge(
+        str(out), StudentJudgeOptions(judge_batch_size=8, max_tokens=256, max_string_chars=60)
+    )
     assert judge.target == "compact" and judge.schema() == student_json_schema("compact")
     requests = [r for t in example_traces[:3] for r in build_requests(t.id, t.question, t.steps)]
     results = judge.judge(requests)
@@ -182,6 +186,8 @@ def test_a_served_student_without_a_readable_tokenizer_is_asked_unchecked(tmp_pa
     from stepgap.student.judge import ServedStudentJudge
 
     (tmp_path / "tokenizer_config.json").write_text("{}")
-    judge = ServedStudentJudge("m", base_url="http://127.0.0.1:9/v1", tokenizer=str(tmp_path))
+    judge = ServedStudentJudge(
+        "m", OpenAIJudgeOptions(base_url="http://127.0.0.1:9/v1"), tokenizer=str(tmp_path)
+    )
     assert judge.tokenizer is None and judge.tokens_checked
     assert "the served student's tokens are not checked" in caplog.text

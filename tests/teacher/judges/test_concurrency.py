@@ -12,7 +12,7 @@ import pytest
 
 from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
-from stepgap.teacher.judges.openai_api import OpenAIJudge
+from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
 from stepgap.teacher.prompt import build_requests
 from tests.fixtures.openai_server import FakeOpenAI
 
@@ -120,7 +120,9 @@ def test_the_judge_never_oversubscribes_an_engine_and_cancels_nothing(
     server = FakeOpenAI(answers=dict(example_answers), slots=2, props=props, latency=0.3)
     server.start()
     try:
-        judge = OpenAIJudge("m", base_url=server.base_url, concurrency=8, timeout=5.0)
+        judge = OpenAIJudge(
+            "m", OpenAIJudgeOptions(base_url=server.base_url, concurrency=8, timeout=5.0)
+        )
         results = judge.judge(_requests(example_traces))
         assert all(r.judge is not None for r in results)
         assert server.max_serving <= 2
@@ -149,7 +151,9 @@ def test_an_engine_that_batches_continuously_is_not_throttled_by_its_latencies(
     server = FakeOpenAI(answers=dict(example_answers), slots=2, latency=0.2, owned_by="vllm")
     server.start()
     try:
-        judge = OpenAIJudge("m", base_url=server.base_url, concurrency=8, timeout=5.0)
+        judge = OpenAIJudge(
+            "m", OpenAIJudgeOptions(base_url=server.base_url, concurrency=8, timeout=5.0)
+        )
         results = judge.judge(_requests(example_traces))
         assert all(r.judge is not None for r in results)
         assert judge.limit.limit is None and not judge.limit.adapt
@@ -164,7 +168,9 @@ def test_a_request_past_its_deadline_is_not_sent_and_a_cancel_closes_those_in_fl
     server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
     server.start()
     try:
-        judge = OpenAIJudge("m", base_url=server.base_url, concurrency=8, timeout=60.0)
+        judge = OpenAIJudge(
+            "m", OpenAIJudgeOptions(base_url=server.base_url, concurrency=8, timeout=60.0)
+        )
         judge.working = True
         requests = _requests(example_traces[:1])
         passed = TraceDeadline(time.monotonic() - 1)
@@ -203,7 +209,9 @@ def test_the_requests_time_out_at_the_traces_deadline_not_after_the_fixed_timeou
     server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
     server.start()
     try:
-        judge = OpenAIJudge("m", base_url=server.base_url, timeout=60.0, max_retries=3)
+        judge = OpenAIJudge(
+            "m", OpenAIJudgeOptions(base_url=server.base_url, timeout=60.0, max_retries=3)
+        )
         judge.working = True
         (request,) = _requests(example_traces[:1])[:1]
         request.deadline = TraceDeadline(time.monotonic() + 1.0)
@@ -225,7 +233,7 @@ def test_stop_closes_the_calls_requests_in_flight(example_answers, example_trace
     server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
     server.start()
     try:
-        judge = OpenAIJudge("m", base_url=server.base_url, timeout=60.0)
+        judge = OpenAIJudge("m", OpenAIJudgeOptions(base_url=server.base_url, timeout=60.0))
         judge.working = True
         stop = threading.Event()
         requests = _requests(example_traces[:2])

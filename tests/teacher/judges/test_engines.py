@@ -143,12 +143,12 @@ def test_a_merged_folder_is_written_once_and_never_half(tmp_path, monkeypatch):
 def test_a_kv_cache_of_no_size_is_refused_before_any_engine_starts(vllm_on, monkeypatch):
     """From Python (a reward built in the trainer) as from the flags: vLLM would start, then
     fail naming its GPU memory share instead."""
-    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
 
     monkeypatch.setattr(vllm_engine, "vllm_device", lambda: pytest.fail("looked for vLLM"))
     for size in (0, -1.0, float("nan")):
-        with pytest.raises(ValueError, match="kv_cache_gib must be more than 0 GiB"):
-            HFJudge("unused", engine="vllm", kv_cache_gib=size)
+        with pytest.raises(ValueError, match="kv_cache_gib must be more than 0, got"):
+            HFJudge("unused", HFJudgeOptions(engine="vllm", kv_cache_gib=size))
 
 
 def test_a_string_cap_on_vllm_is_warned_of(vllm_on, tiny_qwen2, monkeypatch, caplog):
@@ -160,15 +160,15 @@ def test_a_string_cap_on_vllm_is_warned_of(vllm_on, tiny_qwen2, monkeypatch, cap
     vllm_on("cpu")
     started = []
     monkeypatch.setattr(hf, "VLLMEngine", lambda args: started.append(args) or object())
-    hf.HFJudge(str(tiny_qwen2), engine="vllm", max_string_chars=40)
+    hf.HFJudge(str(tiny_qwen2), hf.HFJudgeOptions(engine="vllm", max_string_chars=40))
     assert len(started) == 1
     warned = [
         r.getMessage() for r in caplog.records if "max_string_chars=40 on vLLM" in r.getMessage()
     ]
     assert len(warned) == 1 and "leave it unset on vLLM" in warned[0]
     caplog.clear()
-    hf.HFJudge(str(tiny_qwen2), engine="vllm")
-    hf.HFJudge(str(tiny_qwen2), engine="hf", max_string_chars=40)
+    hf.HFJudge(str(tiny_qwen2), hf.HFJudgeOptions(engine="vllm"))
+    hf.HFJudge(str(tiny_qwen2), hf.HFJudgeOptions(engine="hf", max_string_chars=40))
     assert "on vLLM" not in caplog.text
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from stepgap.schema import Judge
-from stepgap.teacher.judges import JudgeCache, build_judge
+from stepgap.teacher.judges import build_judge
 from stepgap.teacher.judges.constrained import judge_regex
 from stepgap.teacher.judges.decoding import auto_batch_size
-from stepgap.teacher.judges.hf import HFJudge
+from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
 from stepgap.teacher.prompt import build_requests
 from tests.fixtures.models import smollm2_gguf
 
@@ -31,9 +31,9 @@ def test_constrained_decoding_gives_schema_valid_judges_from_random_weights(
     judge = build_judge(
         f"hf:{tiny_qwen2}",
         max_string_chars=12,
-        max_new_tokens=300,
-        batch_size=4,
-        cache=JudgeCache(tmp_path / "c.sqlite"),
+        max_tokens=300,
+        judge_batch_size=4,
+        cache=str(tmp_path / "c.sqlite"),
     )
     results = judge.judge(requests_)
     assert len(results) == len(requests_) == 6
@@ -58,7 +58,7 @@ def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_, monkey
     up to float rounding."""
     from stepgap.teacher.judges import kv_cache
 
-    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300)
+    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=300))
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
     judge.decoding = "generate"
     plain = [judge.generate_ids([p])[0] for p in prompts]
@@ -100,7 +100,7 @@ def test_a_decode_forward_computes_each_rows_last_logits_only(tiny_qwen2, reques
     so its rows differ in length: they are left-padded, every row ends at the forward's last
     position, and the model computes the logits of that position alone, not a vocabulary's
     worth per forced token (Qwen2.5's 152K a token, which the loop then had to gather from)."""
-    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=120)
+    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=120))
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
     forwards = []
     real = judge.model.forward
@@ -136,7 +136,7 @@ def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
 
     from stepgap.teacher.judges.decoding import GROUPED_SDPA
 
-    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=40)
+    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=40))
     assert judge.model.config._attn_implementation == GROUPED_SDPA
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
     assert len({len(p) for p in prompts}) > 1  # rows of other lengths: padded
@@ -163,7 +163,9 @@ def test_static_cache_decoding_pads_batches_to_few_shapes_and_answers_as_the_loo
     loop's."""
     from stepgap.teacher.judges.decoding import STATIC_WIDTH, Decoded, GreedyDecoder
 
-    judge = HFJudge(str(tiny_qwen2), max_string_chars=6, max_new_tokens=300, batch_size=4)
+    judge = HFJudge(
+        str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=300, judge_batch_size=4)
+    )
     loop = judge.judge(requests_[:3])
     shapes = []
     plain = GreedyDecoder._decode_plain
@@ -232,11 +234,11 @@ def test_the_package_decoders_on_cuda_decode_without_cudnn_attention_and_generat
 
 
 def test_batch_by_memory_shrinks_with_longer_rows(tiny_qwen2):
-    judge = HFJudge(str(tiny_qwen2), constrained=False)
+    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(unconstrained=True))
     short, long = auto_batch_size(judge.model, 100), auto_batch_size(judge.model, 10**8)
     assert 1 <= long < short <= 64
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
-        HFJudge(str(tiny_qwen2), batch_size=0)
+        HFJudge(str(tiny_qwen2), HFJudgeOptions(judge_batch_size=0))
 
 
 def test_batch_by_memory_takes_more_rows_on_a_gpu(tiny_qwen2, monkeypatch):
@@ -247,7 +249,7 @@ def test_batch_by_memory_takes_more_rows_on_a_gpu(tiny_qwen2, monkeypatch):
 
     from stepgap.teacher.judges import decoding
 
-    judge = HFJudge(str(tiny_qwen2), constrained=False)
+    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(unconstrained=True))
     assert auto_batch_size(judge.model, 100) == decoding.CPU_ROWS == 64
     assert auto_batch_size(judge.model, 100, cap=300) == 300  # the machine's memory allows it
     free: list[int] = [10**12]
@@ -266,7 +268,7 @@ def test_batch_by_memory_takes_more_rows_on_a_gpu(tiny_qwen2, monkeypatch):
 
 
 def test_unconstrained_random_model_failures_are_reported_not_guessed(tiny_qwen2, requests_):
-    judge = build_judge(f"hf:{tiny_qwen2}", constrained=False, max_new_tokens=16)
+    judge = build_judge(f"hf:{tiny_qwen2}", unconstrained=True, max_tokens=16, no_cache=True)
     results = judge.judge(requests_[:3])
     assert all(r.judge is None for r in results)
     assert all("truncated" in r.error or "not JSON" in r.error for r in results)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepgap.teacher import Checker, ReplayJudge, ReplayNLI
-from stepgap.teacher.judges import CostMeter, JudgeCache, JudgeConfigError, build_judge
+from stepgap.teacher.judges import CostMeter, JudgeConfigError, build_judge
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -17,9 +17,7 @@ def _judge(server, tmp_path, **kw):
         base_url=server.base_url, max_retries=2, timeout=1.0, concurrency=4, invalid_retries=2
     )
     options.update(kw)
-    return build_judge(
-        "openai:gpt-4.1-mini", cache=JudgeCache(tmp_path / "cache.sqlite"), **options
-    )
+    return build_judge("openai:gpt-4.1-mini", cache=str(tmp_path / "cache.sqlite"), **options)
 
 
 def _run(judge, traces, examples_dir):
@@ -142,7 +140,6 @@ def test_missing_key_without_base_url_is_a_clear_error(monkeypatch):
 
 
 def test_a_judge_that_fails_to_build_leaves_no_cache_file(monkeypatch, tmp_path):
-    from stepgap.teacher.build import build_judge
 
     cache = tmp_path / "cache" / "judge-cache.sqlite"
     monkeypatch.setenv("STEPGAP_CACHE", str(cache))
@@ -282,12 +279,16 @@ def test_the_judge_and_a_policy_read_their_key_from_the_environment_only(monkeyp
     """One set-up for every OpenAI client: OpenAI's own server needs the key's variable set;
     a server given by URL needs none; the message names the variable, never a value."""
     from stepgap.data_builders.policies import OpenAIPolicy
-    from stepgap.teacher.judges.openai_api import MissingAPIKeyError, OpenAIJudge
+    from stepgap.teacher.judges.openai_api import (
+        MissingAPIKeyError,
+        OpenAIJudge,
+        OpenAIJudgeOptions,
+    )
 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("MY_KEY", raising=False)
     for make in (
-        lambda: OpenAIJudge("gpt-4.1-mini", api_key_env="MY_KEY"),
+        lambda: OpenAIJudge("gpt-4.1-mini", OpenAIJudgeOptions(api_key_env="MY_KEY")),
         lambda: OpenAIPolicy("gpt-4.1-mini", api_key_env="MY_KEY"),
     ):
         with pytest.raises(MissingAPIKeyError, match=r"reads its API key from \$MY_KEY"):
@@ -296,7 +297,10 @@ def test_the_judge_and_a_policy_read_their_key_from_the_environment_only(monkeyp
     assert str(policy.client.base_url).startswith("http://127.0.0.1:9/v1")
     monkeypatch.setenv("MY_KEY", "sk-test")
     assert OpenAIPolicy("m", api_key_env="MY_KEY").client.api_key == "sk-test"
-    assert OpenAIJudge("m", api_key_env="MY_KEY")._new_client().api_key == "sk-test"
+    assert (
+        OpenAIJudge("m", OpenAIJudgeOptions(api_key_env="MY_KEY"))._new_client().api_key
+        == "sk-test"
+    )
 
 
 def test_the_test_server_takes_a_client_that_resets_without_a_traceback(capfd):
