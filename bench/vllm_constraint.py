@@ -47,9 +47,7 @@ def one(
     sys.path.insert(0, str(REPO / "bench"))  # the judge bench's workload
     from judge_throughput import workload
 
-    judge = HFJudge(
-        model, HFJudgeOptions(engine="hf", max_tokens=320, max_string_chars=max_chars)
-    )
+    judge = HFJudge(model, HFJudgeOptions(engine="hf", max_tokens=320, max_string_chars=max_chars))
     prompts = [
         {"prompt_token_ids": judge.prompt_ids(r)}
         for r in workload(str(REPO / "examples" / "traces.jsonl"), steps)

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from stepgap.io import ErrorReport, _iter_rows, read_records, refuse_other_format
+from stepgap.schema import to_plain
 
 # The reader of the templates' last line (the reward and the data builders ask it).
 _QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|<\|im_end\|>|$)", re.DOTALL)
@@ -103,8 +104,7 @@ def _first(row: dict[str, Any], paths: tuple[str, ...]) -> tuple[str | None, Any
 def _answers(value: Any) -> list[str] | None:
     if value is None:
         return []
-    if hasattr(value, "tolist") and not isinstance(value, str):
-        value = value.tolist()  # numpy arrays from parquet
+    value = to_plain(value)  # numpy arrays from parquet
     if isinstance(value, str | int | float) and not isinstance(value, bool):
         return [str(value)]
     if isinstance(value, list | tuple) and all(isinstance(a, str | int | float) for a in value):
@@ -113,8 +113,7 @@ def _answers(value: Any) -> list[str] | None:
 
 
 def _prompt_messages(value: Any) -> list[dict[str, str]] | None:
-    if hasattr(value, "tolist"):
-        value = value.tolist()
+    value = to_plain(value)
     if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
         if all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
             return [{"role": m["role"], "content": m["content"]} for m in value]

@@ -25,8 +25,8 @@ from stepgap.student.judge import ServedStudentJudge, StudentJudge, student_meta
 from stepgap.teacher.build import CheckerConfig
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges import JudgeBackend
-from stepgap.teacher.judges.base import with_cache_and_meter
 from stepgap.teacher.judges.hf import StudentJudgeOptions
+from stepgap.teacher.judges.model_judge import with_cache_and_meter
 from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
 from stepgap.teacher.nli.onnx import ONNXNLI, ONNXNLIOptions, parse_providers
 from stepgap.tree import TreeConfig

@@ -8,6 +8,7 @@ from typing import Any
 
 from stepgap.data_builders.qa import question_line
 from stepgap.data_builders.rollout_formats import tool_call_text, tool_response_text
+from stepgap.schema import to_plain
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -74,7 +75,7 @@ def golden_list(value: Any) -> list[str]:
         )
     if isinstance(value, str):
         return [value]
-    if isinstance(value, Sequence) or hasattr(value, "tolist"):
-        items = value.tolist() if hasattr(value, "tolist") else list(value)
-        return [str(x) for x in items]
+    value = to_plain(value)
+    if isinstance(value, Sequence):
+        return [str(x) for x in value]
     raise ValueError(f"cannot read golden answers from {type(value).__name__}")

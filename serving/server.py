@@ -86,7 +86,7 @@ def create_app(
     """The FastAPI app (see the module docstring); `max_inflight` defaults to
     `default_inflight(reward)`, `view_keep` bounds how many checked traces `GET /view` keeps.
     Its parts are `app.state.stepgap` (`routes.ServerState`)."""
-    from fastapi import FastAPI
+    from fastapi_offline import FastAPIOffline
 
     from stepgap import __version__
 
@@ -128,7 +128,9 @@ def create_app(
         if inline is not None:  # the steps not yet sent are dropped: nobody waits for them
             inline.close(wait=False)
 
-    app = FastAPI(
+    # /docs and /redoc from the Swagger UI and ReDoc files a package ships: they need no
+    # network, where FastAPI's own load them from a CDN (a blank page on a cluster without one)
+    app = FastAPIOffline(
         title="stepgap",
         version=__version__,
         description="Step-level gap checking (CC / IE / MB) and the typed GRPO process reward, "

@@ -38,17 +38,16 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 
-
 class DefaultsFormatter(argparse.HelpFormatter):
     """`--help` shows each flag's default, when it has a meaningful one, and a flag once, as
-    users write it (`--batch-size`; `--batch_size` is taken too)."""
+    its parser writes it (`--batch-size` for stepgap's commands, `--learning_rate` for TRL's
+    keys; the other spelling is taken too)."""
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
-        shown = [
-            s
-            for s in action.option_strings
-            if not ("_" in s and s.replace("_", "-") in action.option_strings)
-        ]
+        shown: list[str] = []
+        for flag in action.option_strings:  # a flag's `_`/`-` twin after it is not shown
+            if flag.replace("_", "-") not in {f.replace("_", "-") for f in shown}:
+                shown.append(flag)
         if shown == action.option_strings:
             return super()._format_action_invocation(action)
         twin = copy.copy(action)
@@ -74,7 +73,7 @@ class _Extend(argparse.Action):
     the default (a configuration file's list), later uses add to it."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
-        current = getattr(namespace, self.dest, None)
+        current = getattr(namespace, self.dest)  # its default, set as parsing began
         items = [] if current is None or current is self.default else list(current)
         items.extend(values)
         setattr(namespace, self.dest, items)
@@ -144,9 +143,8 @@ class ArgumentParser(HfArgumentParser):
         """argparse's, reading stepgap's field metadata: `group`, `positional`; boolean flags
         without a value and list flags that may be repeated (see the class docstring)."""
         group = kwargs.pop("group", None)
-        names = tuple(
-            sorted(names, key=lambda n: "_" in n)
-        )  # `--batch-size` first: the usage line's
+        if not self.flags_take_values:  # `--batch-size` first, as usage and help show it
+            names = tuple(sorted(names, key=lambda n: "_" in n))
         if kwargs.pop("positional", False):
             dest = names[0].lstrip("-")
             kwargs.pop("required", None)
@@ -260,9 +258,8 @@ class ArgumentParser(HfArgumentParser):
 
     @staticmethod
     def _flag(action: argparse.Action) -> str:
-        """The flag of an action as users write it (`--batch-size` over `--batch_size`)."""
-        flags = [f for f in action.option_strings if f.startswith("--")] or action.option_strings
-        return next((f for f in flags if "-" in f[2:]), flags[0]) if flags else action.dest
+        """The flag of an action as its help shows it (`--batch-size`, TRL's `--max_steps`)."""
+        return action.option_strings[0] if action.option_strings else action.dest
 
     # ------------------------------------------------------------------ values from files
 
@@ -503,7 +500,7 @@ def key_lines(text: str) -> dict[str, int]:
         return {}
     if not isinstance(node, yaml.MappingNode):
         return {}
-    return {k.value: k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
 
 
 def nearest_name(name: str, known: Iterable[str], cutoff: float = 0.75) -> str | None:

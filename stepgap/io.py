@@ -508,6 +508,19 @@ def resume_keys(path: str | Path, what: str, key: Callable[[dict[str, Any]], K])
     return keys
 
 
+def write_parquet(output: str | Path, records: Iterable[BaseModel], *inputs: str | Path) -> int:
+    """Records as the rows of one Parquet file (nested fields as Arrow structs and lists),
+    written whole in place of `output` (`replacing`); returns the rows written. The readers
+    take it back (`read_records`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [r.model_dump(mode="json", exclude_none=False) for r in records]
+    with replacing(output, *inputs) as target:
+        pq.write_table(pa.Table.from_pylist(rows), target)
+    return len(rows)
+
+
 class JsonlWriter:
     """Writes JSON lines, flushing each one.
 
@@ -524,6 +537,11 @@ class JsonlWriter:
         append: bool = False,
         fsync: bool = False,
     ) -> None:
+        if Path(path).suffix.lower() in PARQUET_SUFFIXES:
+            raise ValueError(
+                f"{path}: a Parquet name, but this command writes JSON Lines: name it .jsonl "
+                "(`stepgap segment` writes Parquet)"
+            )
         self._fsync = fsync
         self._replacing: contextlib.AbstractContextManager[Path] | None = None
         if append:

@@ -162,7 +162,8 @@ def model_identity(ref: str, model: Any = None) -> str:
                     fh.seek(-(1 << 20), os.SEEK_END)
                     digest.update(fh.read())
         return f"files:{digest.hexdigest()[:16]}"
-    commit = getattr(getattr(model, "config", None), "_commit_hash", None)
+    # a config of some transformers versions keeps the commit it was loaded at, others not
+    commit = getattr(model.config, "_commit_hash", None) if model is not None else None
     return f"{ref}@{commit}" if commit else ref
 
 

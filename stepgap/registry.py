@@ -25,6 +25,7 @@ from abc import ABC
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from types import FunctionType
 from typing import Any, ClassVar, Generic, TypeVar
 
 from stepgap.options import Options
@@ -182,7 +183,7 @@ class Registry(Generic[B]):
             raise UnknownBackendError(f"no {self.what} backend {name!r} in {self.group}")
         found = resolve(entry)
         if not (isinstance(found, type) and issubclass(found, self.interface)):
-            shown = getattr(found, "__name__", repr(found))  # a plug-in's entry: any object
+            shown = found.__name__ if isinstance(found, type | FunctionType) else repr(found)
             raise BackendTypeError(
                 f"the {self.what} backend {name!r} is {shown}, which is not a subclass of "
                 f"{self.interface.__module__}.{self.interface.__name__}: subclass it"

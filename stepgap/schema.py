@@ -26,6 +26,14 @@ REPAIRS: dict[str, str] = {
 }
 
 
+def to_plain(value: Any) -> Any:
+    """A numpy array or scalar (a Parquet column's value, a Ray or veRL batch's) as plain
+    Python lists and numbers; anything else as it is."""
+    import numpy as np
+
+    return value.tolist() if isinstance(value, np.ndarray | np.generic) else value
+
+
 class Snippet(BaseModel):
     """One retrieved document: Search-R1's `Doc N(Title: T) text` item."""
 
@@ -78,9 +86,7 @@ class Trace(BaseModel):
     def _wrap_single_answer(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [value]
-        if value is not None and not isinstance(value, (list, tuple)) and hasattr(value, "tolist"):
-            return value.tolist()  # numpy arrays from parquet
-        return value
+        return to_plain(value)  # numpy arrays from parquet
 
     @model_validator(mode="after")
     def _has_content(self) -> Trace:

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepgap.io import ErrorReport, JsonlWriter, UnreadableFileError, read_models
+from stepgap.io import (
+    PARQUET_SUFFIXES,
+    ErrorReport,
+    JsonlWriter,
+    UnreadableFileError,
+    check_output,
+    read_models,
+    write_parquet,
+)
 from stepgap.schema import Snippet, Step, Trace
 from stepgap.tags import ACTIONS, EVIDENCE, OPEN, TAG, closing
 
@@ -265,10 +273,14 @@ def iter_traces(
 def segment_file(
     input_path: str | Path, output: str | Path, report: ErrorReport | None = None
 ) -> int:
-    """Segment every trace of `input_path` into `output` (JSONL); returns the traces written.
+    """Segment every trace of `input_path` into `output` (JSONL, or Parquet for a `.parquet`
+    name); returns the traces written.
 
     Bad records go to `report` (file, line, field, reason) and never stop the rest of the file.
     """
+    if Path(output).suffix.lower() in PARQUET_SUFFIXES:
+        check_output(output, input_path)
+        return write_parquet(output, iter_traces(input_path, report), input_path)
     n = 0
     with JsonlWriter(output, input_path) as out:
         for trace in iter_traces(input_path, report):

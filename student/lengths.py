@@ -9,6 +9,7 @@ metrics, and a set where any target would be cut is refused with the length it n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,7 +52,7 @@ class LengthReport:
 
 def _ids(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
     out = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
-    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+    return list(out["input_ids"] if isinstance(out, Mapping) else out)  # a BatchEncoding
 
 
 def measure(tokenizer: Any, split: Any, max_length: int, name: str = "train") -> LengthReport:

@@ -143,6 +143,7 @@ class RecipeParser(ArgumentParser):
         config, sets, rest = self.run_flags(argv)
         if (
             config is None
+            and not {"-h", "--help"} & set(rest)
             and not any(s.startswith("dataset=") for s in sets)
             and not any(t == "--dataset" or t.startswith("--dataset=") for t in rest)
         ):

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from stepgap.schema import Trace, Verdict
+from stepgap.schema import Trace, Verdict, to_plain
 from stepgap.segment import segment_trace
 
 from .build import CheckerConfig
@@ -66,8 +66,7 @@ def _traces(batch: dict[str, Any]) -> list[Trace]:
 
 def _plain(value: Any) -> Any:
     """A numpy value of a Ray batch as plain Python (arrays of objects become lists)."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
+    value = to_plain(value)
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

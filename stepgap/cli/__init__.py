@@ -158,6 +158,7 @@ EXTRA_OF_MODULE = {
     "onnx": "export",
     "onnxruntime": "export",
     "fastapi": "serve",
+    "fastapi_offline": "serve",
     "uvicorn": "serve",
     "prometheus_client": "serve",
     "matplotlib": "plots",

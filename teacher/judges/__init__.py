@@ -14,7 +14,6 @@ from .base import (
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
-    ModelJudgeOptions,
     close_judge,
     judge_json_schema,
     parse_judge,
@@ -22,6 +21,7 @@ from .base import (
 )
 from .cache import JudgeCache, default_cache_path
 from .cost import PRICES, CostMeter
+from .model_judge import ModelJudgeOptions
 from .replay import ReplayJudge
 
 # The teacher's judges; the student's (`student:PATH`) are added by `stepgap.student`, a layer

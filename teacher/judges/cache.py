@@ -53,6 +53,12 @@ def cache_key(
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+class _Connections(threading.local):
+    """Each thread's own SQLite connection (a connection is not shared between threads)."""
+
+    conn: sqlite3.Connection | None = None
+
+
 class JudgeCache:
     """Key -> judge result, shared safely between threads and processes."""
 
@@ -60,7 +66,7 @@ class JudgeCache:
         """`open_now=False` touches no file until `open()` or the first lookup: a judge that
         fails to build (no API key, a model that does not load) leaves no cache behind."""
         self.path = Path(path)
-        self._local = threading.local()
+        self._local = _Connections()
         if open_now:
             self.open()
 
@@ -71,7 +77,7 @@ class JudgeCache:
         return self
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
+        conn = self._local.conn
         if conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)

@@ -46,14 +46,12 @@ from .base import (
     JudgeParseError,
     JudgeRequest,
     JudgeStopped,
-    ModelJudgeOptions,
     TraceDeadline,
     answer_json_schema,
     answer_params,
     judge_json_schema,
     parse_answer,
     parse_judge,
-    with_cache_and_meter,
 )
 from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
@@ -67,6 +65,7 @@ from .decoding import (
     auto_batch_size,
     check_decoding,
 )
+from .model_judge import ModelJudgeOptions, with_cache_and_meter
 from .vllm_engine import (
     AsyncVLLMEngine,
     VLLMEngine,

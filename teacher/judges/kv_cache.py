@@ -121,8 +121,7 @@ class GrowingCache(Cache):
 def text_config(model: Any) -> Any:
     """The config of `model`'s language model (its own, or a multimodal model's text part):
     the layers, heads and head size its KV cache has."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
-    return config or model.config
+    return model.config.get_text_config() or model.config
 
 
 def growing_cache(model: Any, room: int) -> Cache:

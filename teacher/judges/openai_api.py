@@ -43,19 +43,18 @@ from .base import (
     JudgeParseError,
     JudgeRequest,
     JudgeStopped,
-    ModelJudgeOptions,
     answer_json_schema,
     answer_params,
     judge_json_schema,
     parse_answer,
     parse_judge,
     response_format,
-    with_cache_and_meter,
 )
 from .cache import JudgeCache, cache_key
 from .concurrency import EngineLimit, continuous_batching, engine_slots
 from .confidence import stage_confidences
 from .cost import CostMeter
+from .model_judge import ModelJudgeOptions, with_cache_and_meter
 
 log = logging.getLogger(__name__)
 
@@ -440,8 +439,8 @@ class OpenAIJudge(JudgeBackend):
             except openai.APIError as exc:  # retries exhausted, or not retryable
                 self.meter.failed()
                 failed = JudgeResult.failed(f"judge API error: {redact(str(exc))}", usage)
-                status = getattr(exc, "status_code", None)
-                failed.extra["failure"] = f"{type(exc).__name__} {status or ''}".strip()
+                status = exc.status_code if isinstance(exc, openai.APIStatusError) else ""
+                failed.extra["failure"] = f"{type(exc).__name__} {status}".strip()
                 return failed
             finally:
                 self.limit.release()

@@ -123,8 +123,8 @@ def merged_folder(identity: str, load: Callable[[], tuple[Any, Any]]) -> Path:
     print(f"stepgap: writing a merged model folder for vLLM (once): {target}", file=sys.stderr)
     try:
         tokenizer, model = load()
-        quantizer = getattr(model, "hf_quantizer", None)
-        method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "")
+        quantizer = model.hf_quantizer
+        method = quantizer.quantization_config.quant_method if quantizer is not None else ""
         if "gguf" in str(method).lower():
             # transformers dequantizes a GGUF file as it loads it: these are plain weights
             model.hf_quantizer = None

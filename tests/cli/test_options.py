@@ -19,11 +19,18 @@ def _serve(*argv: str) -> tuple:
 
 
 def test_every_field_has_its_flag_with_the_fields_default():
+    """A backend's option is declared once, in its own options class: the checker's
+    configuration holds it, and so `check`, `label`, `serve` and `baseline` have its flag."""
+    from stepgap.teacher.build import JUDGE_OPTIONS, NLI_OPTIONS
+
     _, options, config, _ = _serve()
     assert config == CheckerConfig() and options == RewardOptions()
-    flags = commands()["serve"].make_parser()._option_string_actions
-    for name in CheckerConfig.names():
-        assert "--" + name.replace("_", "-") in flags and "--" + name in flags, name
+    for owner in (*JUDGE_OPTIONS, *NLI_OPTIONS, TreeConfig):
+        assert set(owner.names()) <= set(CheckerConfig.names()), owner
+    for command in ("check", "label", "serve", "baseline"):
+        flags = commands()[command].make_parser()._option_string_actions
+        for name in CheckerConfig.names():
+            assert "--" + name.replace("_", "-") in flags and "--" + name in flags, name
 
 
 def test_flags_the_reward_file_and_python_give_the_same_configuration(tmp_path):

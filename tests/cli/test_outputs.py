@@ -186,3 +186,28 @@ def test_an_input_with_no_records_is_an_error_and_the_earlier_output_stays(
     assert out.read_text() == '{"an": "earlier output"}\n'
     assert "wrote" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl", "out.jsonl"]
+
+
+def test_segment_writes_parquet_for_a_parquet_name_and_the_others_refuse_one(tmp_path, capsys):
+    """`segment -o out.parquet` writes Parquet, which every reader takes back (the same
+    verdicts as from JSON Lines); a command that writes JSON Lines refuses a Parquet name in one
+    line, before any work, instead of writing JSON Lines into it."""
+    table = tmp_path / "segmented.parquet"
+    assert main(["segment", TRACES, "-o", str(table)]) == 0
+    assert table.read_bytes()[:4] == b"PAR1"
+    from_parquet, from_jsonl = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["check", str(table), *REPLAY, "-o", str(from_parquet)]) == 0
+    assert main(["check", TRACES, *REPLAY, "-o", str(from_jsonl)]) == 0
+    assert sorted(from_parquet.read_text().splitlines()) == sorted(
+        from_jsonl.read_text().splitlines()
+    )
+    capsys.readouterr()
+    refused = tmp_path / "verdicts.parquet"
+    for argv in (
+        ["check", TRACES, *REPLAY, "-o", str(refused)],
+        ["relabel", VERDICTS, "-o", str(refused)],
+        ["reward", TRACES, "--verdicts", VERDICTS, "-o", str(refused)],
+    ):
+        assert main(argv) == 2
+        assert "a Parquet name, but this command writes JSON Lines" in capsys.readouterr().err
+        assert not refused.exists()

@@ -148,7 +148,7 @@ def test_llm_baselines_through_an_openai_server(two_traces, tmp_path, monkeypatc
     from stepgap.eval.llm_baselines import PromptOnlyAnswer, build_llm_requests
     from stepgap.io import read_models
     from stepgap.schema import Verdict
-    from stepgap.teacher.judges import JudgeCache, build_judge
+    from stepgap.teacher.judges import build_judge
     from stepgap.teacher.judges.base import answer_json_schema
     from stepgap.teacher.judges.openai_api import OpenAIJudge
     from tests.fixtures.openai_server import FakeOpenAI, prompt_key
@@ -179,7 +179,7 @@ def test_llm_baselines_through_an_openai_server(two_traces, tmp_path, monkeypatc
             got[kind] = {(v.trace_id, v.step): v for _, v in read_models(out, Verdict)}
         assert len(closed) == 2
         given = build_judge("openai:gpt-4.1-mini", base_url=server.base_url,
-                           cache=JudgeCache(tmp_path / "cache.sqlite"), response_format="json_schema")  # fmt: skip
+                           cache=str(tmp_path / "cache.sqlite"), response_format="json_schema")  # fmt: skip
         run_baseline("llm-only", path, tmp_path / "given.jsonl", judge=given)
         assert len(closed) == 2  # one passed in is the caller's
         # one request per step, carrying the baseline's schema; the second variant came from the
@@ -223,12 +223,12 @@ def test_llm_baselines_on_a_tiny_hf_model_are_held_to_their_schema(tiny_qwen2, t
     a teacher request in the same call still gets a judge object (a batch per schema)."""
     from stepgap.eval.llm_baselines import PromptOnlyAnswer, build_llm_requests, llm_baseline
     from stepgap.schema import Judge
-    from stepgap.teacher.judges import JudgeCache, build_judge
+    from stepgap.teacher.judges import build_judge
     from stepgap.teacher.prompt import build_requests
 
     judge = build_judge(
-        f"hf:{tiny_qwen2}", max_string_chars=4, max_new_tokens=300, batch_size=4,
-        cache=JudgeCache(tmp_path / "c.sqlite"),
+        f"hf:{tiny_qwen2}", max_string_chars=4, max_tokens=300, judge_batch_size=4,
+        cache=str(tmp_path / "c.sqlite"),
     )  # fmt: skip
     step0 = traces[0].model_copy(update={"steps": traces[0].steps[:1]})  # one step: ~20 s each
     teacher = build_requests(step0.id, step0.question, step0.steps)[0]

@@ -19,6 +19,7 @@ from stepgap.export.bundle import BundleError, export_bundle, verify_bundle
 from stepgap.student.judge import StudentJudge
 from stepgap.teacher import Checker, load_nli
 from stepgap.teacher.judges.hf import StudentJudgeOptions
+from stepgap.teacher.nli.onnx import ONNXNLIOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -416,7 +417,9 @@ def test_the_parity_probe_is_rerun_on_the_serving_provider(bundles, tmp_path):
     reference = json.loads((bundles["merged"] / parity["reference"]).read_text())
     assert len(reference["pairs"]) == len(reference["probs"]) == parity["probe_pairs"]
 
-    good = OfflineChecker.from_bundle(bundles["merged"], nli_providers=["CPUExecutionProvider"])
+    good = OfflineChecker.from_bundle(
+        bundles["merged"], nli_options=ONNXNLIOptions(nli_provider=["CPUExecutionProvider"])
+    )
     assert good.nli_parity is not None
     assert (good.nli_parity["provider"], good.nli_parity["precision"]) == (
         "CPUExecutionProvider", "int8",
@@ -431,9 +434,11 @@ def test_the_parity_probe_is_rerun_on_the_serving_provider(bundles, tmp_path):
     verify_bundle(copy)  # every checksum holds: only the parity differs
     hypothesis = re.escape(reference["pairs"][1][1])
     with pytest.raises(BundleError, match=rf"int8 on CPUExecutionProvider.*{hypothesis}"):
-        OfflineChecker.from_bundle(copy, nli_providers=["CPUExecutionProvider"])
+        OfflineChecker.from_bundle(
+            copy, nli_options=ONNXNLIOptions(nli_provider=["CPUExecutionProvider"])
+        )
     with pytest.raises(BundleError, match=rf"fp32 on CPUExecutionProvider.*atol.*{hypothesis}"):
-        OfflineChecker.from_bundle(copy, nli_precision="fp32")
+        OfflineChecker.from_bundle(copy, nli_options=ONNXNLIOptions(nli_precision="fp32"))
 
 
 def test_an_unavailable_provider_is_named_with_those_available(bundles, examples_dir, capsys):
@@ -463,7 +468,7 @@ def test_the_nli_device_places_a_bundles_onnx_model(bundles, examples_dir, tmp_p
 
     traces = str(examples_dir / "traces.jsonl")
     bundle = str(bundles["merged"])
-    on_cpu = OfflineChecker.from_bundle(bundle, nli_device="cpu")
+    on_cpu = OfflineChecker.from_bundle(bundle, nli_options=ONNXNLIOptions(device="cpu"))
     assert on_cpu.nli.session.get_providers() == ["CPUExecutionProvider"]
     out = tmp_path / "v.jsonl"
     assert main(["check", traces, "--bundle", bundle, "--device", "cpu", "-o", str(out)]) == 0

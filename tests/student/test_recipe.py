@@ -136,7 +136,7 @@ def test_unknown_key_is_an_error_naming_the_file_and_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"^unrecognized arguments: --learning_rte \(did you "
                        r"mean --learning_rate\?\)"):  # fmt: skip
         make_parser().parse(["--config", str(ok), "--learning_rte", "0.1"])
-    with pytest.raises(ValueError, match=r"argument --max-steps: invalid int"):
+    with pytest.raises(ValueError, match=r"argument --max_steps: invalid int"):
         make_parser().parse(["--config", str(ok), "--max_steps", "many"])
 
 
@@ -181,7 +181,7 @@ def test_a_token_key_is_refused_with_where_to_put_it(tmp_path):
     ok.write_text(MINIMAL)
     with pytest.raises(ValueError, match=r"^--set hub_token: a token never goes in a recipe"):
         load_config(ok, {"hub_token": secret})
-    with pytest.raises(ValueError, match=r"^--hub-token: a token never goes") as refused:
+    with pytest.raises(ValueError, match=r"^--hub_token: a token never goes") as refused:
         make_parser().parse(["--config", str(ok), "--hub_token", secret])
     assert secret not in str(refused.value)
 

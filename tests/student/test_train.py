@@ -276,15 +276,17 @@ def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_name_or_path: x\ndataset: y\nuse_peft: true\nlora_rank: 8\n")
     with pytest.raises(SystemExit) as exited, one_line_errors("student/train.py"):
-        make_parser().parse_args_and_config(["--config", str(bad)])
+        make_parser().parse(["--config", str(bad)])
     assert exited.value.code == 2
     assert main(["train", "--config", str(bad)]) == 2
     script, command = capsys.readouterr().err.splitlines()
-    assert script.startswith(f"student/train.py: error: {bad}:4: lora_rank: not a recipe key")
-    assert command.startswith(f"stepgap train: error: {bad}:4: lora_rank: not a recipe key")
+    assert script.startswith(
+        f"student/train.py: error: {bad}:4: lora_rank: not a key of a training"
+    )
+    assert command.startswith(f"stepgap train: error: {bad}:4: lora_rank: not a key of a training")
     # no recipe at all: where a recipe comes from, not argparse's "required: --dataset"
     with pytest.raises(SystemExit), one_line_errors("student/train.py"):
-        make_parser().parse_args_and_config([])
+        make_parser().parse([])
     assert capsys.readouterr().err.startswith(
         "student/train.py: error: no recipe: give --config RECIPE (a YAML file, or one of "
     )

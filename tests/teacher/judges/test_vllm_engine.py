@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ pytest.importorskip("vllm")
 from stepgap.data_builders.student_target import judge_decisions  # noqa: E402
 from stepgap.export import OfflineChecker  # noqa: E402
 from stepgap.teacher.checker import Checker  # noqa: E402
-from stepgap.teacher.judges.hf import HFJudge  # noqa: E402
+from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions, StudentJudgeOptions  # noqa: E402
 from stepgap.teacher.judges.vllm_engine import vllm_device  # noqa: E402
 
 MADE_BEFORE = Path(__file__).resolve().parents[2] / "export" / "made_before" / "bundle"
@@ -49,7 +50,9 @@ def _without_quote(decisions: dict) -> dict:
 
 
 def _check(bundle: Path, traces, engine: str):
-    checker = OfflineChecker.from_bundle(bundle, engine=engine, dtype="float32")
+    checker = OfflineChecker.from_bundle(
+        bundle, StudentJudgeOptions(engine=engine, judge_dtype="float32")
+    )
     try:
         return checker.check(traces)
     finally:
@@ -99,15 +102,15 @@ def test_smollm2_on_vllm_gives_the_hf_labels(tmp_path, models_dir, example_trace
     traces = [
         t for t in example_traces if t.id in {"case1-whitehorse", "case3-peter-paul-fortress"}
     ]
-    options = {"dtype": "float32", "max_string_chars": 24, "batch_size": 8}
-    nli = OfflineChecker.from_bundle(bundle, engine="hf").nli
-    judge = HFJudge(str(smollm2_gguf()), engine="vllm", **options)
+    options = HFJudgeOptions(judge_dtype="float32", max_string_chars=24, judge_batch_size=8)
+    nli = OfflineChecker.from_bundle(bundle, StudentJudgeOptions(engine="hf")).nli
+    judge = HFJudge(str(smollm2_gguf()), replace(options, engine="vllm"))
     folder = next(p for p in models_dir.iterdir() if not p.name.startswith("student-"))
     try:
         on_vllm = Checker(judge, nli).check(traces)
     finally:
         judge.close()
-    on_hf = Checker(HFJudge(str(folder), engine="hf", **options), nli).check(traces)
+    on_hf = Checker(HFJudge(str(folder), replace(options, engine="hf")), nli).check(traces)
     a = [v for t in on_hf for v in t]
     b = [v for t in on_vllm for v in t]
     assert len(a) == 4
