@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -66,15 +67,26 @@ def _leave_process_group() -> None:
 @contextlib.contextmanager
 def one_line_errors(prog: str) -> Iterator[None]:
     """A wrong recipe, missing data or a failed upload as one line on stderr and exit 2, as the
-    `stepgap` command reports them, instead of a traceback."""
+    `stepgap` command reports them, instead of a traceback; Ctrl-C as one line and exit 130,
+    at once (the exit handlers of torch and its threads are not run on the way out)."""
     try:
         yield
     except USER_ERRORS as exc:
         print(f"{prog}: error: {redact(str(exc))}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print(
+            f"{prog}: interrupted; output_dir keeps the checkpoints saved so far (--resume "
+            "continues from the last)",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
 
 
-if __name__ == "__main__":
+def script(argv: list[str] | None = None) -> None:
+    """What `python student/train.py` and `accelerate launch student/train.py` run."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # bitsandbytes warns at import, on every CPU machine, of a kernels package 4-bit CPU
     # training may use; `stepgap train` keeps it quiet too
@@ -82,5 +94,10 @@ if __name__ == "__main__":
     install_redaction()
     parser = make_parser(prog="student/train.py")
     with one_line_errors(parser.prog):
-        parsed = parser.parse()
-        sys.exit(0 if parsed is None else main(*parsed))
+        parsed = parser.parse(argv)
+        status = 0 if parsed is None else main(*parsed)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    script()

@@ -225,12 +225,22 @@ def libraries_without_bars() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command line; returns the exit status (`stepgap --help` lists them)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    own, name, rest = split_command(argv)
-    top = build_parser().parse_args([*own, *([name] if name else [])])
-    command = commands()[top.command]
+    name = None
     try:
-        parsed = command.make_parser().parse(rest)
+        own, name, rest = split_command(argv)
+        top = build_parser().parse_args([*own, *([name] if name else [])])
+        return run(commands()[top.command], rest, top.verbose)
+    except KeyboardInterrupt:  # Ctrl-C: what was written is kept (see each command's output)
+        print(f"stepgap{f' {name}' if name else ''}: interrupted", file=sys.stderr)
+        return 130
+
+
+def run(command: Command, argv: list[str], verbose: int) -> int:
+    """Parse a command's arguments and run it; a user error is one line and status 2."""
+    try:
+        parsed = command.make_parser().parse(argv)
     except ValueError as exc:  # a configuration file that does not fit the command
         print(f"stepgap {command.name}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
@@ -239,24 +249,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepgap.cli.options import ProgressOptions
 
     quiet = any(isinstance(p, ProgressOptions) and p.no_progress for p in parsed)
-    set_up_logging(top.verbose, quiet=quiet)
+    set_up_logging(verbose, quiet=quiet)
     try:
         return int(command.run(*parsed) or 0)
-    except KeyboardInterrupt:  # Ctrl-C: what was written is kept (see each command's output)
-        print(f"stepgap {command.name}: interrupted", file=sys.stderr)
-        return 130
     except ModuleNotFoundError as exc:
         if (line := missing_extra(exc)) is None:
             raise
-        if top.verbose:
+        if verbose:
             traceback.print_exc()
         print(f"stepgap {command.name}: error: {line}", file=sys.stderr)
         return 2
     except _user_errors() as exc:
-        if top.verbose:
+        if verbose:
             traceback.print_exc()
         print(f"stepgap {command.name}: error: {redact(str(exc))}", file=sys.stderr)
         return 2
+
+
+def console() -> None:
+    """The `stepgap` console script: `main`, then exit with its status. After Ctrl-C (status
+    130), what was written is already closed, and the process ends at once: the exit handlers
+    of the libraries a command loaded (torch's compiler, ONNX Runtime's and the tokenizers'
+    threads) would otherwise run, or be interrupted, on the way out (an abort, status 134)."""
+    status = main()
+    if status == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(status)
 
 
 def set_up_logging(verbose: int, *, quiet: bool) -> None:

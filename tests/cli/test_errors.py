@@ -142,6 +142,59 @@ def test_ctrl_c_is_one_line_exit_130_and_the_earlier_output_is_whole(fake_openai
     assert out.read_text() == '{"earlier": "run"}\n'
 
 
+def test_ctrl_c_while_the_options_are_read_is_one_line(monkeypatch, capsys):
+    """Ctrl-C before the command runs (its parser imports transformers, a second or more on a
+    loaded machine) is the same one line and status 130, not a traceback."""
+    from stepgap.arguments import ArgumentParser
+    from stepgap.cli import main
+
+    def interrupted(self, argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ArgumentParser, "parse", interrupted)
+    assert main(["segment", str(EX / "traces.jsonl"), "-o", "x.jsonl"]) == 130
+    assert capsys.readouterr().err == "stepgap segment: interrupted\n"
+
+
+def test_after_ctrl_c_the_process_ends_without_the_libraries_exit_handlers(tmp_path):
+    """After Ctrl-C the console script ends at once with 130: the exit handlers of what a
+    command loaded (torch's compiler registers one) are not run, nor interrupted on the way
+    out (an abort, status 134, once seen). The command is held reading its input from a named
+    pipe, and interrupted there."""
+    import errno
+    import os
+    import signal
+    import time
+
+    fifo = tmp_path / "traces.jsonl"
+    os.mkfifo(fifo)
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('an exit handler ran', file=sys.stderr))\n"
+        "from stepgap.cli import console\n"
+        f"sys.argv = ['stepgap', 'segment', {str(fifo)!r}, '-o', {str(tmp_path / 'o.jsonl')!r}]\n"
+        "console()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:  # until the command has the pipe open to read (a writer may then open it)
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO and proc.poll() is None, exc
+            assert time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+    try:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        os.close(writer)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "stepgap segment: interrupted", err
+    assert "an exit handler ran" not in err and "Traceback" not in err, err
+
+
 def test_rollouts_against_a_dead_server_is_one_line(tmp_path):
     done = run("rollouts", str(EX / "rollout_questions.jsonl"), "--policy", "openai:m",
                "--base-url", "http://127.0.0.1:9/v1", "--retriever", "http://127.0.0.1:9/retrieve",

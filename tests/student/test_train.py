@@ -268,6 +268,31 @@ def test_each_process_loads_a_4bit_base_on_its_own_gpu(tmp_path):
     assert lines == ["rank 0: {'': 0} cpu: None", "rank 1: {'': 1} cpu: None"]
 
 
+def test_ctrl_c_in_training_is_one_line_and_130(tmp_path, examples_dir):
+    """Ctrl-C while the script trains (the training interrupted here where the Trainer runs)
+    is one line naming what is kept and status 130, at once: no traceback, and the exit
+    handlers of what training loaded are not run on the way out."""
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('an exit handler ran', file=sys.stderr))\n"
+        "import stepgap.student.trainer as trainer\n"
+        "def interrupted(recipe, resume=False):\n"
+        "    raise KeyboardInterrupt\n"
+        "trainer.train = interrupted\n"
+        "from stepgap.student.train import script\n"
+        f"script(['--config', 'tiny', '--dataset', {str(examples_dir / 'teacher_verdicts.jsonl')!r},"
+        f" '--output_dir', {str(tmp_path / 'out')!r}])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "student/train.py: interrupted; output_dir keeps the checkpoints saved so far"
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr and "an exit handler ran" not in proc.stderr
+
+
 def test_bad_recipe_is_a_clear_error(tmp_path, capsys):
     """student/train.py's way (its parser, its one-line errors) and `stepgap train`'s."""
     from stepgap.cli import main
