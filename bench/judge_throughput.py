@@ -857,6 +857,7 @@ def main() -> None:
             concurrency=args.served_concurrency,
             max_retries=0,
             max_tokens=args.max_new_tokens,
+            no_cache=True,  # every run asks the server, as the HF path's runs decode
         )
         run(served, requests[:16], "served warm-up")
         runs["served"] = run(served, requests, "served")

@@ -12,9 +12,10 @@ from typing import Any
 from stepgap.metrics import IE_DEGENERATE
 from stepgap.schema import LABELS
 
+from .colours import LABEL_COLOURS
+
 FOREST_METRICS = ("sF1", "BA", "QF1", "kappa")
-LABEL_COLOURS = {"no_gap": "#2e7d32", "CC": "#c62828", "IE": "#ef6c00", "MB": "#1565c0"}
-DEGENERATE_COLOUR = "#6a1b9a"
+DEGENERATE_COLOUR = "#37474f"  # the IE-degenerate line: a grey no label has
 
 
 def _pyplot():
@@ -54,7 +55,7 @@ def figure_distribution(report: dict[str, Any]) -> Any:
     for j, label in enumerate(LABELS):
         shares = [report["checkers"][n]["distribution"][label] for n in names]
         xs = [i + (j - (len(LABELS) - 1) / 2) * width for i in range(len(names))]
-        ax.bar(xs, shares, width, label=label, color=LABEL_COLOURS[label])
+        ax.bar(xs, shares, width, label=label, color=LABEL_COLOURS[label][0])
     ax.axhline(IE_DEGENERATE, color=DEGENERATE_COLOUR, ls="--", lw=1, label="IE degenerate (0.70)")
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
     ax.set_ylim(0, 1)

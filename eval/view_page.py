@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from .colours import css_variables
+
 
 def _asset(name: str) -> str:
     return resources.files("stepgap.eval").joinpath(name).read_text(encoding="utf-8")
@@ -31,7 +33,7 @@ def render_html(data: Mapping[str, Any]) -> str:
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{html.escape(str(data['title']))}</title>\n"
-        f"<style>\n{_asset('view.css')}</style>\n</head>\n<body>\n"
+        f"<style>\n{css_variables()}{_asset('view.css')}</style>\n</head>\n<body>\n"
         "<noscript>This page draws its traces with JavaScript; enable it to see them.</noscript>\n"
         '<div id="app"></div>\n'
         f'<script type="application/json" id="stepgap-data">{embed_json(data)}</script>\n'

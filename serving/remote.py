@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,9 +44,18 @@ class RemoteChecker(StepChecker):
     live in the replicas (`judge` is None); each verdict carries the provenance they record."""
 
     def __init__(
-        self, urls: str | Sequence[str], *, timeout: float = 300.0, retries: int = 5
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = 300.0,
+        retries: int = 5,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`now` and `sleep` are the clock its waits for a busy replica are measured and spent
+        in: the machine's (a test gives its own)."""
         self.urls = parse_urls(urls)
+        self.now, self.sleep = now, sleep
         self.timeout = timeout
         self.retries = retries
         self.stats: Counter[str] = Counter()  # requests, failovers, busy_waits, failed
@@ -76,7 +85,7 @@ class RemoteChecker(StepChecker):
         with self._lock:
             start = self._turn
             self._turn = (self._turn + 1) % len(self.urls)
-            now = time.monotonic()
+            now = self.now()
             turn = self.urls[start:] + self.urls[:start]
             return sorted(turn, key=lambda u: self._unavailable.get(u, 0.0) > now)
 
@@ -86,7 +95,7 @@ class RemoteChecker(StepChecker):
 
     def _set_unavailable(self, url: str, seconds: float) -> None:
         with self._lock:
-            self._unavailable[url] = time.monotonic() + seconds
+            self._unavailable[url] = self.now() + seconds
 
     def check(self, traces: Sequence[Trace]) -> list[list[Verdict]]:
         traces = list(traces)
@@ -136,7 +145,7 @@ class RemoteChecker(StepChecker):
                 self._count("busy_waits")
                 with self._lock:
                     soonest = min(self._unavailable.get(u, 0.0) for u in self.urls)
-                time.sleep(min(max(soonest - time.monotonic(), 0.1), 30.0))
+                self.sleep(min(max(soonest - self.now(), 0.1), 30.0))
         self._count("failed")
         raise RuntimeError(f"no stepgap replica answered: {'; '.join(problems[-len(self.urls) :])}")
 

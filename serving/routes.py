@@ -32,7 +32,7 @@ from .api import (
     rollout_traces,
     segmented_traces,
 )
-from .batching import FIRST, Busy, MicroBatcher, usable_seconds
+from .batching import Busy, MicroBatcher, usable_seconds
 from .metrics import ServerMetrics
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .recent import RecentTraces
@@ -151,13 +151,14 @@ async def finalized(body: RewardRequest, request: Request) -> list[Any]:
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     seconds = timeout_of(request) or state.client_timeout
-    usable = usable_seconds(seconds)
-    deadline = TraceDeadline.after(usable)
+    clock = state.batcher.clock
+    until = clock.now() + usable_seconds(seconds)
+    deadline = TraceDeadline(until, clock.now)
     work = asyncio.ensure_future(
         asyncio.gather(*(asyncio.to_thread(inline.finalize, t, deadline) for t in traces))
     )
     gone = asyncio.ensure_future(until_disconnected(request))
-    done, _ = await asyncio.wait({work, gone}, timeout=usable, return_when=FIRST)
+    done = await clock.wait({work, gone}, until)
     gone.cancel()
     if work not in done:
         deadline.cancel()  # the judge sends nothing more for these rollouts

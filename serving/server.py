@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Any
 
+from stepgap.clock import SYSTEM, Clock
 from stepgap.schema import Trace
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.concurrency import EngineLimit
@@ -82,10 +83,12 @@ def create_app(
     max_body_bytes: int = 8 * 1024 * 1024,
     view_keep: int = 100,
     when_overloaded: str = "hold",
+    clock: Clock = SYSTEM,
 ) -> Any:
     """The FastAPI app (see the module docstring); `max_inflight` defaults to
-    `default_inflight(reward)`, `view_keep` bounds how many checked traces `GET /view` keeps.
-    Its parts are `app.state.stepgap` (`routes.ServerState`)."""
+    `default_inflight(reward)`, `view_keep` bounds how many checked traces `GET /view` keeps;
+    `clock` is what the deadlines, holds and pace are measured in (the machine's). Its parts are
+    `app.state.stepgap` (`routes.ServerState`)."""
     from fastapi_offline import FastAPIOffline
 
     from stepgap import __version__
@@ -107,6 +110,7 @@ def create_app(
         on_drop=metrics.on_drop,
         judge_limit=judge_limit,
         when_overloaded=when_overloaded,
+        clock=clock,
     )
     metrics.watch(batcher, judge_limit, in_process_engine(reward))
     # steps checked while the rollout runs (/steps), where the checker can check them one by one

@@ -80,6 +80,7 @@ def make_options(
                 f"{what} takes {wanted.__name__}, not {type(given).__name__}", taken=wanted.names()
             )
         return given
+    given = {k: v for k, v in given.items() if v is not None}  # None: not set
     for key in given:
         if key not in wanted.names():
             taken = ", ".join(wanted.names()) or "none"

@@ -202,9 +202,9 @@ MUTATIONS = [
     ),
     Mutation(
         "setup/count-below-one",
-        "stepgap/cli/options.py",
-        "    if value < 1:",
-        "    if value < 0:",
+        "stepgap/options.py",
+        "(isinstance(value, bool) or value < 1)",
+        "(isinstance(value, bool) or value < 0)",
         ("tests/cli/test_options.py::test_a_count_below_one_is_its_flags_one_line_error",),
     ),
     Mutation(
@@ -277,8 +277,8 @@ MUTATIONS = [
     Mutation(
         "server/finalize-503-before-the-client-times-out",
         "serving/routes.py",
-        "    usable = usable_seconds(seconds)\n",
-        "    usable = seconds\n",
+        "    until = clock.now() + usable_seconds(seconds)\n",
+        "    until = clock.now() + seconds\n",
         (
             "tests/serving/test_server_inline.py::"
             "test_a_finalize_past_its_deadline_gets_503_with_retry_after",

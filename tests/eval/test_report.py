@@ -207,3 +207,24 @@ def test_plots_share_one_scale_distinct_colours_and_legends_beside_the_axes(exam
     assert len({line.get_color() for line in lines}) == 2
     fig = plots.figure_forest(example_report)
     assert all(ax.get_xlim()[1] == 1.0 for ax in fig.axes)
+
+
+def test_a_label_has_the_same_colour_in_the_plots_and_in_the_view(example_report):
+    """The bars of `label_distribution.png` take each label's colour from the page `stepgap
+    view` draws (MB was blue in one and purple in the other)."""
+    import re
+
+    from matplotlib.colors import to_hex
+
+    from stepgap.eval import plots
+    from stepgap.eval.view_page import render_html
+
+    page = render_html({"title": "t"})
+    in_view = dict(re.findall(r"--(no_gap|CC|IE|MB)-fg: (#[0-9a-f]{6})", page))
+    ax = plots.figure_distribution(example_report).axes[0]
+    in_plot = {
+        container.get_label(): to_hex(container.patches[0].get_facecolor())
+        for container in ax.containers
+    }
+    assert set(in_view) == {"no_gap", "CC", "IE", "MB"}
+    assert in_plot == in_view

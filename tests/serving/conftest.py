@@ -21,7 +21,9 @@ from tests.fixtures.openai_server import FakeOpenAI
 
 @pytest.fixture
 def reward(fake_openai, examples_dir):
-    judge = build_judge("openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0)
+    judge = build_judge(
+        "openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0, no_cache=True
+    )
     checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
     return StepGapReward(checker)
 
@@ -96,7 +98,9 @@ def inline_reward(any_judge_server, tiny_nli):
     This process's configured reward and inline checkers are reset around each test."""
     from stepgap.serving import inline, process_reward
 
-    judge = build_judge("openai:gpt-4.1-mini", base_url=any_judge_server.base_url, max_retries=0)
+    judge = build_judge(
+        "openai:gpt-4.1-mini", base_url=any_judge_server.base_url, max_retries=0, no_cache=True
+    )
     inline.reset()
     process_reward.reset()
     yield StepGapReward(Checker(CountingJudge(judge), load_nli(str(tiny_nli))))

@@ -54,7 +54,7 @@ def serve_url(ray_cluster, judge_server, examples_dir, tmp_path_factory):
     (entry,) = shipped["applications"]
     assert entry["import_path"] == "stepgap.serving.ray_serve:build_app"
     reward_json = tmp_path_factory.mktemp("serve") / "reward.json"
-    reward_json.write_text(json.dumps(config.model_dump(mode="json", exclude_defaults=True)))
+    reward_json.write_text(json.dumps(config.changed()))
     args = {**entry["args"], "config": str(reward_json),  # the shipped args, sized to this cluster
             "ray_actor_options": {"num_cpus": 0.5, "resources": {"node_slot": 1}}}  # fmt: skip
     port = _free_port()

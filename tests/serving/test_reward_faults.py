@@ -127,7 +127,9 @@ def test_a_checker_that_fails_every_step_warns_once_at_the_first_batch_with_its_
     from stepgap.teacher import Checker, ReplayNLI, build_judge
 
     fake_openai.always = "401"
-    judge = build_judge("openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0)
+    judge = build_judge(
+        "openai:gpt-4.1-mini", base_url=fake_openai.base_url, max_retries=0, no_cache=True
+    )
     dead = StepGapReward(Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")))
     responses, questions, golden = _inputs(example_traces[:3])
     traces = [dead.trace(r, q, g) for r, q, g in zip(responses, questions, golden, strict=True)]

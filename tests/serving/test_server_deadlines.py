@@ -31,6 +31,7 @@ def slow_reward(fake_openai, examples_dir, *, concurrency: int = 8) -> StepGapRe
         base_url=fake_openai.base_url,
         max_retries=0,
         concurrency=concurrency,
+        no_cache=True,
     )
     return StepGapReward(Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl")))
 
@@ -190,6 +191,7 @@ def test_openrlhf_client_with_a_low_timeout_gets_every_reward(
     assert refused > 0
 
 
+@pytest.mark.realtime
 def test_sigterm_answers_what_is_queued_and_exits_within_the_grace_period(
     fake_openai, examples_dir, example_traces, tmp_path
 ):
@@ -261,7 +263,8 @@ from stepgap.serving import StepGapReward
 from stepgap.serving.server import serve
 from stepgap.teacher import Checker, ReplayNLI, build_judge
 
-judge = build_judge("openai:gpt-4.1-mini", base_url={fake_openai.base_url!r}, max_retries=0)
+judge = build_judge("openai:gpt-4.1-mini", base_url={fake_openai.base_url!r}, max_retries=0,
+                    no_cache=True)
 judge.close = lambda: open({str(closed)!r}, "w").write("closed")
 
 def stop():

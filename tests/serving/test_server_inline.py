@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ from stepgap.serving import StepGapReward
 from stepgap.serving.server import create_app
 from stepgap.teacher import Checker, ReplayNLI
 from stepgap.teacher.judges.replay import ReplayJudge
+from tests.fixtures.clock import ManualClock
 from tests.fixtures.judges import CountingJudge
 from tests.fixtures.live_server import LiveServer
 
@@ -62,16 +62,30 @@ def test_steps_sent_while_rolling_out_give_the_post_hoc_rewards(
 
 
 def test_a_finalize_past_its_deadline_gets_503_with_retry_after(examples_dir, example_traces):
-    reward, _ = _reward(examples_dir, delay=3.0)
+    """On the server's clock (the test's, moved by hand): the judge holds the rollout's steps,
+    and when the clock reaches the request's usable time (0.8 s of its 1 s) the answer is 503
+    with Retry-After, before the client's own timeout fires."""
+    gate = threading.Event()  # the judge answers nothing while the deadline passes
+    reward, _ = _reward(examples_dir, gate=gate)
+    clock = ManualClock()
     t = example_traces[0]
-    with LiveServer(create_app(reward)) as url:
-        started = time.monotonic()
-        r = httpx.post(f"{url}/reward", json=_final([t]), headers={"X-Stepgap-Timeout": "1"},
-                       timeout=30)  # fmt: skip
-        took = time.monotonic() - started
+    with LiveServer(create_app(reward, clock=clock)) as url:
+        box: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: box.append(httpx.post(
+                f"{url}/reward", json=_final([t]), headers={"X-Stepgap-Timeout": "1"}, timeout=60
+            ))
+        )  # fmt: skip
+        sender.start()
+        assert clock.waited.wait(60)  # the route waits for the checks, on the clock
+        started = clock.now()
+        clock.advance_soon(0.8)
+        sender.join(60)
         metrics = httpx.get(f"{url}/metrics").text
+        gate.set()
+    (r,) = box
     assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
-    assert took < 1.0  # answered before the client's own timeout fires
+    assert clock.now() - started == pytest.approx(0.8)  # its usable time, not a second more
     assert 'stepgap_rejected_total{reason="deadline"} 1.0' in metrics
 
 

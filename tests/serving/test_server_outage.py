@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _reward(base_url: str, examples_dir, **options) -> StepGapReward:
-    judge = build_judge("openai:gpt-4.1-mini", base_url=base_url, max_retries=0)
+    judge = build_judge("openai:gpt-4.1-mini", base_url=base_url, max_retries=0, no_cache=True)
     checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
     return StepGapReward(checker, **options)
 

@@ -19,6 +19,7 @@ from stepgap.student.judge import StudentJudge
 from stepgap.student.mining import pool_traces
 from stepgap.student.recipe import load_config
 from stepgap.student.trainer import train
+from stepgap.teacher.judges.hf import StudentJudgeOptions
 
 from .conftest import REPO, TINY
 
@@ -66,7 +67,7 @@ def test_tiny_student_reproduces_the_teachers_judge_json(tiny_student, pool):
     requests = _split(pool, held=False)
     assert len(requests) == 21  # 7 traces; 3 more (7 steps) are held out
     teacher = {(v.trace_id, v.step): v for v in pool}
-    judge = StudentJudge(str(out), batch_size=8, max_new_tokens=256)
+    judge = StudentJudge(str(out), StudentJudgeOptions(judge_batch_size=8, max_tokens=256))
     results = judge.judge(requests)
     same_json = [
         r.judge == teacher[(q.trace_id, q.step)].judge
@@ -82,7 +83,7 @@ def test_tiny_student_reproduces_the_teachers_judge_json(tiny_student, pool):
 
 # Decoding for the control and the held-out check: enough tokens for every answer to finish
 # (free-text fields capped), so a miss is a wrong answer, never a truncated one.
-FAIR = {"batch_size": 8, "max_new_tokens": 512, "max_string_chars": 60}
+FAIR = StudentJudgeOptions(judge_batch_size=8, max_tokens=512, max_string_chars=60)
 
 
 def test_untrained_student_does_not_reproduce_it(tiny_student, pool):
@@ -91,7 +92,7 @@ def test_untrained_student_does_not_reproduce_it(tiny_student, pool):
     out, _ = tiny_student
     requests = _split(pool, held=False)
     teacher = {(v.trace_id, v.step): v for v in pool}
-    results = StudentJudge(str(out / "tiny-base"), **FAIR).judge(requests)
+    results = StudentJudge(str(out / "tiny-base"), FAIR).judge(requests)
     assert all(r.judge is not None for r in results)  # finished, not cut off
     assert not any(
         r.judge == teacher[(q.trace_id, q.step)].judge
@@ -115,8 +116,8 @@ def test_held_out_traces_beat_the_untrained_control(tiny_student, pool):
         "case3-peter-paul-fortress", "hermes-blade-runner", "ie-eiffel-stage-e",
     }  # fmt: skip
     teacher = {(v.trace_id, v.step): v for v in pool}
-    trained, exact = _held_out_score(StudentJudge(str(out), **FAIR), requests, teacher)
-    control, _ = _held_out_score(StudentJudge(str(out / "tiny-base"), **FAIR), requests, teacher)
+    trained, exact = _held_out_score(StudentJudge(str(out), FAIR), requests, teacher)
+    control, _ = _held_out_score(StudentJudge(str(out / "tiny-base"), FAIR), requests, teacher)
     print(
         f"held-out decisions right: student {trained}, untrained {control}, of {6 * len(requests)}"
     )
@@ -287,8 +288,10 @@ def test_ctrl_c_in_training_is_one_line_and_130(tmp_path, examples_dir):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "student/train.py: interrupted; output_dir keeps the checkpoints saved so far"
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("student/train.py: interrupted; output_dir keeps the checkpoints saved so far")
     ), proc.stderr
     assert "Traceback" not in proc.stderr and "an exit handler ran" not in proc.stderr
 
