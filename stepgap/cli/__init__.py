@@ -212,16 +212,22 @@ def vllm_logs_as_ours(verbose: int) -> None:
 
 
 def libraries_without_bars() -> None:
-    """`--no-progress` for the libraries too: the Hub's setting, which transformers reads as it
-    imports and a vLLM judge passes to its engine (`use_tqdm_on_load`), covers their
-    download and weight-loading bars."""
+    """No progress bars from the libraries (`--no-progress`, or stderr that is no terminal: a
+    log file, a pipe): the Hub's setting, which transformers reads as it imports and a vLLM
+    judge passes to its engine (`use_tqdm_on_load`), covers their download and weight-loading
+    bars; transformers, imported already, and datasets are told as well."""
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read by datasets as it imports
     if "transformers" in sys.modules:  # imported already: it read the Hub's setting before
         from transformers.utils.logging import disable_progress_bar
 
         disable_progress_bar()
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(command: Command, argv: list[str], verbose: int) -> int:
     """Parse a command's arguments and run it; a user error is one line and status 2."""
+    set_up_logging(verbose)  # before the parser imports the libraries that log at import
     try:
         parsed = command.make_parser().parse(argv)
     except ValueError as exc:  # a configuration file that does not fit the command
@@ -248,8 +255,10 @@ def run(command: Command, argv: list[str], verbose: int) -> int:
         return 0
     from stepgap.cli.options import ProgressOptions
 
-    quiet = any(isinstance(p, ProgressOptions) and p.no_progress for p in parsed)
-    set_up_logging(verbose, quiet=quiet)
+    if not sys.stderr.isatty() or any(
+        isinstance(p, ProgressOptions) and p.no_progress for p in parsed
+    ):
+        libraries_without_bars()
     try:
         return int(command.run(*parsed) or 0)
     except ModuleNotFoundError as exc:
@@ -279,8 +288,8 @@ def console() -> None:
     sys.exit(status)
 
 
-def set_up_logging(verbose: int, *, quiet: bool) -> None:
-    """Log at `-v`'s level; `quiet` (`--no-progress`): no progress bars of the libraries."""
+def set_up_logging(verbose: int) -> None:
+    """Log at `-v`'s level, the libraries' import-time notices quiet below `-vv`."""
     logging.basicConfig(
         level=logging.WARNING - 10 * min(verbose, 2),
         format="%(levelname)s %(name)s: %(message)s",
@@ -291,6 +300,4 @@ def set_up_logging(verbose: int, *, quiet: bool) -> None:
     # each command lists its skipped records once, at its end (`options.finish`)
     logging.getLogger("stepgap.io.skipped").setLevel(logging.ERROR)
     vllm_logs_as_ours(verbose)
-    if quiet:
-        libraries_without_bars()
     install_redaction()

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from stepgap.cli import Command
@@ -41,7 +41,13 @@ class MineArguments(RecordOptions):
         "left out",
         positional=True,
     )
-    student: str = option(help="trained adapter or merged", metavar="PATH")
+    student: str | None = option(None, "trained adapter or merged (or --bundle)", metavar="PATH")
+    bundle: str | None = option(
+        None,
+        "an exported bundle: its student, ONNX NLI model and thresholds are the checker that "
+        "would ship (in place of --student and --nli)",
+        metavar="DIR",
+    )
     output: str = option(help="folder for the mined steps", aliases=["-o"])
     gold: list[str] | None = option(None, "gold labels: keep steps the paper's way")
     include_training_traces: bool = option(
@@ -62,9 +68,10 @@ class MineArguments(RecordOptions):
         "magnitude below distillation as in the paper)",
     )
     set: list[str] = option([], "a recipe key of the augmentation", metavar="KEY=VALUE")
-    nli: str = option(
-        help="the NLI model of the checker that would ship (stages D-E): replay:FILE, "
-        "hf:ID_OR_PATH, onnx:EXPORTED_FOLDER or a hub id/path",
+    nli: str | None = option(
+        None,
+        "the NLI model of the checker that would ship (stages D-E): replay:FILE, "
+        "hf:ID_OR_PATH, onnx:EXPORTED_FOLDER or a hub id/path (or --bundle)",
         metavar="SPEC",
         group=NLI_GROUP,
     )
@@ -72,6 +79,10 @@ class MineArguments(RecordOptions):
 
     def __post_init__(self) -> None:
         at_least_one("augment_steps", self.augment_steps)
+        if self.bundle and (self.student or self.nli):
+            raise ValueError("bundle brings its own student and NLI model: drop --student, --nli")
+        if not self.bundle and not (self.student and self.nli):
+            raise ValueError("student and nli are needed (--student PATH --nli SPEC), or --bundle")
         super().__post_init__()
 
 
@@ -80,12 +91,20 @@ def mine(args: MineArguments, judge: StudentJudgeOptions, tree: TreeConfig) -> i
     from stepgap.student import mine as run_mining
 
     report = ErrorReport()
+    student, nli = args.student, args.nli
+    if args.bundle:  # the bundle's checker: its student, its NLI model, its thresholds
+        from stepgap.export.offline import bundle_nli, open_bundle, student_options
+
+        bundle = open_bundle(args.bundle)
+        student, (nli, _) = str(bundle.student_dir), bundle_nli(bundle)
+        judge = student_options(bundle, judge)
+        tree = replace(TreeConfig(**bundle.tree), **tree.changed())
     summary = run_mining(
         args.pool,
-        args.student,
+        student,
         args.output,
         gold=args.gold,
-        nli=args.nli,
+        nli=nli,
         tree=tree,
         device=args.device,
         held_out_fraction=args.held_out_fraction,

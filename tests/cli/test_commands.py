@@ -108,7 +108,8 @@ def test_no_progress_quiets_the_bars_of_the_libraries_too(
 ):
     """`--no-progress` covers transformers' weight-loading bar (a bundle's student printed one
     with the flag before), and the Hub's bars: the flag sets the Hub's setting, which a vLLM
-    judge passes to its engine (tests/teacher/judges/test_engines.py)."""
+    judge passes to its engine (tests/teacher/judges/test_engines.py). Without a terminal (a
+    log file, a pipe) the libraries' bars are quiet without the flag."""
     import importlib
 
     hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")  # the module, not the class
@@ -122,12 +123,19 @@ def test_no_progress_quiets_the_bars_of_the_libraries_too(
     traces.write_text(first + "\n", encoding="utf-8")
     bundle = Path(__file__).parents[1] / "export" / "made_before" / "bundle"
     run = ["check", str(traces), "--bundle", str(bundle), "--engine", "hf", "-o"]
-    assert main([*run, str(tmp_path / "a.jsonl")]) == 0
+    with monkeypatch.context() as terminal:
+        terminal.setattr(sys.stderr, "isatty", lambda: True)
+        assert main([*run, str(tmp_path / "a.jsonl")]) == 0
     assert "Loading weights" in capfd.readouterr().err  # what the flag is to quiet
     assert main([*run, str(tmp_path / "b.jsonl"), "--no-progress"]) == 0
     err = capfd.readouterr().err
     assert "Loading weights" not in err and "it/s" not in err, err
     assert hub_tqdm.are_progress_bars_disabled()
+    monkeypatch.setattr(hub_tqdm, "progress_bar_states", {})  # on again, as at the start
+    monkeypatch.setattr(hf_logging, "_tqdm_active", True)
+    assert not hub_tqdm.are_progress_bars_disabled()
+    assert main([*run, str(tmp_path / "c.jsonl")]) == 0  # stderr is captured: no terminal
+    assert "Loading weights" not in capfd.readouterr().err
 
 
 def test_check_and_label_close_their_local_judge(
@@ -150,3 +158,47 @@ def test_check_and_label_close_their_local_judge(
     assert main(["label", *common, str(tmp_path / "l.jsonl"), "--judge", f"hf:{bundle / 'base'}",
                  "--max-tokens", "8", "--nli", f"replay:{examples_dir / 'nli_replay.jsonl'}"]) == 1  # fmt: skip
     assert len(closed) == 2 and closed[0] is not closed[1]
+
+
+def test_label_baseline_and_mine_take_a_bundle(tmp_path, examples_dir, capsys):
+    """`--bundle` wherever a checker is taken: `label` with the bundle's checker, `baseline`
+    with its NLI model (and its student as the judge where one is needed), `mine` with its
+    student, NLI model and thresholds; each as the same run with its parts named would be."""
+    bundle = str(Path(__file__).resolve().parents[1] / "export" / "made_before" / "bundle")
+    traces = str(examples_dir / "traces.jsonl")
+    out = tmp_path / "label.jsonl"
+    assert main(["label", traces, "--bundle", bundle, "--no-progress", "-o", str(out)]) == 0
+    labelled = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(labelled) == 28 and all(v["label"] for v in labelled)
+    nli_only = tmp_path / "nli_only.jsonl"
+    assert main(["baseline", "nli-only", traces, "--bundle", bundle, "-o", str(nli_only)]) == 0
+    assert len(nli_only.read_text().splitlines()) == 28
+    capsys.readouterr()
+    mined = tmp_path / "mined"
+    pool = str(examples_dir / "teacher_verdicts.jsonl")
+    assert main(["mine", pool, "--bundle", bundle, "-o", str(mined)]) == 0
+    summary = json.loads((mined / "summary.json").read_text())
+    assert summary["agreement"]["steps"] > 0 and summary["training_traces_in_pool"] > 0
+    assert main(["mine", pool, "--bundle", bundle, "--nli", "x", "-o", str(mined)]) == 2
+    assert "drop --student, --nli" in capsys.readouterr().err
+
+
+def test_the_libraries_notices_are_quiet_before_a_command_imports_them(monkeypatch, tmp_path):
+    """bitsandbytes warns at import (its optional `kernels` package) on some CPUs: a command's
+    parser imports transformers and TRL, so the quiet is set before the parser is made."""
+    import logging
+
+    from stepgap.cli import Command, main
+
+    seen = []
+    made = Command.make_parser
+    monkeypatch.setattr(logging.getLogger("bitsandbytes"), "level", logging.NOTSET)
+
+    def make_parser(self):
+        seen.append(logging.getLogger("bitsandbytes").getEffectiveLevel())
+        return made(self)
+
+    monkeypatch.setattr(Command, "make_parser", make_parser)
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    assert main(["segment", str(examples / "traces.jsonl"), "-o", str(tmp_path / "s.jsonl")]) == 0
+    assert seen == [logging.ERROR]

@@ -82,20 +82,19 @@ def openrlhf_train_parser() -> argparse.ArgumentParser:
 
 
 def readme_openrlhf_commands() -> list[str]:
-    """Every code span of README.md's OpenRLHF table row and paragraph that is command-line
-    arguments (starts with `--`)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    row = [line for line in text.splitlines() if line.startswith("| OpenRLHF |")]
-    paragraph = [p for p in text.split("\n\n") if p.startswith("**OpenRLHF**")]
-    agent = [p for p in text.split("\n\n") if p.startswith("**In OpenRLHF's multi-turn agent**")]
-    assert len(row) == 1 and len(paragraph) == 1 and len(agent) == 1, (
-        "README.md: the OpenRLHF row and paragraphs"
-    )
-    spans = re.findall(r"`([^`]+)`", " ".join(row + paragraph + agent).replace("\n", " "))
-    return [s for s in spans if s.startswith("--")]
+    """Every code span of the OpenRLHF page (docs/rl/openrlhf.md) and of the README's OpenRLHF
+    line that is OpenRLHF's command-line arguments (`--group.key`; a `stepgap serve` flag such as
+    `--client-timeout` is not one)."""
+    page = (REPO / "docs" / "rl" / "openrlhf.md").read_text(encoding="utf-8")
+    readme = [
+        p for p in (REPO / "README.md").read_text().split("\n\n") if p.startswith("OpenRLHF:")
+    ]
+    assert len(readme) == 1, "README.md: the OpenRLHF line of the quickstart"
+    spans = re.findall(r"`([^`]+)`", " ".join([page, *readme]).replace("\n", " "))
+    return [s for s in spans if s.startswith("--") and "." in s.split()[0]]
 
 
-def test_every_openrlhf_flag_in_the_readme_is_one_its_train_ppo_ray_takes():
+def test_every_openrlhf_flag_in_the_docs_is_one_its_train_ppo_ray_takes():
     parser = openrlhf_train_parser()
     _, unknown = parser.parse_known_args(["--remote_rm_url", "http://h:8000/get_reward"])
     assert unknown, "the old flag must be refused, or this parser is not OpenRLHF's"
@@ -104,4 +103,4 @@ def test_every_openrlhf_flag_in_the_readme_is_one_its_train_ppo_ray_takes():
     assert any("--train.agent_func_path" in c for c in commands)
     for command in commands:
         _, unknown = parser.parse_known_args(shlex.split(command))
-        assert not unknown, f"README.md: OpenRLHF's train_ppo_ray does not take {unknown}"
+        assert not unknown, f"the docs: OpenRLHF's train_ppo_ray does not take {unknown}"

@@ -202,16 +202,17 @@ def test_the_dense_manager_puts_each_bracket_on_its_steps_last_token(
 
 
 def readme_verl_manager_names() -> list[str]:
-    """The reward managers README.md's veRL config names: its `{name: ...}` and the list in the
+    """The reward managers the veRL page's config names: its `{name: ...}` and the list in the
     comment beside it."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    page = Path(__file__).resolve().parents[2] / "docs" / "rl" / "verl.md"
+    text = page.read_text(encoding="utf-8")
     m = re.search(r"reward_manager: \{name: (\w+)\}\s*# veRL's own: ([^\n]+)", text)
-    assert m, "README.md: the veRL config's `reward_manager: {name: ...}  # veRL's own: ...` line"
+    assert m, "docs/rl/verl.md: the config's `reward_manager: {name: ...}  # veRL's own: ...` line"
     return [m.group(1), *(name.strip() for name in m.group(2).split(","))]
 
 
-def test_every_verl_manager_the_readme_names_is_in_verls_registry():
-    """The README's config (`source: register`, veRL's default) resolves through the reward
+def test_every_verl_manager_the_docs_name_is_in_verls_registry():
+    """The docs' config (`source: register`, veRL's default) resolves through the reward
     loop's registry (`verl.experimental.reward_loop.reward_manager`), as `load_reward_manager`
     does; a name it does not know is veRL's `Unknown reward manager` at start-up."""
     from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase

@@ -234,16 +234,16 @@ def test_a_finished_trace_of_the_loop_segments_into_its_scripted_steps(
     assert all(s.evidence for s in steps if s.type != "conclusion")
 
 
-def test_every_verl_override_in_the_readme_is_a_key_of_verls_trainer_config():
-    """The `key=value` overrides of README.md's agent-loop command name keys of veRL's own
-    PPO trainer config (a misspelt key fails veRL's start, far from the README)."""
+def test_every_verl_override_in_the_docs_is_a_key_of_verls_trainer_config():
+    """The `key=value` overrides of the veRL page's agent-loop command name keys of veRL's own
+    PPO trainer config (a misspelt key fails veRL's start, far from the docs)."""
     import importlib.util
     import re
 
     from omegaconf import OmegaConf
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = readme[readme.index("python -m verl.trainer.main_ppo ...") :].split("```")[0]
+    page = (REPO / "docs" / "rl" / "verl.md").read_text(encoding="utf-8")
+    block = page[page.index("python -m verl.trainer.main_ppo ...") :].split("```")[0]
     overrides = re.findall(r"(actor_rollout_ref\.[\w.]+)=", block)
     assert len(overrides) == 6, block
     package = Path(importlib.util.find_spec("verl").origin).parent

@@ -1,9 +1,8 @@
-"""The README's Python API section runs as written, block by block, in one fresh interpreter.
-
-The blocks build on each other (segment -> check -> label -> eval -> reward -> distil ->
-export), so they run in order in one namespace, from a folder that holds the repository's
-`examples/`. The one change: the DeBERTa hub id becomes the tiny local NLI model (no network).
-"""
+"""The documentation runs as written: the Python API page block by block in one fresh
+interpreter (segment -> check -> label -> eval -> reward -> distil -> export, each building on
+the one before, from a folder that holds the repository's `examples/` and `tests/`, offline);
+the view walkthrough's commands; every Python block of the README and the pages parses; the
+site builds strictly; the README stays a front page."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-HUB_NLI = "MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli"
+DOCS = REPO / "docs"
 
 RUNNER = """
 import contextlib, io, json, sys, traceback
@@ -37,9 +36,8 @@ print("ALL BLOCKS RAN")
 """
 
 
-def api_blocks(readme: str) -> list[str]:
-    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def api_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page, flags=re.S)
 
 
 def block_printing(blocks: list[str], call: str) -> int:
@@ -49,15 +47,19 @@ def block_printing(blocks: list[str], call: str) -> int:
 
 
 @pytest.mark.slow
-def test_every_python_api_example_runs_and_prints_what_it_says(tmp_path, tiny_nli):
+def test_every_python_api_example_runs_as_written_and_prints_what_it_says(tmp_path, tiny_nli):
+    """As written, offline: where a real run takes a model from the Hub, the page's block
+    builds the tests' stand-in itself (here it finds the session's, copied where it looks)."""
+    import shutil
     from collections import Counter
 
     from stepgap.segment import iter_traces
 
-    blocks = api_blocks((REPO / "README.md").read_text(encoding="utf-8"))
-    assert len(blocks) >= 7
-    blocks = [b.replace(HUB_NLI, str(tiny_nli)) for b in blocks]
+    blocks = api_blocks((DOCS / "python-api.md").read_text(encoding="utf-8"))
+    assert len(blocks) >= 9
     (tmp_path / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "tests").symlink_to(REPO / "tests")
+    shutil.copytree(tiny_nli, tmp_path / "out" / "standin-nli")
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "run.py").write_text(RUNNER)
     done = subprocess.run(
@@ -97,15 +99,16 @@ def test_every_python_api_example_runs_and_prints_what_it_says(tmp_path, tiny_nl
     assert "manifest.json" in offline[1] and "README.md" in offline[1]
 
 
-def test_every_python_block_of_the_readme_is_python():
+def test_every_python_block_of_the_readme_and_the_docs_is_python():
     """Every ```python block can be pasted as it is: no `...` placeholders in calls, no
-    pseudo-code (the ones outside the API section are not run: they need models or clusters)."""
+    pseudo-code (the ones outside the Python API page are not run: they need models or
+    clusters)."""
     import ast
     import textwrap
 
-    readme = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) > len(api_blocks(readme))
+    pages = [REPO / "README.md", *DOCS.rglob("*.md")]
+    blocks = [b for p in pages for b in re.findall(r"```python\n(.*?)```", p.read_text(), re.S)]
+    assert len(blocks) > len(api_blocks((DOCS / "python-api.md").read_text()))
     for block in blocks:
         tree = ast.parse(textwrap.dedent(block))  # a SyntaxError names the line
         for node in ast.walk(tree):  # `f(model=...)`: parses, but is no program
@@ -122,8 +125,8 @@ def test_the_view_walkthrough_runs_as_written_and_writes_only_where_git_ignores(
     covers, so a reader's clone stays clean."""
     import shlex
 
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Look at the verdicts", 1)[1]
+    page = (DOCS / "evaluation.md").read_text()
+    section = page.split("## Look at the verdicts", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
     commands = [shlex.split(c, comments=True) for c in block.replace("\\\n", " ").splitlines()]
     commands = [c for c in commands if c and c[0] == "stepgap"]
@@ -139,3 +142,38 @@ def test_the_view_walkthrough_runs_as_written_and_writes_only_where_git_ignores(
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO,
                              capture_output=True, text=True)  # fmt: skip
     assert ignored.stdout.split() == written, ignored.stderr
+
+
+def test_the_readme_is_a_front_page():
+    """What it is, install, a quickstart and links, in at most 300 lines; no dated figure or
+    load average (measured figures live in BENCHMARKS.md with their dates)."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme)
+    assert "load average" not in readme and "nice -n" not in readme
+    for heading in ("## Install", "## Quickstart", "## Documentation"):
+        assert heading in readme
+    for link in re.findall(r"\]\(([^)#]+)[^)]*\)", readme):  # every file it links is there
+        if not link.startswith("http"):
+            assert (REPO / link).exists(), link
+
+
+def test_the_site_builds_strictly_offline(tmp_path):
+    """`make docs`: a broken link, a missing page or an unknown anchor fails the build; the
+    command-line page is made from the parsers, so it lists every command."""
+    pytest.importorskip("mkdocs")
+    env = {
+        **__import__("os").environ,
+        "DISABLE_MKDOCS_2_WARNING": "true",
+        "NO_MKDOCS_2_WARNING": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    from stepgap.cli import commands
+
+    for name in commands():
+        assert f"stepgap {name}" in cli, name
