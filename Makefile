@@ -1,4 +1,4 @@
-# Entry points: `make demo` (install, then the main job on examples/, 1-8 minutes),
+# Entry points: `make demo` (install, then the main job on examples/),
 # `make demo-full` (also distil, export and check a bundle) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv

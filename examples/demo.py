@@ -1,7 +1,6 @@
 """Run the stepgap pipeline offline on the shipped examples.
 
-`make demo` (this script without flags) does the main job in about a minute on two idle cores:
-segment -> check (teacher tree) -> relabel (ablations) -> baselines -> evaluate against the hand
+`make demo` (this script without flags) does the main job: segment -> check (teacher tree) -> relabel (ablations) -> baselines -> evaluate against the hand
 labels (report, tables, plots) -> rewards and an HTML view. The judge and NLI answers of the
 main check are replayed from `examples/*_replay.jsonl`, written by hand from the paper's case
 studies; a second check runs a stand-in NLI model: a tiny DebertaV2 built here
@@ -11,12 +10,12 @@ it touches, and measures nothing about a real checker.
 `make demo-full` (`--full`) adds the distillation: a tiny student trained in seconds, its
 checks and hard negatives, the evaluation again with it, an offline bundle (merged student +
 ONNX NLI) and a check from that bundle. `--rollouts` adds real-corpus traces: a dense index of
-200 Wikipedia pages and SmolLM2-135M rollouts, labelled by SmolLM2 (another minute; a 135M
-policy seldom searches, none did in the three questions: it shows the mechanics, not what a
-trained policy writes).
+200 Wikipedia pages and SmolLM2-135M rollouts, labelled by SmolLM2 (a 135M policy seldom
+searches, none did in the three questions: it shows the mechanics, not what a trained policy
+writes).
 
 Every command is printed as you can paste it again from the repository root; each stage says
-how long it took on a two-core machine before it starts.
+how long the one before it took on this machine, and the long ones show their progress.
 """
 
 from __future__ import annotations
@@ -60,11 +59,19 @@ def clock() -> str:
     return f"{minutes}:{seconds:02d}"
 
 
-def stage(title: str, expected: str | None = None) -> None:
-    """A stage's heading after the time so far, with what the stage takes on two idle cores
-    where that is more than a few seconds."""
-    took = f"  (about {expected} on two cores)" if expected else ""
-    print(f"\n== [{clock()}] {title}{took}", flush=True)
+STARTED: list[float] = []  # when each stage began
+
+
+def stage(title: str) -> None:
+    """A stage's heading after the time so far, and what the stage before it took on this
+    machine. No stage says beforehand how long it will take: a figure from another machine was
+    off several times on a busy one; the long stages show their own progress and time left."""
+    now = time.monotonic()
+    if STARTED:
+        minutes, seconds = divmod(round(now - STARTED[-1]), 60)
+        print(f"   (that took {minutes}:{seconds:02d})", flush=True)
+    STARTED.append(now)
+    print(f"\n== [{clock()}] {title}", flush=True)
 
 
 def labels(path: Path) -> list[dict]:
@@ -107,10 +114,7 @@ def main_job() -> None:
         show(f"  labels without stage {ablation}", out)
     show("  labels with every stage", OUT / "verdicts.jsonl")
 
-    stage(
-        "4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)",
-        "a minute; more on a busy machine",
-    )
+    stage("4. the same check with a STAND-IN NLI model (a tiny DebertaV2, not a real one)")
     from tests.fixtures.models import build_deberta_nli
 
     if not (NLI / "config.json").is_file():
@@ -168,19 +172,19 @@ def evaluate(title: str, student: bool = False) -> None:
 
 def distil_and_ship() -> None:
     """Train the tiny student on the teacher's verdicts, check and mine with it, bundle it."""
-    stage("8. distil: SFT data from the teacher verdicts, then the tiny recipe", "20 s")
+    stage("8. distil: SFT data from the teacher verdicts, then the tiny recipe")
     run("sft-data", str(OUT / "verdicts.jsonl"), "-o", str(OUT / "sft_data"), "--eval-fraction=0.3")
     run("train", "--config", "tiny", f"--set=dataset={OUT / 'sft_data'}",
         f"--set=output_dir={STUDENT}")  # fmt: skip
 
-    stage("9. the tiny student checks the steps, and mines hard negatives", "10 s")
+    stage("9. the tiny student checks the steps, and mines hard negatives")
     run("check", str(SEG), f"--judge=student:{STUDENT}", f"--nli={NLI}", "--device=cpu",
         "-o", str(OUT / "verdicts_student.jsonl"))  # fmt: skip
     run("mine", str(OUT / "verdicts.jsonl"), f"--student={STUDENT}", f"--nli={NLI}",
         "--device=cpu", "-o", str(OUT / "mined"))  # fmt: skip
     evaluate("10. the evaluation again, with the student's row", student=True)
 
-    stage("11. export the student + ONNX NLI bundle, then check offline from it", "10 s")
+    stage("11. export the student + ONNX NLI bundle, then check offline from it")
     run("export", f"--student={STUDENT}", f"--nli={NLI}", "-o", str(OUT / "bundle"),
         "--merge", "--nli-quantize=int8", "--overwrite",
         f"--eval-report={OUT / 'report' / 'report.json'}", "--eval-checker=student-standin",
@@ -198,7 +202,7 @@ def main_demo(argv: list[str] | None = None) -> None:
     parser.add_argument("--full", action="store_true",
                         help="also distil a tiny student, export and check an offline bundle")  # fmt: skip
     parser.add_argument("--rollouts", action="store_true",
-                        help="also index 200 Wikipedia pages, roll out SmolLM2-135M and label it (a minute)")  # fmt: skip
+                        help="also index 200 Wikipedia pages, roll out SmolLM2-135M and label it")  # fmt: skip
     args = parser.parse_args(argv)
     os.chdir(REPO)
     OUT.mkdir(exist_ok=True)
@@ -250,10 +254,7 @@ def build_traces_demo() -> None:
     """
     import shutil
 
-    stage(
-        "12. build traces: a dense MiniLM index of 200 Wikipedia pages, SmolLM2 rollouts",
-        "a minute",
-    )
+    stage("12. build traces: a dense MiniLM index of 200 Wikipedia pages, SmolLM2 rollouts")
     index, traces, verdicts = (
         OUT / "wiki_index",
         OUT / "rollouts.jsonl",

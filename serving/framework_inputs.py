@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from stepgap.data_builders.qa import question_line
 from stepgap.data_builders.rollout_formats import tool_call_text, tool_response_text
 from stepgap.schema import to_plain
+
+log = logging.getLogger(__name__)
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -57,11 +60,30 @@ def text_of(message_or_text: Any) -> str:
 
 
 def question_from_prompt(prompt: Any) -> str:
-    """The question of a prompt: after `Question:` (Search-R1's template), else the user turn."""
+    """The question of a prompt: after `Question:` (Search-R1's template), else the user turn,
+    with a warning (once a process): the judge's "question" is then the whole turn, whatever
+    else it holds."""
+    global _WARNED_NO_QUESTION_LINE
     if isinstance(prompt, list):
         users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         prompt = text_of(users[-1:] or prompt)
-    return question_line(prompt) or prompt.strip()
+    found = question_line(prompt)
+    if found:
+        return found
+    if not _WARNED_NO_QUESTION_LINE:
+        _WARNED_NO_QUESTION_LINE = True
+        shown = " ".join(prompt.split())[:80]
+        log.warning(
+            "a prompt has no `Question:` line (Search-R1's template): its user turn is taken as "
+            "the question (%r...). Give the question itself where the turn holds more: a "
+            "`question` column (TRL), extra_info.question (veRL, `stepgap prepare-verl-data`), "
+            "or the template's line",
+            shown,
+        )
+    return prompt.strip()
+
+
+_WARNED_NO_QUESTION_LINE = False
 
 
 def golden_list(value: Any) -> list[str]:

@@ -34,9 +34,15 @@ def openrlhf_batch(
     """
     n = len(query)
     prompts = list(prompts) if prompts is not None else [""] * n
-    if labels is None or len(labels) != n or len(prompts) != n:
+    if labels is None:
         raise ValueError(
-            "query, prompts and labels must have equal lengths (labels = golden answers)"
+            "no labels (the golden answers): OpenRLHF sends them only when --data.label_key "
+            "names their column, e.g. --data.label_key golden_answers"
+        )
+    if len(labels) != n or len(prompts) != n:
+        raise ValueError(
+            f"{n} queries, {len(prompts)} prompts and {len(labels)} labels: one of each per "
+            "rollout (labels = golden answers)"
         )
     responses = [
         q[len(p) :] if p and q.startswith(p) else q for q, p in zip(query, prompts, strict=True)

@@ -68,6 +68,26 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "output/parquet-name",
+        "stepgap/io.py",
+        "        if Path(path).suffix.lower() in PARQUET_SUFFIXES:\n            raise ValueError(",
+        "        if False:\n            raise ValueError(",
+        (
+            "tests/cli/test_outputs.py::"
+            "test_segment_writes_parquet_for_a_parquet_name_and_the_others_refuse_one",
+        ),
+    ),
+    Mutation(
+        "ctrl-c/ends-at-once",
+        "stepgap/cli/__init__.py",
+        "        os._exit(130)",
+        "        sys.exit(130)",
+        (
+            "tests/cli/test_errors.py::"
+            "test_after_ctrl_c_the_process_ends_without_the_libraries_exit_handlers",
+        ),
+    ),
+    Mutation(
         "wrong-format/said-once",
         "stepgap/io.py",
         "        if valid or not first:\n            return",
@@ -162,6 +182,16 @@ MUTATIONS = [
         "deque()",
         (
             "tests/serving/test_server.py::test_view_shows_the_last_checked_traces_and_forgets_older_ones",
+        ),
+    ),
+    Mutation(
+        "server/docs-offline",
+        "serving/server.py",
+        "    from fastapi_offline import FastAPIOffline\n",
+        "    from fastapi import FastAPI as FastAPIOffline\n",
+        (
+            "tests/serving/test_server.py::"
+            "test_openapi_and_docs_document_every_route_and_the_examples_are_valid_requests",
         ),
     ),
     Mutation(

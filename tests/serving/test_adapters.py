@@ -96,3 +96,33 @@ def test_verl_without_questions_fails_before_any_checker_is_asked(monkeypatch):
         verl.compute_score_batch(["nq"] * 2, [response] * 2, [["4"]] * 2,
                                  [{"question": "q?"}, {"split": "train", "index": 1}])  # fmt: skip
     assert "this row's extra_info has index, split" in str(error.value)
+
+
+def test_openrlhf_inputs_without_labels_say_which_flag_sends_them():
+    from stepgap.serving.openrlhf import openrlhf_batch
+
+    with pytest.raises(ValueError, match=r"no labels .*--data\.label_key golden_answers"):
+        openrlhf_batch(["q"], ["p"], None)
+    with pytest.raises(ValueError, match="2 queries, 2 prompts and 1 labels"):
+        openrlhf_batch(["q", "r"], ["p", "p"], [["a"]])
+
+
+def test_a_prompt_without_a_question_line_is_scored_with_a_warning(monkeypatch, caplog):
+    """Without Search-R1's `Question:` line the judge gets the whole user turn as the question:
+    said once, in a warning naming where to give the question instead."""
+    import logging
+
+    from stepgap.serving import framework_inputs
+    from stepgap.serving.openrlhf import openrlhf_batch
+
+    monkeypatch.setattr(framework_inputs, "_WARNED_NO_QUESTION_LINE", False)
+    prompt = "Answer the question below, searching as you need.\nWho wrote Ulysses?\n"
+    with caplog.at_level(logging.WARNING, logger="stepgap.serving.framework_inputs"):
+        _, questions, _ = openrlhf_batch([prompt + "<answer>Joyce</answer>"], [prompt], [["x"]])
+        openrlhf_batch([prompt], [prompt], [["x"]])  # once a process
+    assert questions == [prompt.strip()]
+    said = [r.getMessage() for r in caplog.records if "no `Question:` line" in r.getMessage()]
+    assert len(said) == 1 and "extra_info.question" in said[0]
+    with caplog.at_level(logging.WARNING, logger="stepgap.serving.framework_inputs"):
+        _, questions, _ = openrlhf_batch(["Question: Who?\nx"], ["Question: Who?\n"], [["x"]])
+    assert questions == ["Who?"]

@@ -94,7 +94,7 @@ def test_two_replicas_on_two_nodes_give_the_in_process_rewards(
     assert [v["step"] for v in checked["verdicts"][0]] == steps and len(steps) > 1
     assert httpx.get(f"{serve_url}/health").json()["failed_checks"] == 0
     bad = httpx.post(f"{serve_url}/reward", json={**body, "questions": body["questions"][:1]})
-    assert bad.status_code == 422 and "must have equal lengths" in bad.text
+    assert bad.status_code == 422 and "one of each per rollout" in bad.text
 
 
 def test_openrlhfs_client_gets_its_rewards_from_the_serve_url(
