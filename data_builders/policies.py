@@ -193,7 +193,7 @@ class OpenAIPolicy(Policy):
         max_retries: int = 6,
         seed: int | None = None,
     ) -> None:
-        from stepgap.teacher.judges.openai_api import openai_client
+        from stepgap.teacher.judges.openai_wire import openai_client
 
         self.name = f"openai:{model}"
         self.model = model

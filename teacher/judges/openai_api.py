@@ -23,11 +23,10 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from stepgap.options import at_least_one, more_than_zero, one_of, option
@@ -48,54 +47,27 @@ from .base import (
     judge_json_schema,
     parse_answer,
     parse_judge,
-    response_format,
 )
 from .cache import JudgeCache, cache_key
 from .concurrency import EngineLimit, continuous_batching, engine_slots
 from .confidence import stage_confidences
 from .cost import CostMeter
 from .model_judge import ModelJudgeOptions, with_cache_and_meter
+from .openai_wire import (
+    DEFAULT_API_KEY_ENV,
+    DEFAULT_ENDPOINT,
+    RESPONSE_FORMATS,
+    Completion,
+    JudgeLoop,
+    format_messages,
+    format_params,
+    openai_client,
+    server_and_key,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_MAX_TOKENS = 1024  # the answer budget when `max_tokens` is not set
-DEFAULT_ENDPOINT = "https://api.openai.com/v1"  # the SDK's, when no base URL is given
-
-
-class MissingAPIKeyError(JudgeConfigError, ValueError):
-    """No API key in the environment for a server that needs one."""
-
-
-def server_and_key(who: str, base_url: str | None, api_key_env: str) -> tuple[str | None, str]:
-    """The server (`base_url`, else `$OPENAI_BASE_URL`, else OpenAI's) and its API key, read
-    from `$api_key_env` only, never from a flag or a file. A server given by URL (a local
-    engine) may need no key; OpenAI's does: `MissingAPIKeyError` naming the variable."""
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-    key = os.environ.get(api_key_env)
-    if not key and base_url is None:
-        raise MissingAPIKeyError(
-            f"{who} reads its API key from ${api_key_env}; set it in the environment (or "
-            "pass --base-url for a local server that needs none)"
-        )
-    return base_url, key or "not-needed"
-
-
-def openai_client(
-    who: str,
-    *,
-    base_url: str | None,
-    api_key_env: str = DEFAULT_API_KEY_ENV,
-    timeout: float,
-    max_retries: int,
-    asynchronous: bool = False,
-) -> Any:
-    """An OpenAI SDK client for `who` (the judge, a policy) on `server_and_key`'s server."""
-    import openai
-
-    base_url, key = server_and_key(who, base_url, api_key_env)
-    make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
-    return make(api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries)
 
 
 @dataclass(frozen=True)
@@ -214,7 +186,7 @@ class OpenAIJudge(JudgeBackend):
         self.limit = EngineLimit(adapt=slots == "auto" and self.base_url is not None)
         if slots.isdigit():
             self.limit.learned(int(slots), "--engine-slots")
-        self._loop = _JudgeLoop()
+        self._loop = JudgeLoop()
         self._probed = slots != "auto" or self.base_url is None
 
     @classmethod
@@ -477,121 +449,4 @@ class OpenAIJudge(JudgeBackend):
         return JudgeResult.failed(
             f"judge gave no valid answer in {1 + self.invalid_retries} attempt(s): {problem}",
             usage,
-        )
-
-
-class _JudgeLoop:
-    """The judge's event loop in a daemon thread, with the HTTP clients bound to it: one per
-    process (a forked reward worker starts its own; a loop and its sockets do not survive a
-    fork)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: Any = None
-        self.http: Any = None  # an httpx.AsyncClient for the engine's own routes (/props)
-
-    def get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=loop.run_forever, name="stepgap-judge-loop", daemon=True
-                ).start()
-                self._pid, self._loop, self._client, self.http = os.getpid(), loop, None, None
-            return self._loop
-
-    async def client(self, make: Callable[[], Any]) -> Any:
-        """The judge's API client (made on first use, on this loop)."""
-        if self._client is None:
-            import httpx
-
-            self._client = make()
-            self.http = httpx.AsyncClient()
-        return self._client
-
-
-RESPONSE_FORMATS = ("json_schema", "json_object", "none")
-
-
-def format_params(fmt: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The request parameters of a response format.
-
-    json_schema: OpenAI's strict structured output (vLLM, SGLang and llama.cpp's server take it
-    too); json_object: JSON mode with the schema alongside, as llama-cpp-python and Ollama take
-    it; none: no parameter at all (the schema is in the prompt, and invalid JSON is asked again).
-    """
-    schema = schema if schema is not None else judge_json_schema()
-    if fmt == "json_schema":
-        return {"response_format": response_format(schema)}
-    if fmt == "json_object":
-        return {"response_format": {"type": "json_object", "schema": schema}}
-    return {}
-
-
-def format_messages(
-    messages: list[dict[str, str]], fmt: str, schema: dict[str, Any] | None = None
-) -> list[dict[str, str]]:
-    """Without a response format, the system message also carries the JSON schema."""
-    if fmt != "none":
-        return messages
-    schema_text = json.dumps(
-        schema if schema is not None else judge_json_schema(), separators=(",", ":")
-    )
-    note = (
-        "\n\nReply with the JSON object only: no prose, no code fence. It must validate "
-        f"against this JSON schema: {schema_text}"
-    )
-    return [{**m, "content": m["content"] + note} if m["role"] == "system" else m for m in messages]
-
-
-@dataclass
-class Completion:
-    """What the judge reads of a chat completion: the first choice, its token log-probabilities
-    and the usage; `problem` when the body is not a usable completion."""
-
-    content: str = ""
-    refusal: str | None = None
-    finish_reason: str | None = None
-    logprobs: list[tuple[str, float]] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)
-    problem: str | None = None
-
-    @classmethod
-    def of(cls, body: bytes | str) -> Completion:
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            return cls(problem=f"the server's answer is not JSON: {exc}")
-        if not isinstance(data, dict):
-            return cls(problem="the server's answer is not a JSON object")
-        try:
-            return cls._read(data)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            return cls(problem=f"the server's answer is not a chat completion ({exc!r})")
-
-    @classmethod
-    def _read(cls, data: dict[str, Any]) -> Completion:
-        raw_usage = data.get("usage")
-        usage: dict[str, int] = {}
-        if raw_usage:
-            details = raw_usage.get("prompt_tokens_details") or {}
-            usage = {
-                "prompt_tokens": int(raw_usage.get("prompt_tokens") or 0),
-                "completion_tokens": int(raw_usage.get("completion_tokens") or 0),
-                "cached_tokens": int(details.get("cached_tokens") or 0),
-            }
-        choices = data.get("choices") or []
-        if not choices:
-            return cls(usage=usage, problem="the server returned no choices")
-        choice = choices[0]
-        message = choice.get("message") or {}
-        tokens = (choice.get("logprobs") or {}).get("content") or []
-        return cls(
-            content=message.get("content") or "",
-            refusal=message.get("refusal"),
-            finish_reason=choice.get("finish_reason"),
-            logprobs=[(t["token"], float(t["logprob"])) for t in tokens],
-            usage=usage,
         )

@@ -146,7 +146,7 @@ def test_the_recipe_runs_as_written_with_llama_server(
 
     from stepgap.export.bundle import export_bundle
     from stepgap.student.judge import ServedStudentJudge
-    from stepgap.teacher.judges.openai_api import format_params
+    from stepgap.teacher.judges.openai_wire import format_params
     from stepgap.teacher.prompt import build_requests
 
     bundle = export_bundle(str(tiny_qwen2), str(tiny_nli), tmp_path / "bundle")

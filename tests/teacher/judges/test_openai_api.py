@@ -218,7 +218,7 @@ def test_a_fixed_response_format_is_never_changed(
 
 
 def test_a_completion_is_read_from_the_answer_json_and_a_bad_body_is_a_problem():
-    from stepgap.teacher.judges.openai_api import Completion
+    from stepgap.teacher.judges.openai_wire import Completion
 
     body = {
         "choices": [
@@ -279,11 +279,8 @@ def test_the_judge_and_a_policy_read_their_key_from_the_environment_only(monkeyp
     """One set-up for every OpenAI client: OpenAI's own server needs the key's variable set;
     a server given by URL needs none; the message names the variable, never a value."""
     from stepgap.data_builders.policies import OpenAIPolicy
-    from stepgap.teacher.judges.openai_api import (
-        MissingAPIKeyError,
-        OpenAIJudge,
-        OpenAIJudgeOptions,
-    )
+    from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
+    from stepgap.teacher.judges.openai_wire import MissingAPIKeyError
 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("MY_KEY", raising=False)
