@@ -267,14 +267,13 @@ def rollout_traces(
     """The rollouts of a `/reward` or `/get_reward` body as segmented traces (`reward.trace`:
     one that cannot be segmented is scored on EM alone), ids `ids` (the client's) or
     `ROUTE-i`."""
-    if ids is None:
-        if not len(responses) == len(questions) == len(golden):
-            raise ValueError("responses, questions and golden_answers must have equal lengths")
-        ids = [f"{route}-{i}" for i in range(len(responses))]
-    elif not len(responses) == len(questions) == len(golden) == len(ids):
-        raise ValueError(
-            "responses, questions, golden_answers and trace_ids must have equal lengths"
-        )
+    lists = {"responses": responses, "questions": questions, "golden_answers": golden}
+    if ids is not None:
+        lists["trace_ids"] = ids
+    if len({len(v) for v in lists.values()}) > 1:
+        counts = ", ".join(f"{len(v)} {name}" for name, v in lists.items())
+        raise ValueError(f"give {', '.join(lists)}: one of each per rollout (got {counts})")
+    ids = ids if ids is not None else [f"{route}-{i}" for i in range(len(responses))]
     return [
         reward.trace(r, q, golden_list(g), tid)
         for r, q, g, tid in zip(responses, questions, golden, ids, strict=True)

@@ -82,7 +82,7 @@ class MineArguments(RecordOptions):
         if self.bundle and (self.student or self.nli):
             raise ValueError("bundle brings its own student and NLI model: drop --student, --nli")
         if not self.bundle and not (self.student and self.nli):
-            raise ValueError("student and nli are needed (--student PATH --nli SPEC), or --bundle")
+            raise ValueError("give --student PATH with --nli SPEC, or --bundle")
         super().__post_init__()
 
 

@@ -105,6 +105,6 @@ def test_unknown_key_or_wrong_enum_is_rejected():
         parse_judge(json.dumps(obj))
 
 
-def test_load_judge_rejects_unknown_specs():
+def test_build_judge_rejects_unknown_specs():
     with pytest.raises(ValueError, match="unknown judge spec"):
         build_judge("nope:x")

@@ -113,6 +113,7 @@ def test_a_merged_folder_is_written_once_and_never_half(tmp_path, monkeypatch):
 
     class Saved:
         config = None
+        hf_quantizer = None  # as transformers' PreTrainedModel declares it
 
         def save_pretrained(self, folder, **_):
             Path(folder).mkdir(parents=True, exist_ok=True)
