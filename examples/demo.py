@@ -234,7 +234,7 @@ def main_demo(argv: list[str] | None = None) -> None:
     if not args.rollouts:
         steps.append(("python examples/demo.py --rollouts", "traces of SmolLM2-135M on Wikipedia"))
     steps += [
-        ('README "Real models and GPUs"', "a real judge and NLI model on your own traces"),
+        ('docs/getting-started.md "Your own traces, a real judge"', "a real judge and NLI model"),
         ("make test", "the test suite"),
     ]
     for what, why in steps:

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="policy: hub id or local path")
     p.add_argument("--judge", help="judge spec, e.g. openai:gpt-4.1-mini or hf:PATH")
-    p.add_argument("--judge-base-url", help="OpenAI-compatible server of an openai: judge")
+    p.add_argument("--base-url", help="OpenAI-compatible server of an openai: judge")
     p.add_argument("--nli", help="NLI model: hub id or local path")
     p.add_argument("--bundle", help="an exported offline checker (instead of --judge/--nli)")
     p.add_argument("--traces", default=str(Path(__file__).with_name("traces.jsonl")))
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
             args.judge,
             args.nli,
             judge_options={
-                "base_url": args.judge_base_url,
+                "base_url": args.base_url,
                 "max_string_chars": args.judge_max_string_chars,
                 "max_tokens": 256,
                 "no_cache": True,

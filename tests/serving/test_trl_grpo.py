@@ -43,7 +43,7 @@ def test_grpo_trains_on_varied_stepgap_rewards(search_policy, tiny_nli, fake_ope
     out = tmp_path / "grpo"
     cmd = [
         sys.executable, str(REPO / "examples" / "grpo_trl.py"), "--model", str(search_policy),
-        "--judge", "openai:gpt-4.1-mini", "--judge-base-url", fake_openai.base_url,
+        "--judge", "openai:gpt-4.1-mini", "--base-url", fake_openai.base_url,
         "--nli", str(tiny_nli), "--steps", "2", "--num-generations", "4",
         "--max-completion-length", "200", "--temperature", "1.0", "--learning-rate", "1e-3",
         "--output", str(out),

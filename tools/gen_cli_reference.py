@@ -1,0 +1,85 @@
+"""Writes docs/cli.md, the command-line reference: each command's `--help` as the command's own
+parser makes it, so the page says what `--help` says.
+
+    python tools/gen_cli_reference.py          # rewrite docs/cli.md
+    python tools/gen_cli_reference.py --check  # exit 1 if docs/cli.md is not what it would write
+
+`tests/test_docs.py` runs the check, so a changed option fails the suite until the page is
+written again. argparse's layout differs a little between Python versions: the page records the
+version that wrote it, and the check compares only under that version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+
+INTRO = """# Command line
+
+`stepgap COMMAND --help` prints each of these. Every command takes `--config FILE.yaml` (its
+options as keys: `batch_size: 16` or `batch-size: 16`; flags on the command line win; relative
+paths in the file are read from the working directory, as on the command line) and
+`--print-config` (the resolved options as YAML that `--config` reads back, nothing run). A
+mistake in a file is one line naming the file, the line and the key.
+
+The options of the judges and NLI models are the fields of their own options classes, the same
+names in Python, in a `--config` file and in a reward worker's JSON file ([Python
+API](python-api.md), [serving](serving.md)). Exit statuses are listed at the end.
+
+"""
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def header() -> str:
+    return (
+        f"<!-- written by tools/gen_cli_reference.py under Python {python_version()}: "
+        "do not edit; run it again -->\n"
+    )
+
+
+def page() -> str:
+    """The page's text, from the parsers of this checkout."""
+    os.environ["COLUMNS"] = "100"  # argparse wraps help at the terminal's width: one width here
+    from stepgap.cli import build_parser, commands
+
+    parts = [header(), INTRO]
+    for name, command in commands().items():
+        text = command.make_parser().format_help()
+        parts.append(f"## `stepgap {name}`\n\n{command.help}\n\n```text\n{text.rstrip()}\n```\n\n")
+    top = build_parser().format_help()
+    parts.append(f"## `stepgap`\n\n```text\n{textwrap.dedent(top).rstrip()}\n```\n")
+    return "".join(parts)
+
+
+def written_under(text: str) -> str | None:
+    """The Python version a page was written under, from its first line."""
+    first = text.split("\n", 1)[0]
+    marker = "under Python "
+    return first.split(marker, 1)[1].split(":", 1)[0] if marker in first else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare, do not write")
+    args = parser.parse_args()
+    text = page()
+    if args.check:
+        if PAGE.read_text() != text:
+            print(f"{PAGE} is out of date: run python tools/gen_cli_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
