@@ -40,6 +40,7 @@ from stepgap.config_files import (
     nearest_name,
     parse_sets,
     read_mapping,
+    suggest_choice,
 )
 
 
@@ -163,6 +164,8 @@ class ArgumentParser(HfArgumentParser):
             kwargs["action"] = "store_true"
         elif kwargs.get("nargs") == "+" and "action" not in kwargs:
             kwargs["action"] = _Extend
+        if kwargs.get("choices") and all(isinstance(c, str) for c in kwargs["choices"]):
+            kwargs["type"] = _dashes_as_underscores(kwargs["choices"], kwargs.get("type") or str)
         if group is None:
             return super().add_argument(*names, **kwargs)
         if group not in self._flag_groups:
@@ -180,14 +183,28 @@ class ArgumentParser(HfArgumentParser):
     # ------------------------------------------------------------------ errors
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        """argparse's usage and error line (`explain`ed), exit status 2."""
-        super().error(self.explain(message))
+        """A one-line usage (what the command requires; `--help` lists the rest) and the error
+        line (`explain`ed), exit status 2: the error is what a user reads, not forty options."""
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {self.explain(message)}\n")
+
+    def short_usage(self) -> str:
+        """`usage: PROG -o OUTPUT [options] INPUT (PROG --help lists them)`: the required flags
+        and the positional arguments only."""
+        parts = [self.prog]
+        for action in self._actions:
+            if action.option_strings and action.required:
+                flag = min(action.option_strings, key=len)
+                parts.append(f"{flag} {action.metavar or action.dest.upper()}")
+        parts.append("[options]")
+        parts += [str(a.metavar or a.dest) for a in self._actions if not a.option_strings]
+        return f"usage: {' '.join(parts)} ({self.prog} --help lists the options)"
 
     def explain(self, message: str) -> str:
         """argparse's error message with the flag a misspelt one was likely meant to be
         (`--entail-treshold`: did you mean --entail-threshold?), naming a flag once, as users
         write it (`--batch-size`, not `--batch-size/--batch_size`)."""
         message = re.sub(r"^argument (-[^/\s:]+)(?:/-[^\s:]+)+:", r"argument \1:", message)
+        message = suggest_choice(message)
         if message.startswith("unrecognized arguments: "):
             known = [o for o in self._option_string_actions if o.startswith("--")]
             for token in message.removeprefix("unrecognized arguments: ").split():
@@ -436,3 +453,14 @@ def flag_value(action: argparse.Action, value: Any, where: str) -> Any:
     if action.choices is not None and value not in action.choices:
         raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
     return value
+
+
+def _dashes_as_underscores(choices: Sequence[str], convert: Callable[[str], Any]) -> Any:
+    """A choice's type that also takes its dashed spelling (`typed-shape` for `typed_shape`),
+    as every flag name does."""
+
+    def choice(value: str) -> Any:
+        dashed = value.replace("-", "_")
+        return convert(dashed if value not in choices and dashed in choices else value)
+
+    return choice

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from enum import Enum
 from pathlib import Path
@@ -89,3 +90,14 @@ def nearest_name(name: str, known: Iterable[str], cutoff: float = 0.75) -> str |
     """The known name a misspelt one was most likely meant to be, if one is close enough."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
     return close[0] if close else None
+
+
+def suggest_choice(message: str) -> str:
+    """argparse's "invalid choice: 'chek' (choose from ...)" with the choice it was likely meant
+    to be, as a misspelt flag gets."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if found is None:
+        return message
+    choices = re.findall(r"'([^']*)'", found.group(2)) or found.group(2).split(", ")
+    close = nearest_name(found.group(1), choices)
+    return f"{message} (did you mean {close}?)" if close else message

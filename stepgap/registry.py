@@ -97,16 +97,16 @@ def options_for(
 ) -> Options:
     """The options of `backend` taken by name from `config`, a configuration that holds those of
     several backends of one kind (`among`: their options classes); a field of theirs that is set
-    but that `backend` does not take is an error naming its flag and the flags it takes:
-    `--engine does not apply to the judge openai:m (its flags: --base-url, ...)`."""
+    but that `backend` does not take is an error naming the option (as a key and a flag, for
+    Python and the command line alike) and those it takes: `option engine (--engine) does not
+    apply to the judge openai:m; it takes: base_url, ...`."""
     wanted = backend.options_class
     of_kind = {name for options in among for name in options.names()}
     for name in config.changed():
         if name in of_kind and name not in wanted.names():
-            takes = ", ".join(flag(n) for n in wanted.names())
+            takes = ", ".join(wanted.names()) or "no options"
             raise BackendOptionError(
-                f"{flag(name)} does not apply to {what}"
-                + (f" (its flags: {takes})" if takes else ""),
+                f"option {name} ({flag(name)}) does not apply to {what}; it takes: {takes}",
                 option=name,
                 taken=wanted.names(),
             )

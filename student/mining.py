@@ -355,7 +355,8 @@ def held_out_pool(
                 "pool is used whole; make sure it is held out from the SFT data",
                 student,
             )
-        return list(pool), {"training_traces_in_pool": None if trained is None else "kept"}
+        # None: the student records none, so none could be found; 0: kept, as asked
+        return list(pool), {"training_traces_dropped": None if trained is None else 0}
     seen = set(trained)
     kept = [v for v in pool if v.trace_id not in seen]
     dropped = {v.trace_id for v in pool if v.trace_id in seen}
@@ -365,7 +366,7 @@ def held_out_pool(
             "mine on held-out verdicts (the sft-data test split, or traces labeled after "
             "training), or pass --include-training-traces to measure memory anyway"
         )
-    return kept, {"training_traces_in_pool": len(dropped)}
+    return kept, {"training_traces_dropped": len(dropped)}
 
 
 def mine(

@@ -171,7 +171,9 @@ def test_the_command_line_page_is_what_the_parsers_say():
     written = (REPO / "docs" / "cli.md").read_text()
     if gen.written_under(written) != gen.python_version():
         pytest.skip(f"docs/cli.md was written under Python {gen.written_under(written)}")
-    assert written == gen.page(), "docs/cli.md is out of date: run python tools/gen_cli_reference.py"
+    assert written == gen.page(), (
+        "docs/cli.md is out of date: run python tools/gen_cli_reference.py"
+    )
     from stepgap.cli import commands
 
     for name in commands():

@@ -322,30 +322,21 @@ MUTATIONS = [
         "            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces\n"
         "        ]\n"
         '        self.__dict__.setdefault("kept", []).append(items)\n',
-        (
-            "tests/serving/test_server_load.py::"
-            "test_64_clients_lose_nothing_and_memory_stays_flat",
-        ),
+        ("tests/serving/test_server_load.py::test_64_clients_lose_nothing_and_memory_stays_flat",),
     ),
     Mutation(
         "server/hang-up-dropped",
         "serving/batching.py",
         "        gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None",
         "        gone = None",
-        (
-            "tests/serving/test_server_load.py::"
-            "test_64_clients_lose_nothing_and_memory_stays_flat",
-        ),
+        ("tests/serving/test_server_load.py::test_64_clients_lose_nothing_and_memory_stays_flat",),
     ),
     Mutation(
         "server/no-lost-request",
         "serving/batching.py",
         "            if not future.done():\n                future.set_result(verdicts)",
         "            if not future.done() and position:\n                future.set_result(verdicts)",
-        (
-            "tests/serving/test_server_load.py::"
-            "test_64_clients_lose_nothing_and_memory_stays_flat",
-        ),
+        ("tests/serving/test_server_load.py::test_64_clients_lose_nothing_and_memory_stays_flat",),
     ),
     Mutation(
         "server/answer-as-finished",

@@ -20,9 +20,10 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from stepgap import __version__
+from stepgap.config_files import suggest_choice
 from stepgap.redact import install_redaction, redact
 
 if TYPE_CHECKING:
@@ -95,10 +96,17 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class _CommandsParser(argparse.ArgumentParser):
+    """The top-level parser: a misspelt command gets the one it was likely meant to be."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        super().error(suggest_choice(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`stepgap`'s own flags and its list of commands; each command parses its own arguments
     (`Command.make_parser`), so listing them loads no command's options."""
-    parser = argparse.ArgumentParser(
+    parser = _CommandsParser(
         prog="stepgap",
         description="Step-level evidence-gap checking (CC / IE / MB) for search agents. "
         "`stepgap COMMAND --help` lists a command's options.",

@@ -178,7 +178,7 @@ def test_label_baseline_and_mine_take_a_bundle(tmp_path, examples_dir, capsys):
     pool = str(examples_dir / "teacher_verdicts.jsonl")
     assert main(["mine", pool, "--bundle", bundle, "-o", str(mined)]) == 0
     summary = json.loads((mined / "summary.json").read_text())
-    assert summary["agreement"]["steps"] > 0 and summary["training_traces_in_pool"] > 0
+    assert summary["agreement"]["steps"] > 0 and summary["training_traces_dropped"] > 0
     assert main(["mine", pool, "--bundle", bundle, "--nli", "x", "-o", str(mined)]) == 2
     assert "drop --student, --nli" in capsys.readouterr().err
 

@@ -294,9 +294,13 @@ def test_skipped_records_are_listed_once_and_exit_3_unless_allowed(tmp_path):
 
 
 def test_a_wrong_flag_shows_the_commands_usage(tmp_path):
+    """Two lines: what the command requires (not its forty options) and the error."""
     done = run("check", str(EX / "traces.jsonl"), "-o", str(tmp_path / "v.jsonl"), "--bogus")
     assert done.returncode == 2
-    assert done.stderr.startswith("usage: stepgap check "), done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "usage: stepgap check -o OUTPUT [options] input (stepgap check --help lists the options)"
+    ), done.stderr
+    assert len(done.stderr.splitlines()) == 2, done.stderr
     assert done.stderr.splitlines()[-1] == "stepgap check: error: unrecognized arguments: --bogus"
     alone = run("check", "--bogus")  # named before the missing input and -o
     assert alone.returncode == 2
@@ -305,6 +309,19 @@ def test_a_wrong_flag_shows_the_commands_usage(tmp_path):
                "--entail-treshold", "0.3")  # fmt: skip
     assert typo.returncode == 2
     assert typo.stderr.splitlines()[-1].endswith("(did you mean --entail-threshold?)")
+
+
+def test_a_misspelt_command_or_choice_says_what_it_was_likely_meant_to_be(tmp_path):
+    done = run("chek", str(EX / "traces.jsonl"))
+    assert done.returncode == 2 and done.stderr.rstrip().endswith("(did you mean check?)")
+    verdicts = str(EX / "teacher_verdicts.jsonl")
+    argv = ["reward", str(EX / "traces.jsonl"), "--verdicts", verdicts]
+    wrong = run(*argv, "-o", str(tmp_path / "r.jsonl"), "--variant", "typed-shap")
+    assert wrong.returncode == 2 and wrong.stderr.rstrip().endswith("(did you mean typed_shape?)")
+    # a choice, as every flag name, may be spelt with dashes
+    assert run(*argv, "-o", str(tmp_path / "d.jsonl"), "--variant", "typed-shape").returncode == 0
+    assert run(*argv, "-o", str(tmp_path / "u.jsonl"), "--variant", "typed_shape").returncode == 0
+    assert (tmp_path / "d.jsonl").read_text() == (tmp_path / "u.jsonl").read_text()
 
 
 def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):

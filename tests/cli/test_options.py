@@ -123,18 +123,20 @@ def test_a_judge_flag_its_judge_does_not_take_is_named_as_a_flag(tmp_path, capsy
     assert main([*base, "--judge", "openai:m", "--nli", f"replay:{ex}/nli_replay.jsonl",
                  "--engine", "vllm"]) == 2  # fmt: skip
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("stepgap check: error: --engine does not apply to the judge openai:m")
-    assert "(its flags: " in line and "--base-url, --api-key-env, " in line
-    assert "--judge-device" not in line and "on_result" not in line and "meter" not in line
+    assert line.startswith(
+        "stepgap check: error: option engine (--engine) does not apply to the judge openai:m"
+    )
+    assert "; it takes: " in line and "base_url, api_key_env, " in line
+    assert "judge_device" not in line and "on_result" not in line and "meter" not in line
     bundle = "tests/export/made_before/bundle"
     assert main([*base, "--bundle", bundle, "--base-url", "http://127.0.0.1:9/v1"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"--base-url does not apply to the judge of --bundle {bundle}" in line
-    assert "--judge-device" in line and "--max-tokens" in line and "--engine" in line
+    assert f"option base_url (--base-url) does not apply to the judge of --bundle {bundle}" in line
+    assert "judge_device" in line and "max_tokens" in line and "engine" in line
     assert main([*base, "--judge", f"replay:{ex}/judge_replay.jsonl", "--nli",
                  f"replay:{ex}/nli_replay.jsonl", "--nli-provider", "CPU"]) == 2  # fmt: skip
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--nli-provider does not apply to the NLI model replay:" in line
+    assert "option nli_provider (--nli-provider) does not apply to the NLI model replay:" in line
     assert not (tmp_path / "v.jsonl").exists()
 
 

@@ -454,7 +454,8 @@ def test_an_unavailable_provider_is_named_with_those_available(bundles, examples
     assert "CUDAExecutionProvider is not available" in capsys.readouterr().err
     assert main(["check", traces, "--judge", "replay:x", "--nli", "replay:y", "-o", "unused.jsonl",
                  "--nli-provider", "cpu"]) == 2  # fmt: skip
-    assert "--nli-provider does not apply to the NLI model replay:y" in (capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "option nli_provider (--nli-provider) does not apply to the NLI model replay:y" in err
 
 
 def test_the_nli_device_places_a_bundles_onnx_model(bundles, examples_dir, tmp_path, capsys):

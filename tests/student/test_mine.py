@@ -208,7 +208,7 @@ def test_the_pool_leaves_out_the_traces_the_student_was_trained_on(pool, tmp_pat
     (student / STUDENT_META).write_text(json.dumps({TRAIN_TRACES: traces[:-2]}))
     kept, info = held_out_pool(pool, student)
     assert {v.trace_id for v in kept} == set(traces[-2:])
-    assert info == {"training_traces_in_pool": len(traces) - 2}
+    assert info == {"training_traces_dropped": len(traces) - 2}
     assert len(held_out_pool(pool, student, allow_training_traces=True)[0]) == len(pool)
     (student / STUDENT_META).write_text(json.dumps({TRAIN_TRACES: traces}))
     with pytest.raises(ValueError, match="every trace of the pool was in .* training set"):
@@ -285,7 +285,7 @@ def test_cli_mine_and_augment_with_the_tiny_student(
     assert [e for e, _ in events] == ["closed", "augment", "closed"]
     assert events[0][1] is not events[2][1]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["training_traces_in_pool"] == len({v.trace_id for v in pool} & trained)
+    assert summary["training_traces_dropped"] == len({v.trace_id for v in pool} & trained)
     assert summary["short_circuit"]["steps"] == len(held)
     assert summary["mined"] == summary["train"] + summary["held_out"] > 0
     assert summary["short_circuit_after"]["steps"] == len(held)
