@@ -42,6 +42,25 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True)
+def hub_mode_restored() -> Iterator[None]:
+    """A bundle loaded in a test switches its process offline (`export.offline.go_offline`, as it
+    must for users); undone after each test, so that a later test's commands (which inherit this
+    environment) are not offline by the order the tests ran in."""
+    import huggingface_hub.constants
+
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    before = {name: os.environ.get(name) for name in names}
+    constant = huggingface_hub.constants.HF_HUB_OFFLINE
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    huggingface_hub.constants.HF_HUB_OFFLINE = constant
+
+
 @pytest.fixture
 def hub_offline(monkeypatch, tmp_path) -> Path:
     """HF_HUB_OFFLINE=1 and an empty Hugging Face cache, as a shell sets them before Python
@@ -54,19 +73,6 @@ def hub_offline(monkeypatch, tmp_path) -> Path:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return tmp_path / "hf"
-
-
-@pytest.fixture
-def offline_undone(monkeypatch) -> None:
-    """A bundle loaded in this process switches it offline (`export.offline.go_offline`):
-    switched back after the test, for the tests that reach a Hub on 127.0.0.1."""
-    import huggingface_hub.constants
-
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(name, os.environ.get(name, "0"))
-    monkeypatch.setattr(
-        huggingface_hub.constants, "HF_HUB_OFFLINE", huggingface_hub.constants.HF_HUB_OFFLINE
-    )
 
 
 @pytest.fixture(scope="session")

@@ -104,7 +104,7 @@ def test_module_entry_point():
 
 
 def test_no_progress_quiets_the_bars_of_the_libraries_too(
-    tmp_path, examples_dir, capfd, monkeypatch, offline_undone
+    tmp_path, examples_dir, capfd, monkeypatch
 ):
     """`--no-progress` covers transformers' weight-loading bar (a bundle's student printed one
     with the flag before), and the Hub's bars: the flag sets the Hub's setting, which a vLLM
@@ -138,9 +138,7 @@ def test_no_progress_quiets_the_bars_of_the_libraries_too(
     assert "Loading weights" not in capfd.readouterr().err
 
 
-def test_check_and_label_close_their_local_judge(
-    tmp_path, examples_dir, monkeypatch, offline_undone
-):
+def test_check_and_label_close_their_local_judge(tmp_path, examples_dir, monkeypatch):
     """A local judge is closed when its command is done: on vLLM, its engine is shut down
     rather than killed at exit (where vLLM warns that its engine "exited unexpectedly")."""
     from stepgap.teacher.judges.hf import HFJudge

@@ -224,7 +224,8 @@ def refusing_hub():
 
 def upload_envs(tmp_path: Path, refusing_hub: str) -> dict[str, dict[str, str]]:
     """A token with nowhere to go, and a token the Hub refuses."""
-    base = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_test", "HF_HUB_DISABLE_XET": "1"}
+    base = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_test", "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_OFFLINE": "0"}  # fmt: skip
     return {
         "unreachable": {**base, "HF_ENDPOINT": "http://127.0.0.1:9"},
         "refused": {**base, "HF_ENDPOINT": refusing_hub},

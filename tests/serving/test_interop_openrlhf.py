@@ -90,7 +90,8 @@ def readme_openrlhf_commands() -> list[str]:
         p for p in (REPO / "README.md").read_text().split("\n\n") if p.startswith("OpenRLHF:")
     ]
     assert len(readme) == 1, "README.md: the OpenRLHF line of the quickstart"
-    spans = re.findall(r"`([^`]+)`", " ".join([page, *readme]).replace("\n", " "))
+    prose = re.sub(r"```.*?```", " ", "\n\n".join([page, *readme]), flags=re.S)  # no fences
+    spans = re.findall(r"`([^`]+)`", prose.replace("\n", " "))
     return [s for s in spans if s.startswith("--") and "." in s.split()[0]]
 
 
