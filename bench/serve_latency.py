@@ -42,19 +42,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 RATE_RUNS = {"one_call": ["--max-inflight", "1"], "defaults": []}
-SLOT_RUNS = {
-    "before": ["--engine-slots", "none", "--when-overloaded", "refuse", "--on-failed-check", "zero"],
-    "defaults": [],
-}  # fmt: skip
+# name: (flags, whether it runs the --baseline package); a baseline run is left out without one
+SLOT_RUNS = {"today": ([], True), "no_keep": (["--keep-for-retry", "0"], False), "defaults": ([], False)}  # fmt: skip
 
 
 def start_server(
-    base_url: str, nli: Path | str, extra: list[str]
+    base_url: str, nli: Path | str, extra: list[str], baseline: str | None = None
 ) -> tuple[subprocess.Popen, str, Path]:
+    """`stepgap serve` in a process of its own; `baseline`: a folder holding an earlier
+    stepgap (`pip install --no-deps --target DIR`), which it then runs instead of this one."""
     import httpx
 
     from tests.fixtures.live_server import _free_port
 
+    env = {**os.environ, **({"PYTHONPATH": baseline} if baseline else {})}
     port = _free_port()
     log = Path(tempfile.mkdtemp()) / "serve.log"
     cmd = [
@@ -63,7 +64,9 @@ def start_server(
         "--nli", f"replay:{nli}" if str(nli).endswith(".jsonl") else str(nli),
         "--max-batch", "32", "--concurrency", "8", *extra,
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    # a baseline runs from its folder: `python -m` puts the working directory first
+    cwd = baseline or None
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -167,6 +170,7 @@ def drive_slots(url: str, rollouts, expected: dict | None, budget: float) -> dic
         if expected is None
         else sum(abs(r - expected[t.id.split("#")[0]]) > 1e-9 for t, r in delivered),
         "wall_s": round(wall, 1),
+        "delivered_steps": sum(len(t.steps or []) for t, _ in delivered),
     }
 
 
@@ -220,29 +224,60 @@ def rate_scene(args, traces, expected, answers, nli) -> dict:
     return runs
 
 
+def distinct_rollouts(traces, n: int, tag: str = "") -> list:
+    """`n` rollouts, each its own: the example traces under new ids, each with a golden answer
+    alias of its own that matches nothing (the judge's prompts, and so the scripted judge's
+    answers and the rewards, stay the traces')."""
+    out = []
+    for i in range(n):
+        t = traces[i % len(traces)]
+        alias = f"unmatched alias {tag}{i}"
+        out.append(t.model_copy(update={"id": f"{t.id}#{tag}{i}",
+                                        "golden_answers": [*t.golden_answers, alias]}))  # fmt: skip
+    return out
+
+
+def runs_to_make(args) -> dict[str, tuple[list[str], str | None]]:
+    """The slots and outage scenes' runs: name -> (flags, baseline folder or None)."""
+    runs = {}
+    for name, (flags, old) in SLOT_RUNS.items():
+        if old and not args.baseline:
+            continue
+        runs[name] = (flags, args.baseline if old else None)
+    return runs
+
+
+def judge_seen(report: Path, delivered_steps: int) -> dict:
+    """What the scripted judge server saw: requests started, finished (answered), cancelled
+    part-way, and the share of finished ones that reached a delivered reward."""
+    time.sleep(1.0)  # the judge server's last report
+    seen = json.loads(report.read_text())
+    return {
+        "judge_started": seen["requests"],
+        "judge_finished": seen["answered"],
+        "judge_cancelled": seen["cancelled"],
+        "judge_max_open": seen["max_open"],
+        "finished_used": round(min(1.0, delivered_steps / seen["answered"]), 2)
+        if seen["answered"] else None,
+    }  # fmt: skip
+
+
 def slots_scene(args, traces, expected, answers, nli) -> dict:
     from tests.fixtures.openai_server import start_in_child
 
-    rollouts = [
-        traces[i % len(traces)].model_copy(update={"id": f"{traces[i % len(traces)].id}#{i}"})
-        for i in range(args.rollouts)
-    ]
+    rollouts = distinct_rollouts(traces, args.rollouts)
     runs = {}
-    for name, extra in SLOT_RUNS.items():
+    for name, (extra, baseline) in runs_to_make(args).items():
         report = Path(tempfile.mkdtemp()) / "judge.json"
         judge, base_url = None, args.judge_url
         if base_url is None:
             judge, base_url = start_in_child(
-                answers,
-                args.slot_latency,
-                slots=args.slots,
-                props=True,
-                answer_any=True,
-                report=str(report),
-            )
+                answers, args.slot_latency, slots=args.slots, props=True, answer_any=True,
+                report=str(report), shared=args.shared_slots,
+            )  # fmt: skip
         try:
             server, url, log = start_server(
-                base_url, nli, [*extra, "--client-timeout", str(args.budget)]
+                base_url, nli, [*extra, "--client-timeout", str(args.budget)], baseline
             )
             try:
                 run = drive_slots(url, rollouts, None if judge is None else expected, args.budget)
@@ -252,13 +287,7 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
                 server.terminate()
                 server.wait(timeout=60)
             if judge is not None:
-                time.sleep(1.0)  # the judge server's last report
-                seen = json.loads(report.read_text())
-                run.update(
-                    judge_requests=seen["requests"],
-                    judge_cancelled=seen["cancelled"],
-                    judge_max_open=seen["max_open"],
-                )
+                run.update(judge_seen(report, run.pop("delivered_steps")))
             run["started"] = next(
                 (line for line in log.read_text().splitlines() if "probe" in line), ""
             )
@@ -268,6 +297,107 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
         runs[name] = run
         print(f"slots {name}: {run}", flush=True)
     return runs
+
+
+def _openrlhf_body(t) -> dict:
+    prompt = _prompt(t.question)
+    return {"query": [prompt + t.response], "prompts": [prompt], "labels": [t.golden_answers]}
+
+
+def watch_outage(url: str, fresh: list, down_for: float, restart) -> dict:
+    """After the judge was killed: when `/health` first says degraded, and how long each
+    request sent while it is down takes to be answered (and with what), one every half second
+    (each waits at most until the restart); then `restart()` and the time until a fresh
+    rollout, retried as OpenRLHF's client does (1 s after a 503), gets its reward."""
+    import threading
+
+    import httpx
+
+    killed = time.monotonic()
+    degraded: list[float] = []
+
+    def watch_health() -> None:  # every 50 ms, beside the requests
+        while not degraded and time.monotonic() - killed < down_for:
+            if httpx.get(f"{url}/health", timeout=5).json()["status"] == "degraded":
+                degraded.append(time.monotonic() - killed)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_health, daemon=True)
+    watcher.start()
+    while_down = []
+    k = 0
+    while (left := down_for - (time.monotonic() - killed)) > 0:
+        sent = time.monotonic()
+        try:
+            r = httpx.post(f"{url}/get_reward", json=_openrlhf_body(fresh[k]), timeout=left)
+            while_down.append((r.status_code, round(time.monotonic() - sent, 2)))
+        except httpx.TimeoutException:
+            while_down.append(("no answer", round(time.monotonic() - sent, 2)))
+        k += 1
+        time.sleep(0.5)
+    watcher.join()
+    restarted = restart()
+    tries = 0
+    while True:
+        tries += 1
+        r = httpx.post(f"{url}/get_reward", json=_openrlhf_body(fresh[k]), timeout=180)
+        if r.status_code == 200 and r.json()["rewards"][0] is not None:
+            break
+        time.sleep(1.0)
+    return {
+        "degraded_after_s": round(degraded[0], 2) if degraded else None,
+        "while_down": while_down,
+        "first_reward_after_restart_s": round(time.monotonic() - restarted, 2),
+        "tries_after_restart": tries,
+    }
+
+
+def outage_scene(args, traces, expected, answers, nli) -> dict:
+    """`--outage-rollouts` rollouts through OpenRLHF's client; the judge server is killed
+    (SIGKILL) `--kill-after` s in, and started again on its port `--down-for` s later."""
+    runs = {}
+    for name, (extra, baseline) in runs_to_make(args).items():
+        runs[name] = outage_run(args, traces, answers, nli, name, extra, baseline)
+        print(f"outage {name}: {runs[name]}", flush=True)
+    return runs
+
+
+def outage_run(args, traces, answers, nli, name: str, extra: list[str], baseline) -> dict:
+    import threading
+
+    from tests.fixtures.openai_server import start_in_child
+
+    options = {"slots": args.slots, "props": True, "answer_any": True}
+    judge, base_url = start_in_child(answers, args.slot_latency, **options)
+    judges = [judge]  # the running one last
+    port = int(base_url.rsplit(":", 1)[1].split("/")[0])
+    server, url, _ = start_server(
+        base_url, nli, [*extra, "--client-timeout", str(args.budget)], baseline
+    )
+    rollouts = distinct_rollouts(traces, args.outage_rollouts, tag=f"{name}-")
+    fresh = distinct_rollouts(traces, 200, tag=f"{name}-fresh-")
+    first: dict = {}
+    driver = threading.Thread(
+        target=lambda: first.update(drive_slots(url, rollouts, None, args.budget))
+    )
+
+    def restart() -> float:
+        judges.append(start_in_child(answers, args.slot_latency, port=port, **options)[0])
+        return time.monotonic()
+
+    try:
+        driver.start()
+        time.sleep(args.kill_after)
+        judge.kill()
+        judge.join()
+        run = watch_outage(url, fresh, args.down_for, restart)
+        driver.join()
+        run["first_rollouts"] = {k: first.get(k) for k in ("rollouts", "rewards", "none")}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        judges[-1].terminate()
+    return run
 
 
 def main() -> None:
@@ -286,6 +416,21 @@ def main() -> None:
     p.add_argument("--slot-latency", type=float, default=2.0, help="slots: seconds a request")
     p.add_argument("--budget", type=float, default=30.0, help="slots: OpenRLHF's 180 s, scaled")
     p.add_argument("--judge-url", help="slots: a real engine's base URL instead of the fake")
+    p.add_argument(
+        "--baseline",
+        help="slots, outage: a folder with an earlier stepgap to run "
+        "beside this one ('today'), made by pip install --no-deps --target DIR",
+    )
+    p.add_argument(
+        "--shared-slots",
+        action="store_true",
+        help="slots: the slots share one "
+        "compute, as llama-server's on a few CPU threads (a request beside 3 others "
+        "takes 4x --slot-latency)",
+    )
+    p.add_argument("--outage-rollouts", type=int, default=10, help="outage: rollouts sent")
+    p.add_argument("--kill-after", type=float, default=5.0, help="outage: seconds to the kill")
+    p.add_argument("--down-for", type=float, default=10.0, help="outage: seconds down")
     p.add_argument("--nli", help="NLI spec (default: the examples' replay file)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args()
@@ -309,6 +454,8 @@ def main() -> None:
         result["rate"] = rate_scene(args, traces, expected, answers, nli)
     if "slots" in scenes:
         result["slots"] = slots_scene(args, traces, expected, answers, nli)
+    if "outage" in scenes:
+        result["outage"] = outage_scene(args, traces, expected, answers, nli)
 
     if "rate" in result:
         print(f"\nrate: {args.clients} clients, {args.latency * 1000:.0f} ms per judge answer, "
@@ -327,11 +474,23 @@ def main() -> None:
         )
         print(f"\nslots: {args.rollouts} distinct rollouts at once, OpenRLHF's client (budget "
               f"{args.budget:g} s), {judge}")  # fmt: skip
-        columns = ("rewards", "none", "wall_s", "503s", "failed_traces", "judge_requests",
-                   "judge_cancelled", "judge_max_open", "wrong")  # fmt: skip
+        columns = ("rewards", "none", "wall_s", "503s", "judge_started", "judge_finished",
+                   "judge_cancelled", "finished_used", "wrong")  # fmt: skip
         print(f"{'run':10} " + " ".join(f"{c:>15}" for c in columns))
         for name, r in result["slots"].items():
             print(f"{name:10} " + " ".join(f"{str(r.get(c, '-')):>15}" for c in columns))
+    if "outage" in result:
+        print(
+            f"\noutage: {args.outage_rollouts} rollouts, the judge killed {args.kill_after:g} s "
+            f"in, started again {args.down_for:g} s later ({args.slot_latency:g} s a request)"
+        )
+        for name, r in result["outage"].items():
+            slowest = max((s for _, s in r["while_down"]), default=None)
+            print(f"{name:10} degraded after {r['degraded_after_s']} s; {len(r['while_down'])} "
+                  f"requests while down, slowest answered in {slowest} s "
+                  f"({sorted({str(c) for c, _ in r['while_down']})}); first reward "
+                  f"{r['first_reward_after_restart_s']} s after the restart; first rollouts "
+                  f"{r['first_rollouts']}")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_latency.json").write_text(json.dumps(result, indent=2))

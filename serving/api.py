@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import GapLabel, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
+from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .framework_inputs import golden_list
 
@@ -281,12 +282,20 @@ def rollout_traces(
 
 
 class JudgeHealth:
-    """Whether the judge works, from the last checked request: `degraded` while every step of
-    it failed (a judge that is down, or answers nothing parseable), `ok` again at the first
-    step that gets a label."""
+    """Whether the judge works: `degraded` while its server cannot be reached (as its
+    `EngineLimit` says, from the first connection refused), or while every step of the last
+    checked request failed (a judge that answers nothing parseable); `ok` again once it
+    answers, at the first step that gets a label."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: EngineLimit | None = None) -> None:
         self.failure: str | None = None
+        self.limit = limit
+
+    def problem(self) -> str | None:
+        """What is wrong with the judge, or None."""
+        if self.limit is not None and self.limit.down is not None:
+            return f"the judge cannot be reached: {self.limit.down}"
+        return self.failure
 
     def observe(self, verdicts: Sequence[Sequence[Verdict]]) -> None:
         steps = [v for vs in verdicts for v in vs]
@@ -296,7 +305,7 @@ class JudgeHealth:
         self.failure = failed[0].error if len(failed) == len(steps) else None
 
     def status(self) -> str:
-        return "degraded" if self.failure is not None else "ok"
+        return "degraded" if self.problem() is not None else "ok"
 
 
 def reward_response(results: Sequence[RewardResult]) -> dict[str, Any]:

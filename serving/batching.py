@@ -6,9 +6,12 @@ verdicts. A worker thread takes up to `max_batch` traces (waiting at most `max_w
 more) per checker call, up to `max_inflight` calls at once. `Pace` measures how fast the checker
 answers (a judge behind a URL: its own `EngineLimit`), so a request the backlog cannot answer by
 its deadline is held until there is room, or refused at once (`Busy`, which the server answers
-503 with Retry-After). A cancelled request (its client left, its deadline passed) cancels its
-traces' `TraceDeadline`: the workers skip them, and the judge sends nothing more for them.
-Nothing here knows HTTP: the server (`server.py`) maps requests and `Busy` onto routes. Every
+503 with Retry-After). A trace's checking is a `Work` (`work.py`), shared by the requests that
+send the same trace: a request that ends unanswered (its deadline passed, its client left)
+leaves its work running for a retry, `keep_for_retry` seconds, before it is abandoned (the
+workers skip it, and the judge sends nothing more for it). While the judge server cannot be
+reached, its queued and running work fails at once and new requests are refused at once (503),
+and the judge is probed every `PROBE_EVERY` seconds until it answers. Nothing here knows HTTP: the server (`server.py`) maps requests and `Busy` onto routes. Every
 time here (deadlines, holds, the wait for a batch, the pace) is read and waited on through one
 `stepgap.clock.Clock`, the machine's unless a test gives its own.
 """
@@ -30,6 +33,8 @@ from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import JudgeHealth
+from .pace import Pace
+from .work import KEEP_FOR_RETRY, Work, Works
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,7 @@ OPENRLHF_TIMEOUT = 180.0
 HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits, at the latest
 WHEN_OVERLOADED = ("hold", "refuse")  # what a request that does not fit now gets
 FIRST = asyncio.FIRST_COMPLETED
+PROBE_EVERY = 1.0  # seconds between probes of a judge server that cannot be reached
 
 
 def usable_seconds(budget: float) -> float:
@@ -56,7 +62,7 @@ Stream = Callable[
 class Busy(RuntimeError):
     """The request cannot be answered in time: 503 with Retry-After. `reason` is what the
     metrics count: queue_full, overloaded (the backlog outlasts the deadline), deadline (not
-    checked in time), shutdown."""
+    checked in time), judge_down (its server cannot be reached), shutdown."""
 
     def __init__(self, reason: str, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
@@ -65,80 +71,19 @@ class Busy(RuntimeError):
 
 
 @dataclass(eq=False)
-class _Item:
-    """A queued trace; its request cancels `future` when the client leaves or its deadline
-    passes, which cancels `deadline` too: the workers skip (or stop checking) cancelled items,
-    and the judge closes their requests in flight and sends no more."""
-
-    trace: Trace
-    future: asyncio.Future
-    deadline: TraceDeadline = field(default_factory=TraceDeadline)
-
-    @property
-    def steps(self) -> int:
-        return len(self.trace.steps or [])
-
-
-@dataclass
-class Pace:
-    """How fast this server checks steps: enough to tell a new request whether its traces can
-    come back before its deadline.
-
-    A judge that measures its own requests (one behind a URL: its `EngineLimit`) gives the rate
-    itself: its requests in flight over their latency (Little's law), measured on the requests
-    the engine served, never on time spent waiting in this server's queue. Any other judge (a
-    model in this process, one call at a time) is measured on whole calls: a call's steps over
-    its seconds. Either way, an estimate is only asked while work is queued or in flight: an
-    idle server admits what comes (the next request measures the judge again), so it never
-    keeps refusing on an old figure.
-    """
-
-    judge: EngineLimit | None = None  # the judge's own measure, when it keeps one
-    calls: float | None = None  # steps per second over whole calls (moving average)
-    weight: float = 0.3  # of the newest call in the moving average
-
-    def observe(self, seconds: float, steps: int) -> None:
-        """A whole call of `steps` steps took `seconds`."""
-        if steps <= 0 or seconds <= 0:
-            return
-        rate, w = steps / seconds, self.weight
-        self.calls = rate if self.calls is None else (1 - w) * self.calls + w * rate
-
-    def rate(self) -> tuple[float, float] | None:
-        """(steps per second, seconds of one step's own round trip), or None before anything
-        was measured."""
-        if self.judge is not None and (per_second := self.judge.throughput()) is not None:
-            return per_second, self.judge.typical_latency() or 0.0
-        if self.calls is not None:
-            return self.calls, 1 / self.calls
-        return None
-
-    def seconds_per_step(self) -> float | None:
-        rate = self.rate()
-        return None if rate is None else 1 / rate[0]
-
-    def estimate(self, ahead: int, steps: int) -> float | None:
-        """Seconds until `steps` more steps are checked behind `ahead` queued or in flight;
-        None before anything was measured."""
-        rate = self.rate()
-        if rate is None:
-            return None
-        per_second, round_trip = rate
-        return (ahead + steps) / per_second + round_trip
-
-
-@dataclass(eq=False)
 class _Call:
     """One checker call in flight: its items and the event that stops it early."""
 
-    items: list[_Item]
+    items: list[Work]
     stop: threading.Event = field(default_factory=threading.Event)
 
     def maybe_stop(self, _: Any = None) -> None:
-        """Stop the call once none of its traces is still wanted: each one answered or dropped,
-        at least one dropped (its client hung up or its deadline passed)."""
+        """Stop the call once none of its traces is still wanted: each one answered, abandoned
+        or failed, at least one not answered (nobody came back for it, the judge is down)."""
         futures = [i.future for i in self.items]
-        if all(f.done() for f in futures) and any(f.cancelled() for f in futures):
+        if all(f.done() for f in futures) and any(
+            f.cancelled() or f.exception() is not None for f in futures
+        ):
             self.stop.set()
 
 
@@ -163,6 +108,7 @@ class MicroBatcher:
         on_drop: Callable[[str, int], None] | None = None,
         judge_limit: EngineLimit | None = None,
         when_overloaded: str = "hold",
+        keep_for_retry: float = KEEP_FOR_RETRY,
         clock: Clock = SYSTEM,
     ) -> None:
         if (check is None) == (stream is None):
@@ -184,20 +130,30 @@ class MicroBatcher:
         self.on_batch = on_batch
         self.on_drop = on_drop
         self.pace = Pace(judge=judge_limit)
-        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.judge_limit = judge_limit
+        self.works = Works(clock, keep_for_retry)
+        self.queue: asyncio.Queue[Work] = asyncio.Queue()
         self.queued_steps = 0  # steps of the queued traces
         self.held: list[tuple[object, int]] = []  # requests waiting to be admitted, in order
-        self.health = JudgeHealth()  # whether the judge works, from the last checked request
+        self.health = JudgeHealth(judge_limit)  # whether the judge works
         self.calls: set[_Call] = set()
         self.closing = False
         self._workers: list[asyncio.Task] = []  # the collector and the calls it started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._room: asyncio.Future | None = None  # done when a call ends: held ones look again
+        self._unlisten: Callable[[], None] | None = None
+        self._probing: asyncio.Future | None = None  # probes a judge that cannot be reached
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._workers = [asyncio.create_task(self._collect())]
+        if self.judge_limit is not None:
+            loop = self._loop
+            self._unlisten = self.judge_limit.on_change(
+                lambda: _call_soon(loop, self._judge_reach_changed)
+            )
+            self._judge_reach_changed()  # down before this server started: probed from now
 
     def close(self, grace: float = 30.0) -> None:
         """Stop taking traces: the queued ones are answered 503 now, the calls in flight may
@@ -212,6 +168,9 @@ class MicroBatcher:
             if not item.future.done():
                 queued += 1
             _fail(item, Busy("shutdown", "the server is shutting down"))
+        self.works.close()
+        if self._unlisten is not None:
+            self._unlisten()
         log.warning(
             "shutting down: %d queued trace(s) answered 503; %d checker call(s) in flight get "
             "%g s to finish",
@@ -262,14 +221,16 @@ class MicroBatcher:
         budget = self.client_timeout if timeout is None else timeout
         if self.closing:
             raise Busy("shutdown", "the server is shutting down")
+        self._refuse_if_judge_down()
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
         until = self.clock.now() + usable_seconds(budget)
-        steps = sum(len(t.steps or []) for t in traces)
+        # what is new to check: a retried trace's work is under way (or done) already
+        steps = sum(len(t.steps or []) for t in traces if self.works.find(t) is None)
         gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         try:
             refuse = timeout is not None or self.when_overloaded == "refuse"
-            if not await self._admit(steps, until, budget, refuse, gone):
+            if steps and not await self._admit(steps, until, budget, refuse, gone):
                 return None  # the client left while its request was held
             return await self._answer(traces, until, budget, gone)
         finally:
@@ -302,6 +263,7 @@ class MicroBatcher:
                 expected = self.pace.estimate(ahead, steps) if ahead else None
                 if self.closing:
                     raise Busy("shutdown", "the server is shutting down")
+                self._refuse_if_judge_down()
                 if expected is None or expected <= 0.8 * left:
                     return True
                 if refuse_at_once or left <= HOLD_POLL_S:
@@ -322,45 +284,40 @@ class MicroBatcher:
     async def _answer(
         self, traces: Sequence[Trace], until: float, budget: float, gone: asyncio.Future | None
     ) -> list[list[Verdict]] | None:
-        """Queue the traces and wait for their verdicts until `until`; None if the client left."""
+        """Queue the traces' work (or join the work a retry finds) and wait for their verdicts
+        until `until`; None if the client left. The work outlives an unanswered request by
+        `keep_for_retry` seconds (`Works.release`)."""
         if self.closing:  # the queue was answered 503 already; nothing more joins it
             raise Busy("shutdown", "the server is shutting down")
-        loop = asyncio.get_running_loop()
-        items = [
-            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces
-        ]
-        for item in items:
-            # a trace nobody waits for any more (deadline, client gone): its judge requests end
-            item.future.add_done_callback(_cancel_deadline_of(item))
-            self.queue.put_nowait(item)
-            self.queued_steps += item.steps
-        answers = asyncio.gather(*(i.future for i in items))
+        works = [self._claim(t) for t in traces]
+        # shielded: a request that stops waiting leaves its work to `Works`
+        answers = asyncio.gather(*(asyncio.shield(w.future) for w in works))
         answers.add_done_callback(_retrieve)
-        waiting: set[asyncio.Future] = {answers}
-        if gone is not None:
-            waiting.add(gone)
+        waiting: set[asyncio.Future] = {answers, *([gone] if gone is not None else [])}
         try:
             await self.clock.wait(waiting, until)
-        except asyncio.CancelledError:  # the request's task itself (a forced shutdown)
-            for item in items:
-                item.future.cancel()
-            raise
-        if answers.done():
-            error = answers.exception()
-            if error is None:
-                return list(answers.result())
-            for item in items:  # Busy (the server closed) or a fault: the rest is not wanted
-                item.future.cancel()
-            raise error
+        finally:  # answered, past its deadline, gone, or the request's own task cancelled
+            answers.cancel()
+            unanswered = sum(not w.future.done() for w in works)
+            for work in works:
+                self.works.release(work)
+        if answers.done() and not answers.cancelled():
+            if (error := answers.exception()) is not None:
+                raise error  # Busy (the server closed, the judge is down) or a fault
+            return [w.verdicts_for(t.id) for w, t in zip(works, traces, strict=True)]
         reason = "client_gone" if gone is not None and gone.done() else "deadline"
-        dropped = sum(1 for i in items if not i.future.done())
-        for item in items:
-            item.future.cancel()  # the workers skip them; a call with none left stops
-        if self.on_drop is not None and dropped:
-            self.on_drop(reason, dropped)
+        if self.on_drop is not None and unanswered:
+            self.on_drop(reason, unanswered)
         if reason == "client_gone":
             return None
         raise Busy("deadline", f"not checked within its {budget:g} s deadline")
+
+    def _claim(self, trace: Trace) -> Work:
+        work, new = self.works.claim(trace)
+        if new:
+            self.queue.put_nowait(work)
+            self.queued_steps += work.steps
+        return work
 
     def _room_changes(self) -> asyncio.Future:
         """A future that is done when the next checker call ends."""
@@ -373,17 +330,53 @@ class MicroBatcher:
             self._room.set_result(None)
 
     def steps_ahead(self) -> int:
-        """Steps queued or in flight and still wanted: what a new request waits behind."""
+        """Steps queued or in flight and not done (a retry may still want them): what a new
+        request waits behind."""
         running = sum(i.steps for c in self.calls for i in c.items if not i.future.done())
         return self.queued_steps + running
 
+    # ------------------------------------------------------------------ the judge's server
+    def _refuse_if_judge_down(self) -> None:
+        limit = self.judge_limit
+        if limit is not None and limit.down is not None:
+            raise Busy("judge_down", f"the judge cannot be reached ({limit.down}); it is probed "
+                       f"every {PROBE_EVERY:g} s", retry_after=PROBE_EVERY)  # fmt: skip
+
+    def _judge_reach_changed(self) -> None:
+        """On the loop: the judge's server went down (its work fails now, and it is probed
+        until it answers) or came back."""
+        limit = self.judge_limit
+        if limit is None or limit.down is None or self.closing or self._probing is not None:
+            return
+        error = Busy("judge_down", f"the judge cannot be reached ({limit.down})", PROBE_EVERY)
+        while not self.queue.empty():
+            self.queued_steps -= self.queue.get_nowait().steps
+        failed = self.works.fail_all(error)  # queued, running and kept: none is sent again
+        for call in self.calls:
+            call.stop.set()
+        log.warning("the judge cannot be reached: %d trace(s) answered 503; probing it every "
+                    "%g s", len(failed), PROBE_EVERY)  # fmt: skip
+        self._probing = asyncio.ensure_future(self._probe_until_up(limit))
+        self._workers.append(self._probing)
+        self._room_changed()  # held requests look again, and are refused
+
+    async def _probe_until_up(self, limit: EngineLimit) -> None:
+        try:
+            while limit.down is not None and not self.closing:
+                await self.clock.sleep(PROBE_EVERY)
+                await asyncio.to_thread(limit.probe)
+        finally:
+            self._workers.remove(self._probing)
+            self._probing = None
+        self._room_changed()  # held requests look again
+
     # ------------------------------------------------------------------ workers
-    async def _get(self) -> _Item:
+    async def _get(self) -> Work:
         item = await self.queue.get()
         self.queued_steps -= item.steps
         return item
 
-    async def _next_batch(self) -> list[_Item]:
+    async def _next_batch(self) -> list[Work]:
         batch = [await self._get()]
         until = self.clock.now() + self.max_wait
         while len(batch) < self.max_batch and self.clock.now() < until:
@@ -396,7 +389,7 @@ class MicroBatcher:
             if getting not in done:
                 break
             batch.append(getting.result())
-        # a client that hung up or timed out cancelled its items: they are not checked
+        # work abandoned (nobody came back for it) or failed (the judge is down) is not checked
         return [i for i in batch if not i.future.done()]
 
     async def _collect(self) -> None:
@@ -414,7 +407,7 @@ class MicroBatcher:
             self._workers.append(task)
             task.add_done_callback(lambda t: (slots.release(), self._workers.remove(t)))
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[Work]) -> None:
         """One checker call in a thread of its own; each trace answered as it comes."""
         loop = asyncio.get_running_loop()
         call = _Call(batch)
@@ -472,17 +465,11 @@ def _stream_of(check: Callable[[Sequence[Trace]], list[list[Verdict]]]) -> Strea
     return stream
 
 
-def _cancel_deadline_of(item: _Item) -> Callable[[asyncio.Future], None]:
-    def cancel(future: asyncio.Future) -> None:
-        if future.cancelled():
-            item.deadline.cancel()
-
-    return cancel
-
-
-def _fail(item: _Item, error: BaseException) -> None:
-    if not item.future.done():
-        item.future.set_exception(error)
+def _fail(work: Work, error: BaseException) -> None:
+    """`work` fails with `error` (its requests learn it), and its judge requests end."""
+    if not work.future.done():
+        work.future.set_exception(error)
+    work.deadline.cancel()
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

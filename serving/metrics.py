@@ -37,7 +37,8 @@ class ServerMetrics:
         )
         self.dropped = Counter(
             "stepgap_traces_dropped",
-            "traces left unchecked because their client hung up or their deadline passed",
+            "traces whose request ended before they were checked (client_gone, deadline); "
+            "their check goes on --keep-for-retry s for the client's retry",
             ["reason"],
             registry=registry,
         )
@@ -55,7 +56,8 @@ class ServerMetrics:
         self.traces.inc(traces)
 
     def on_drop(self, reason: str, traces: int) -> None:
-        """`traces` traces were left unchecked (`client_gone`, `deadline`, `abandoned`)."""
+        """`traces` traces' request ended before they were checked (`client_gone`,
+        `deadline`)."""
         self.dropped.labels(reason).inc(traces)
 
     def watch(self, batcher: MicroBatcher, judge_limit: EngineLimit | None, engine: Any) -> None:

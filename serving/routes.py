@@ -36,7 +36,7 @@ from .batching import Busy, MicroBatcher, usable_seconds
 from .metrics import ServerMetrics
 from .openrlhf import openrlhf_batch, openrlhf_response
 from .recent import RecentTraces
-from .reward_function import RewardUnavailable, StepGapReward
+from .reward_function import RewardUnavailable, StepGapReward, failed_verdicts
 from .streaming import StreamingReward
 
 TIMEOUT_HEADER = "X-Stepgap-Timeout"
@@ -110,6 +110,10 @@ async def checked(traces: list[Trace], route: str, request: Request) -> list[lis
         if verdicts is not None:
             state.batcher.health.observe(verdicts)
     except Busy as exc:
+        if exc.reason == "judge_down" and state.reward.on_failed_check == "zero":
+            # scoring a failed check (exact match alone) was chosen explicitly: a judge that is
+            # down fails every step, at once
+            return [failed_verdicts(t.id, t.steps or [], str(exc)) for t in traces]
         state.metrics.rejected.labels(exc.reason).inc()
         raise HTTPException(503, str(exc), headers={"Retry-After": str(exc.retry_after)}) from None
     if verdicts is None:  # nobody is listening any more; nginx's "client closed request"
@@ -260,7 +264,7 @@ async def health(request: Request) -> dict[str, Any]:
         "queued": batcher.queue.qsize(),
         "in_flight": len(batcher.calls),
         "failed_checks": reward.failures["failed_checks"],
-        "judge_failure": batcher.health.failure,
+        "judge_failure": batcher.health.problem(),
         "judge_limit": None if judge_limit is None else judge_limit.describe(),
     }
 

@@ -52,6 +52,7 @@ from .metrics import ServerMetrics
 from .recent import RecentTraces
 from .reward_function import StepGapReward, default_inflight
 from .streaming import StreamingReward
+from .work import KEEP_FOR_RETRY
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def create_app(
     max_body_bytes: int = 8 * 1024 * 1024,
     view_keep: int = 100,
     when_overloaded: str = "hold",
+    keep_for_retry: float = KEEP_FOR_RETRY,
     clock: Clock = SYSTEM,
 ) -> Any:
     """The FastAPI app (see the module docstring); `max_inflight` defaults to
@@ -110,6 +112,7 @@ def create_app(
         on_drop=metrics.on_drop,
         judge_limit=judge_limit,
         when_overloaded=when_overloaded,
+        keep_for_retry=keep_for_retry,
         clock=clock,
     )
     metrics.watch(batcher, judge_limit, in_process_engine(reward))
@@ -222,6 +225,7 @@ def serve(
     max_body_mb: int = 8,
     view_keep: int = 100,
     when_overloaded: str = "hold",
+    keep_for_retry: float = KEEP_FOR_RETRY,
 ) -> None:
     """Run the app with uvicorn until SIGTERM or Ctrl-C (`stepgap serve`); shutting down takes
     at most `grace` seconds (see the module docstring)."""
@@ -247,6 +251,7 @@ def serve(
         max_body_bytes=max_body_mb * 1024 * 1024,
         view_keep=view_keep,
         when_overloaded=when_overloaded,
+        keep_for_retry=keep_for_retry,
     )
     batcher: MicroBatcher = app.state.stepgap.batcher
     print(f"stepgap serve: {probe_capacity(reward, batcher, client_timeout)}", file=sys.stderr)

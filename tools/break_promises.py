@@ -317,11 +317,9 @@ MUTATIONS = [
     Mutation(
         "server/flat-memory",
         "serving/batching.py",
-        "            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces\n"
-        "        ]\n",
-        "            _Item(t, loop.create_future(), TraceDeadline(until, self.clock.now)) for t in traces\n"
-        "        ]\n"
-        '        self.__dict__.setdefault("kept", []).append(items)\n',
+        "        works = [self._claim(t) for t in traces]\n",
+        "        works = [self._claim(t) for t in traces]\n"
+        '        self.__dict__.setdefault("kept", []).append(works)\n',
         ("tests/serving/test_server_load.py::test_64_clients_lose_nothing_and_memory_stays_flat",),
     ),
     Mutation(
@@ -391,14 +389,88 @@ MUTATIONS = [
     Mutation(
         "server/dropped-work-stops",
         "serving/batching.py",
-        "        if all(f.done() for f in futures) and any(f.cancelled() for f in futures):",
-        "        if False:",
+        "        if all(f.done() for f in futures) and any(",
+        "        if False and any(",
         (
             "tests/serving/test_server_deadlines.py::"
             "test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped",
             "tests/serving/test_batching.py::"
             "test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace",
         ),
+    ),
+    Mutation(
+        "server/kept-for-retry",
+        "serving/work.py",
+        "        self._keep(work)\n\n    def abandon",
+        "        self.abandon(work)\n\n    def abandon",
+        (
+            "tests/serving/test_work.py::test_a_retry_joins_the_check_its_first_request_left_running",
+            "tests/serving/test_work.py::"
+            "test_a_check_that_finished_after_its_503_answers_the_retry_at_once",
+        ),
+    ),
+    Mutation(
+        "server/retry-shares",
+        "serving/work.py",
+        "        work = self.by_key.get(key)\n",
+        "        work = None\n",
+        (
+            "tests/serving/test_work.py::test_a_retry_joins_the_check_its_first_request_left_running",
+        ),
+    ),
+    Mutation(
+        "server/abandoned-after-keep",
+        "serving/work.py",
+        "            else:\n                self.abandon(work)",
+        "            else:\n                pass",
+        (
+            "tests/serving/test_work.py::"
+            "test_work_nobody_comes_back_for_is_abandoned_after_the_keep_time",
+        ),
+    ),
+    Mutation(
+        "server/judge-down-fails-fast",
+        "serving/batching.py",
+        "        failed = self.works.fail_all(error)",
+        "        failed = []",
+        (
+            "tests/serving/test_work.py::"
+            "test_a_judge_that_cannot_be_reached_fails_its_work_at_once_and_is_found_again",
+        ),
+    ),
+    Mutation(
+        "server/judge-probed",
+        "serving/batching.py",
+        "                await asyncio.to_thread(limit.probe)",
+        "                await asyncio.to_thread(lambda: False)",
+        (
+            "tests/serving/test_work.py::"
+            "test_a_judge_that_cannot_be_reached_fails_its_work_at_once_and_is_found_again",
+        ),
+        timeout=120,
+    ),
+    Mutation(
+        "judge/unreachable-reported",
+        "teacher/judges/openai_wire.py",
+        "                reach.unreachable(",
+        "                (lambda *_: None)(",
+        (
+            "tests/teacher/judges/test_concurrency.py::"
+            "test_the_judge_reports_a_server_it_cannot_reach_at_once_and_a_probe_finds_it_again",
+            "tests/serving/test_server_outage.py::test_a_dead_judge_gives_no_reward_anywhere",
+        ),
+        timeout=180,
+    ),
+    Mutation(
+        "judge/dropped-connection-reported",
+        "teacher/judges/openai_wire.py",
+        "                if not await connects(request.url.host, request.url.port):",
+        "                if False:",
+        (
+            "tests/teacher/judges/test_concurrency.py::"
+            "test_a_judge_server_killed_mid_request_is_reported_down_at_once",
+        ),
+        timeout=180,
     ),
     Mutation(
         "server/admission",

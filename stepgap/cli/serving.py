@@ -66,6 +66,13 @@ class ServeArguments:
         "that sends X-Stepgap-Timeout (stepgap's RemoteChecker) is always refused at once: it "
         "moves to another replica",
     )
+    keep_for_retry: float = option(
+        10.0,
+        "seconds the judge's work for a request that ended unanswered (its deadline passed, "
+        "its client left) goes on, for the client's retry of the same rollout to find it "
+        "(OpenRLHF's retries 1 s later); 0 drops it at once",
+        metavar="S",
+    )
     grace: float = option(
         30.0,
         "on SIGTERM, seconds the checks in flight may finish before the rest gets 503",
@@ -80,8 +87,8 @@ class ServeArguments:
         for name in ("max_batch", "max_queue", "max_inflight", "max_body_mb"):
             at_least_one(name, getattr(self, name))
         more_than_zero("client_timeout", self.client_timeout)
-        if self.max_wait_ms < 0 or self.grace < 0 or self.view_keep < 0:
-            raise ValueError("max_wait_ms, grace and view_keep must be 0 or more")
+        if min(self.max_wait_ms, self.grace, self.view_keep, self.keep_for_retry) < 0:
+            raise ValueError("max_wait_ms, grace, view_keep and keep_for_retry must be 0 or more")
 
 
 def serve_on_ray(
@@ -131,6 +138,7 @@ def serve(
         max_body_mb=args.max_body_mb,
         view_keep=args.view_keep,
         when_overloaded=args.when_overloaded,
+        keep_for_retry=args.keep_for_retry,
     )
     return 0
 

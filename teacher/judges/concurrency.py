@@ -23,6 +23,11 @@ several at once), and it is set only where there is evidence for it:
   limit is full and the mean latency stays within a tenth of `T`, it grows back by one at a
   time.
 
+`EngineLimit` also says whether the judge server can be reached (`down`): a judge reports each
+connection refused (`unreachable`) and each answer (`reachable`), and a reward server listens
+(`on_change`) to fail its queued work at once while the judge is down, and asks `probe()` on a
+schedule to find it again.
+
 The limit itself runs on the judge's own event loop (one thread). The latencies are also read
 from other threads (a reward server's pacing asks `throughput()` from its own loop), so they
 change and are copied under a lock.
@@ -34,7 +39,9 @@ import asyncio
 import logging
 import math
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from statistics import median_high as _median  # the upper middle: an actual sample
 from typing import Any
 
@@ -50,8 +57,15 @@ class EngineLimit:
     """At most `limit` requests in flight over all of a judge's calls (None: no limit beyond
     each call's own); `acquire` before each request, `release` after."""
 
-    def __init__(self, *, margin: int = MARGIN, adapt: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        margin: int = MARGIN,
+        adapt: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.margin = margin
+        self.clock = clock  # when requests are sent; how long those in flight have run
         self.adapt = adapt  # from latencies: not for a hosted API, which has no fixed slots
         self.limit: int | None = None
         self.slots: int | None = None  # what the engine said it serves at once
@@ -61,13 +75,19 @@ class EngineLimit:
         self.alone: deque[float] = deque(maxlen=WINDOW // 4)  # latencies of lone requests
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._lock = threading.Lock()  # over `latencies`, which other threads read
+        self._started: dict[int, float] = {}  # when each request in flight was sent
+        self._next_ticket = 0
+        self.down: str | None = None  # why the judge server cannot be reached, while it cannot
+        self._listeners: list[Callable[[], None]] = []
+        self.prober: Callable[[], bool] | None = None  # the judge's: True when its server answers
 
     # ------------------------------------------------------------------ the limit itself
     def _full(self) -> bool:
         return self.limit is not None and self.in_flight >= self.limit
 
-    async def acquire(self) -> int:
-        """Wait for a free place; returns the number in flight with this request."""
+    async def acquire(self) -> tuple[int, int]:
+        """Wait for a free place; returns (the number in flight with this request, its ticket
+        for `release`)."""
         while self._full():
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -77,10 +97,15 @@ class EngineLimit:
                 self._wake()  # pass the place on if it was given to this one
                 raise
         self.in_flight += 1
-        return self.in_flight
+        self._next_ticket += 1
+        with self._lock:
+            self._started[self._next_ticket] = self.clock()
+        return self.in_flight, self._next_ticket
 
-    def release(self) -> None:
+    def release(self, ticket: int) -> None:
         self.in_flight -= 1
+        with self._lock:
+            self._started.pop(ticket, None)
         self._wake()
 
     def _wake(self) -> None:
@@ -133,18 +158,60 @@ class EngineLimit:
             return list(self.latencies)
 
     def typical_latency(self) -> float | None:
-        """The median latency of the recent answers (None before any)."""
+        """The median latency of the recent answers (None before any), or longer while a
+        request in flight has run longer than that: a judge that slows down (its host got busy,
+        its prompts grew) is seen as soon as its requests run late, not when they end."""
         recent = self.recent()
-        return _median([s for _, s in recent]) if recent else None
+        if not recent:
+            return None
+        with self._lock:
+            oldest = min(self._started.values(), default=None)
+        running = 0.0 if oldest is None else self.clock() - oldest
+        return max(_median([s for _, s in recent]), running)
 
     def throughput(self) -> float | None:
         """Requests answered per second (Little's law: in flight over latency), from the recent
         answers; None before any."""
         recent = self.recent()
-        if not recent:
+        latency = self.typical_latency()
+        if not recent or not latency:
             return None
         in_flight = self.limit or _median([c for c, _ in recent])
-        return in_flight / _median([s for _, s in recent])
+        return in_flight / latency
+
+    # ------------------------------------------------------------------ reaching it
+    def unreachable(self, why: str) -> None:
+        """A connection to the judge server was refused or timed out: it is down."""
+        changed, self.down = self.down is None, why
+        if changed:
+            log.warning("the judge server cannot be reached: %s", why)
+            self._changed()
+
+    def reachable(self) -> None:
+        """The judge server answered (any HTTP answer): it is up."""
+        if self.down is not None:
+            self.down = None
+            log.warning("the judge server answers again")
+            self._changed()
+
+    def probe(self) -> bool:
+        """Whether the judge server answers now (the judge's own probe; True when it has
+        none, so that requests find out); marks it up when it does. Blocking: call it from a
+        thread other than the judge's loop."""
+        answers = True if self.prober is None else self.prober()
+        if answers:
+            self.reachable()
+        return answers
+
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener` (from whichever thread saw it) when `down` changes; returns its
+        remover."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
 
     def _set(self, limit: int) -> None:
         self.limit = max(1, limit)
@@ -194,3 +261,13 @@ async def continuous_batching(http: Any, base_url: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a server that does not answer says nothing
         log.debug("judge server models not listed: %s", exc)
     return None
+
+
+async def answers(http: Any, base_url: str) -> bool:
+    """Whether the server at `base_url` gives any HTTP answer to `GET /models` within 2 s."""
+    try:
+        await http.get(f"{base_url.rstrip('/')}/models", timeout=2.0)
+    except Exception as exc:  # noqa: BLE001 - no answer, whatever the reason
+        log.debug("judge server does not answer: %s", exc)
+        return False
+    return True

@@ -49,7 +49,7 @@ from .base import (
     parse_judge,
 )
 from .cache import JudgeCache, cache_key
-from .concurrency import EngineLimit, continuous_batching, engine_slots
+from .concurrency import EngineLimit, answers, continuous_batching, engine_slots
 from .confidence import stage_confidences
 from .cost import CostMeter
 from .model_judge import ModelJudgeOptions, with_cache_and_meter
@@ -272,10 +272,22 @@ class OpenAIJudge(JudgeBackend):
         return [*first, *rest]
 
     def _new_client(self) -> Any:
+        watch = self.limit if self.base_url is not None else None  # a server of one's own
+        if watch is not None:
+            watch.prober = self._answers
         return openai_client(
             "the openai judge", base_url=self.base_url, api_key_env=self.api_key_env,
             timeout=self.timeout, max_retries=self.max_retries, asynchronous=True,
+            reach=watch,
         )  # fmt: skip
+
+    def _answers(self) -> bool:
+        """Whether the judge server answers now (any HTTP answer to `GET /models`): the reward
+        server's probe while the judge is down. Blocking, from a thread of the caller's."""
+        future = asyncio.run_coroutine_threadsafe(
+            answers(self._loop.http, self.base_url or ""), self._loop.get()
+        )
+        return future.result()
 
     async def _judge_within_deadline(self, client: Any, request: JudgeRequest) -> JudgeResult:
         """`_judge_one`, unless the trace is past its deadline; a cancel of the deadline (its
@@ -394,7 +406,7 @@ class OpenAIJudge(JudgeBackend):
             if request.deadline is not None and (why := request.deadline.over()):
                 problem = f"not asked again: {why}"
                 break
-            position = await self.limit.acquire()
+            position, ticket = await self.limit.acquire()
             started = time.monotonic()
             try:
                 resp = await self._create(client, request)
@@ -415,7 +427,7 @@ class OpenAIJudge(JudgeBackend):
                 failed.extra["failure"] = f"{type(exc).__name__} {status}".strip()
                 return failed
             finally:
-                self.limit.release()
+                self.limit.release(ticket)
             for k, v in resp.usage.items():
                 usage[k] = usage.get(k, 0) + v
             self.meter.add(resp.usage)

@@ -5,6 +5,8 @@ share, the response formats a server may take, and what is read of a chat comple
 from __future__ import annotations
 
 import asyncio
+import importlib
+import inspect
 import json
 import os
 import threading
@@ -12,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepgap.redact import redact
+
 from .base import JudgeConfigError, judge_json_schema, response_format
+from .concurrency import EngineLimit
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"  # the SDK's, when no base URL is given
@@ -44,13 +49,67 @@ def openai_client(
     timeout: float,
     max_retries: int,
     asynchronous: bool = False,
+    reach: EngineLimit | None = None,
 ) -> Any:
-    """An OpenAI SDK client for `who` (the judge, a policy) on `server_and_key`'s server."""
+    """An OpenAI SDK client for `who` (the judge, a policy) on `server_and_key`'s server;
+    an asynchronous one tells `reach` whether its server can be reached, as it finds out."""
     import openai
 
     base_url, key = server_and_key(who, base_url, api_key_env)
-    make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
-    return make(api_key=key, base_url=base_url, timeout=timeout, max_retries=max_retries)
+    if not asynchronous:
+        return openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout,
+                             max_retries=max_retries)  # fmt: skip
+    http = None if reach is None else watched_http_client(reach)
+    return openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=timeout,
+                              max_retries=max_retries, http_client=http)  # fmt: skip
+
+
+async def connects(host: str, port: int | None, seconds: float = 1.0) -> bool:
+    """Whether a TCP connection to `host:port` opens within `seconds`."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port or 80), seconds)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def watched_http_client(reach: EngineLimit) -> Any:
+    """The SDK's own async HTTP client (its defaults kept), through a transport that tells
+    `reach` of each connection refused or timed out (the server is down) and of each answer
+    (it is up) as it happens: the SDK's retries, with their backoff, would otherwise hide an
+    outage for seconds a request. The HTTP package is the SDK's own (`httpx` or its successor),
+    found from the client class, so that the transport fits whichever the SDK uses."""
+    import openai
+
+    client_class = openai.DefaultAsyncHttpxClient
+    http = importlib.import_module(
+        inspect.getmodule(client_class.__mro__[1]).__name__.split(".")[0]
+    )
+
+    class Watched(http.AsyncBaseTransport):  # type: ignore[name-defined,misc]
+        def __init__(self) -> None:
+            limits = http.Limits(max_connections=1000, max_keepalive_connections=100)  # the SDK's
+            self.inner = http.AsyncHTTPTransport(limits=limits)
+
+        async def handle_async_request(self, request: Any) -> Any:
+            try:
+                response = await self.inner.handle_async_request(request)
+            except (http.ConnectError, http.ConnectTimeout) as exc:
+                reach.unreachable(f"{type(exc).__name__}: {redact(str(exc)) or 'no connection'}")
+                raise
+            except (http.RemoteProtocolError, http.ReadError, http.WriteError) as exc:
+                # a connection dropped mid-request: down if a new one is refused too
+                if not await connects(request.url.host, request.url.port):
+                    reach.unreachable(f"{type(exc).__name__}, and a new connection is refused")
+                raise
+            reach.reachable()
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return client_class(transport=Watched())
 
 
 class JudgeLoop:

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from stepgap.serving.batching import Busy, MicroBatcher, Pace
+from stepgap.serving.work import KEEP_FOR_RETRY
 from tests.fixtures.clock import ManualClock
 
 pytestmark = pytest.mark.timeout(180)
@@ -25,6 +26,11 @@ def _timed_check(clock: ManualClock, seconds: list[float], checked: list[int]):
         return [[] for _ in traces]
 
     return check
+
+
+def distinct(traces):
+    """The traces, each a rollout of its own (the same trace twice is one work: a retry)."""
+    return [t.model_copy(update={"question": f"{t.question} ({k})"}) for k, t in enumerate(traces)]
 
 
 async def _calls_ended(batcher: MicroBatcher) -> None:
@@ -99,7 +105,8 @@ def test_a_request_without_its_own_deadline_is_held_until_there_is_room(example_
             await batcher.submit(example_traces[:1])  # measures the pace
             await _calls_ended(batcher)
             queued.clear()
-            requests = [asyncio.ensure_future(batcher.submit([t])) for t in example_traces * 2]
+            burst = distinct(example_traces * 2)
+            requests = [asyncio.ensure_future(batcher.submit([t])) for t in burst]
             await asyncio.sleep(0)  # every request admitted or held
             held = len(batcher.held)
             answers = await asyncio.gather(*requests)
@@ -198,8 +205,9 @@ def test_traces_that_arrive_together_share_one_call_and_calls_never_exceed_max_i
             ]
             while len(batches) < 1:
                 await asyncio.sleep(0.01)
-            later = [
-                asyncio.ensure_future(batcher.submit([t], timeout=30.0)) for t in example_traces
+            later = [  # other rollouts than the first three, which they would join
+                asyncio.ensure_future(batcher.submit([t], timeout=30.0))
+                for t in distinct(example_traces)
             ]
             while len(batches) < (2 if max_inflight > 1 else 1):
                 await asyncio.sleep(0.01)
@@ -229,9 +237,9 @@ def test_the_batcher_imports_without_the_web_framework():
 def test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace(example_traces):
     """The call's own stop, apart from the judge's deadlines: a checker that ignores deadlines
     but looks at the stop event between traces (as `StepGapReward.check_stream` does) checks
-    no trace after its request's deadline has passed and every trace of the call is gone.
-    The request's deadline is 0.6 s (0.48 s less the margin); it passes while trace 1 is
-    checked."""
+    no trace once every trace of the call is gone: its request's deadline has passed (0.6 s,
+    0.48 s less the margin, while trace 1 is checked) and no retry came for it within the
+    time its work is kept."""
     checked: list[int] = []
     clock = ManualClock()
     gates = [threading.Event() for _ in range(4)]
@@ -265,7 +273,12 @@ def test_a_call_whose_traces_are_all_dropped_stops_before_its_next_trace(example
             with pytest.raises(Busy) as refused:
                 await request
             assert refused.value.reason == "deadline"
-            # every trace of the call is gone: it is stopped (on the loop, at once)
+            # its work is kept for the client's retry for `keep_for_retry` s; then nobody came
+            # back for any trace of the call, and it is stopped (on the loop, at once)
+            for _ in range(100):
+                await asyncio.sleep(0)
+            assert not stopped[0].is_set(), "work a retry may want was stopped"
+            clock.advance(KEEP_FOR_RETRY)
             for _ in range(1000):
                 if stopped[0].is_set():
                     break

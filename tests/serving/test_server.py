@@ -52,9 +52,9 @@ def test_32_concurrent_openrlhf_clients_are_batched_and_match_in_process(
             re.search(r'^stepgap_batch_size_bucket\{le="1.0"\} (\S+)', metrics, re.M).group(1)
         )
         assert count < 32 and singles < count  # some checker calls served several clients
-        assert (
-            float(re.search(r"^stepgap_traces_checked_total (\S+)", metrics, re.M).group(1)) == 32
-        )
+        # 32 rollouts, 10 distinct ones: a copy that comes while its twin is checked shares it
+        checked = float(re.search(r"^stepgap_traces_checked_total (\S+)", metrics, re.M).group(1))
+        assert len(example_traces) <= checked <= 32
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 

@@ -120,12 +120,13 @@ def test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped(
 ):
     """A judge slower than the client's own deadline (X-Stepgap-Timeout: 6 s): the client gets
     a 503 with Retry-After before it would have timed out (the server answers at 4.8 s, 1.2 s
-    ahead), and the call stops at the judge's next answer instead of sending the trace's
-    other steps. Real time, end to end: the deadline logic itself is `test_batching.py`'s."""
+    ahead), and with no time kept for a retry (`keep_for_retry=0`) the judge's request is
+    closed and the trace's other steps are never sent. Real time, end to end: the deadline
+    logic itself is `test_batching.py`'s, the keeping for a retry `test_work.py`'s."""
     fake_openai.latency = 8.0
     reward = slow_reward(fake_openai, examples_dir)
     t = example_traces[1]  # four steps
-    app = create_app(reward, max_batch=4, max_wait_ms=1)
+    app = create_app(reward, max_batch=4, max_wait_ms=1, keep_for_retry=0)
     with LiveServer(app) as url:
         start = time.monotonic()
         r = httpx.post(
@@ -135,7 +136,7 @@ def test_a_request_past_its_deadline_gets_503_in_time_and_its_work_is_dropped(
         assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
         assert "not checked within" in r.json()["detail"]
         assert took < 6  # the client's own timeout never fires
-        # the judge's first answer arrives: the call ends there
+        # its judge request is closed: the call ends there
         _until(lambda: httpx.get(f"{url}/health").json()["in_flight"] == 0, "the call went on")
         metrics = httpx.get(f"{url}/metrics").text
         assert _metric(metrics, 'stepgap_rejected_total{reason="deadline"}') == 1

@@ -39,8 +39,9 @@ def _body(t) -> dict:
 
 def _hammer(url: str, traces, expected, requests: int, *, hang_up_every: int = 0):
     """CLIENTS threads, each posting `requests` /reward requests back to back (a count, not a
-    time, so that a loaded machine sends the same work, only slower); returns outcome counts
-    and wrong answers."""
+    time, so that a loaded machine sends the same work, only slower), each a rollout of its own
+    (a golden answer alias that matches nothing: the same trace twice would share one check);
+    returns outcome counts and wrong answers."""
     outcomes: Counter[str] = Counter()
     wrong: list[str] = []
     lock = threading.Lock()
@@ -50,6 +51,8 @@ def _hammer(url: str, traces, expected, requests: int, *, hang_up_every: int = 0
             n = 0
             while n < requests:
                 t = traces[(k + n) % len(traces)]
+                alias = f"unmatched alias {k}-{n}"
+                t = t.model_copy(update={"golden_answers": [*t.golden_answers, alias]})
                 n += 1
                 if hang_up_every and k % 4 == 0 and n % hang_up_every == 0:
                     try:  # give up after 5 ms: the connection closes mid-request

@@ -45,24 +45,21 @@ def _openrlhf(traces) -> dict:
 
 
 def test_a_dead_judge_gives_no_reward_anywhere(examples_dir, example_traces):
-    """`--base-url` of nothing: OpenRLHF's route answers 503 (its client then gives the rollout
-    no reward), `/reward` answers null with the reason, `/health` is degraded and the failed
-    traces are counted; never an exact-match-only number."""
+    """`--base-url` of nothing: the judge's first connection refused marks it down, and every
+    route answers 503 with Retry-After (OpenRLHF's client then gives the rollout no reward, or
+    tries again), `/health` is degraded and says why; never an exact-match-only number."""
     reward = _reward("http://127.0.0.1:9/v1", examples_dir)
     with LiveServer(create_app(reward, max_wait_ms=1)) as url:
         assert httpx.get(f"{url}/health").json()["status"] == "ok"  # nothing checked yet
         r = httpx.post(f"{url}/get_reward", json=_openrlhf(example_traces[:2]), timeout=60)
-        assert r.status_code == 503 and "no reward for rollout" in r.json()["detail"]
+        assert r.status_code == 503 and "cannot be reached" in r.json()["detail"]
+        assert r.headers["Retry-After"] == "1"
         r = httpx.post(f"{url}/reward", json=_body(example_traces[:2]), timeout=60)
-        assert r.status_code == 200
-        body = r.json()
-        assert body["rewards"] == [None, None]
-        assert all("step check(s) failed" in x["unavailable"] for x in body["results"])
+        assert r.status_code == 503 and "cannot be reached" in r.json()["detail"]
         health = httpx.get(f"{url}/health").json()
-        assert health["status"] == "degraded" and "judge API error" in health["judge_failure"]
+        assert health["status"] == "degraded" and "cannot be reached" in health["judge_failure"]
         metrics = httpx.get(f"{url}/metrics").text
-        assert "stepgap_traces_failed_total 4.0" in metrics
-        assert 'stepgap_rejected_total{reason="no_reward"} 1.0' in metrics
+        assert 'stepgap_rejected_total{reason="judge_down"} 2.0' in metrics
 
 
 def test_exact_match_alone_stays_an_explicit_choice(examples_dir, example_traces):
@@ -128,16 +125,17 @@ def _post_raw(url: str, body: dict) -> socket.socket:
 def test_a_gone_clients_judge_requests_are_closed_at_once(
     fake_openai, examples_dir, example_traces, example_prompts
 ):
-    """Two clients whose rollouts share one checker call; one hangs up while the judge works:
-    within a second the judge server sees that rollout's requests closed, not left to finish,
-    while the other client's go on."""
+    """Two clients whose rollouts share one checker call; one hangs up while the judge works
+    and no time is kept for a retry (`keep_for_retry=0`): within a second the judge server
+    sees that rollout's requests closed, not left to finish, while the other client's go on."""
     fake_openai.latency = 30.0
     reward = _reward(fake_openai.base_url, examples_dir)
     reward.checker.judge.working = True  # every step's request at once
     gone, stays = example_traces[1], example_traces[3]
     ours = {example_prompts[(gone.id, s.index)] for s in gone.steps}
     # the call starts once both traces are in (max_batch 2), however slow the machine
-    with LiveServer(create_app(reward, max_batch=2, max_wait_ms=10_000)) as url:
+    app = create_app(reward, max_batch=2, max_wait_ms=10_000, keep_for_retry=0)
+    with LiveServer(app) as url:
         leaving = _post_raw(url, _body([gone]))
         staying = _post_raw(url, _body([stays]))
         try:  # closed on a failure too: a server whose clients still wait cannot shut down

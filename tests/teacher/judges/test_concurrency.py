@@ -4,13 +4,16 @@ the latencies show; a trace's deadline bounds its requests, and a cancel closes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
 import sys
 import threading
 import time
 
 import pytest
 
-from stepgap.teacher.judges.base import TraceDeadline
+from stepgap.teacher.judges.base import JudgeStopped, TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
 from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
 from stepgap.teacher.prompt import build_requests
@@ -37,14 +40,14 @@ def simulate(
 
     async def through_limit(i: int) -> None:
         nonlocal most
-        position = await limit.acquire()
+        position, ticket = await limit.acquire()
         most = max(most, limit.in_flight)
         started = clock.now()
         try:
             async with engine:
                 await clock.sleep(durations[i % len(durations)])
         finally:
-            limit.release()
+            limit.release(ticket)
         limit.observe(position, clock.now() - started)
 
     async def run() -> None:
@@ -248,22 +251,103 @@ def test_the_requests_time_out_at_the_traces_deadline_not_after_the_fixed_timeou
 
 @pytest.mark.realtime
 def test_stop_closes_the_calls_requests_in_flight(example_answers, example_traces):
-    """A checker call that nobody waits for any more (`stop`): the judge raises `JudgeStopped`
-    at once and its requests in flight are closed."""
-    from stepgap.teacher.judges.base import JudgeStopped
-
-    server = FakeOpenAI(answers=dict(example_answers), latency=5.0)
+    """A checker call that nobody waits for any more (`stop`, set once every request is at the
+    judge server): the judge raises `JudgeStopped` at once and its requests in flight are
+    closed."""
+    server = FakeOpenAI(answers=dict(example_answers), latency=30.0)
     server.start()
     try:
         judge = OpenAIJudge("m", OpenAIJudgeOptions(base_url=server.base_url, timeout=60.0))
         judge.working = True
         stop = threading.Event()
         requests = _requests(example_traces[:2])
-        threading.Timer(0.5, stop.set).start()
-        start = time.monotonic()
+
+        def stop_once_all_are_in() -> None:
+            if _until(lambda: len(server.events) == len(requests)):
+                stop.set()
+
+        threading.Thread(target=stop_once_all_are_in, daemon=True).start()
         with pytest.raises(JudgeStopped):
-            judge.judge(requests, stop=stop)
-        assert time.monotonic() - start < 4.0  # stopped at 0.5 s: not after the 5 s answers
+            judge.judge(requests, stop=stop)  # the answers would take 30 s
+        assert stop.is_set(), "the call ended before all its requests were at the server"
         assert _until(lambda: len(server.cancelled()) == len(requests))
     finally:
         server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_judge_reports_a_server_it_cannot_reach_at_once_and_a_probe_finds_it_again(
+    example_answers, example_traces
+):
+    """Nothing listens at the judge's URL: its first connection refused marks the limit down
+    while the SDK's retries (50 here, minutes of backoff) have barely begun, so a reward server
+    can act on it at once. When a server listens there again, `probe()` finds it and marks it
+    up; both changes reach the listeners."""
+    port = _free_port()
+    options = OpenAIJudgeOptions(base_url=f"http://127.0.0.1:{port}/v1", max_retries=50)
+    judge = OpenAIJudge("m", options)
+    judge.working = True
+    changes: list[str | None] = []
+    reported = threading.Event()
+    judge.limit.on_change(lambda: (changes.append(judge.limit.down), reported.set()))
+    stop = threading.Event()
+    call = threading.Thread(
+        target=lambda: _swallow(judge.judge, _requests(example_traces)[:1], stop)
+    )
+    call.start()
+    try:
+        assert reported.wait(60), "a refused connection was never reported"
+        assert call.is_alive(), "reported only after the SDK's retries gave up"
+        assert changes[0] is not None and "ConnectError" in changes[0]
+        assert judge.limit.down is not None
+        assert judge.limit.probe() is False and judge.limit.down is not None
+    finally:
+        stop.set()
+        call.join(30)
+    server = FakeOpenAI(answers=dict(example_answers)).start(port)
+    try:
+        assert judge.limit.probe() is True
+        assert judge.limit.down is None and changes[-1] is None
+        results = judge.judge(_requests(example_traces)[:2])
+        assert all(r.judge is not None for r in results)
+    finally:
+        server.stop()
+
+
+def _swallow(judge, requests, stop) -> None:
+    with contextlib.suppress(JudgeStopped):
+        judge(requests, stop=stop)
+
+
+def test_a_judge_server_killed_mid_request_is_reported_down_at_once(
+    example_answers, example_traces, tmp_path
+):
+    """The judge server dies (SIGKILL) with a request in flight: the dropped connection, and a
+    new one refused, mark it down at once, before the SDK's first retry."""
+    from tests.fixtures.openai_server import start_in_child
+
+    report = tmp_path / "seen.json"
+    process, base_url = start_in_child(dict(example_answers), 60.0, report=str(report))
+    judge = OpenAIJudge("m", OpenAIJudgeOptions(base_url=base_url, max_retries=50))
+    judge.working = True
+    reported = threading.Event()
+    judge.limit.on_change(reported.set)
+    stop = threading.Event()
+    call = threading.Thread(
+        target=_swallow, args=(judge.judge, _requests(example_traces)[:1], stop)
+    )
+    call.start()
+    try:
+        assert _until(lambda: report.exists() and json.loads(report.read_text())["requests"] == 1)
+        process.kill()
+        assert reported.wait(60), "the dead server was never reported"
+        assert "a new connection is refused" in (judge.limit.down or "")
+    finally:
+        stop.set()
+        call.join(30)
+        process.kill()
