@@ -1,30 +1,37 @@
 """`stepgap serve` as OpenRLHF's rollouts drive it, in two scenes, each server configuration
 side by side in one run (every reward compared with the one of the stored verdicts):
 
-    python bench/serve_latency.py [--scenes rate,slots] [--out bench/results]
+    python bench/serve_latency.py [--scenes rate,slots,outage] [--baseline DIR] [--out bench/results]
 
 - `rate`: `--clients` closed-loop clients (64), each posting one rollout to `/get_reward` and
   the next as soon as it is answered, for `--seconds`, against a judge that answers every
   request after `--latency` s and serves any number at once (a hosted API). Rewards per second
   and latency; runs `one_call` (`--max-inflight 1`: one checker call at a time) and `defaults`.
-- `slots`: `--rollouts` distinct rollouts (the example traces under new ids, `--no-cache`: no
-  answer is reused) sent at once through OpenRLHF 0.11's own client (`SingleTurnAgentExecutor`:
-  one request per rollout, 5 tries 1 s apart, Retry-After ignored; its fixed 180 s scaled down
-  to `--budget`, the server's `--client-timeout` too), against a judge server of `--slots`
-  slots that says so at `/props` (as llama.cpp's does) and takes `--slot-latency` s a request.
-  Rewards delivered and `None`s, as the client sees them, 503s, and the judge requests the
-  server cancelled part-way (the judge server saw their connection closed). Runs `before` (the
-  configuration before engine slots, held requests and no-reward: `--engine-slots none
-  --when-overloaded refuse --on-failed-check zero`) and `defaults`. With `--judge-url` (a real
-  engine, e.g. llama-server: `tools/llama_serve_check.sh`) and `--nli` (a model: a real judge
-  writes quotes no replay file holds), the slots scene asks that engine instead; its rewards
-  are then the engine's own, so they are counted, not compared, and the judge's requests are
-  not seen.
+- `slots`: `--rollouts` distinct rollouts (the example traces under new ids, each with a golden
+  answer alias of its own so that no two share a check; `--no-cache`) sent at once through
+  OpenRLHF 0.11's own client (`SingleTurnAgentExecutor`: one request per rollout, 5 tries 1 s
+  apart, Retry-After ignored; its fixed 180 s scaled down to `--budget`, the server's
+  `--client-timeout` too), against a judge server of `--slots` slots that says so at `/props`
+  (as llama.cpp's does) and takes `--slot-latency` s a request (with `--shared-slots`, that
+  alone: the slots share one compute, as llama-server's on a few CPU threads). Rewards
+  delivered and `None`s, as the client sees them, 503s, the judge requests started, finished
+  and cancelled part-way (the judge server saw their connection closed), and the share of the
+  finished ones that reached a delivered reward. With `--judge-url` (a real engine, e.g.
+  llama-server: `tools/llama_serve_check.sh`) and `--nli` (a model: a real judge writes quotes
+  no replay file holds), the slots scene asks that engine instead; its rewards are then the
+  engine's own, so they are counted, not compared, and the judge's requests are not seen.
+- `outage`: `--outage-rollouts` rollouts through OpenRLHF's client; the scripted judge is killed
+  (SIGKILL) `--kill-after` s in and started again on its port `--down-for` s later. When
+  `/health` says degraded, how fast the requests sent meanwhile are answered, the time from the
+  restart to a fresh rollout's reward, and the first rollouts' rewards.
+
+The slots and outage scenes run `defaults`, `no_keep` (`--keep-for-retry 0`) and, with
+`--baseline DIR` (an earlier stepgap: `pip install --no-deps --target DIR PATH`), `today`: that
+package's server with its defaults, side by side in one run.
 
 The judge is the tests' OpenAI-compatible server in a process of its own; NLI is replayed; each
-`stepgap serve` runs in its own process with `--max-batch 32` and `--concurrency 8`. The
-baselines are configurations of today's server, so the bench runs as shipped whatever moves.
-Writes `serve_latency.json`.
+`stepgap serve` runs in its own process with `--max-batch 32` and `--concurrency 8`. Writes
+`serve_latency.json`.
 """
 
 from __future__ import annotations
