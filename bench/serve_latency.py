@@ -1,4 +1,4 @@
-"""`stepgap serve` as OpenRLHF's rollouts drive it, in two scenes, each server configuration
+"""`stepgap serve` as OpenRLHF's rollouts drive it, in three scenes, each server configuration
 side by side in one run (every reward compared with the one of the stored verdicts):
 
     python bench/serve_latency.py [--scenes rate,slots,outage] [--baseline DIR] [--out bench/results]
