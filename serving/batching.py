@@ -109,6 +109,7 @@ class MicroBatcher:
         judge_limit: EngineLimit | None = None,
         when_overloaded: str = "hold",
         keep_for_retry: float = KEEP_FOR_RETRY,
+        cost_of: Callable[[Trace], float] | None = None,
         clock: Clock = SYSTEM,
     ) -> None:
         if (check is None) == (stream is None):
@@ -133,8 +134,11 @@ class MicroBatcher:
         self.judge_limit = judge_limit
         self.works = Works(clock, keep_for_retry)
         self.queue: asyncio.Queue[Work] = asyncio.Queue()
-        self.queued_steps = 0  # steps of the queued traces
-        self.held: list[tuple[object, int]] = []  # requests waiting to be admitted, in order
+        # what checking a trace costs, in the judge limit's unit (its requests' prompt
+        # characters, from the checker); its steps by default
+        self.cost_of = cost_of or (lambda t: float(len(t.steps or [])))
+        self.queued_cost = 0.0  # of the queued traces
+        self.held: list[tuple[object, float]] = []  # requests waiting to be admitted, in order
         self.health = JudgeHealth(judge_limit)  # whether the judge works
         self.calls: set[_Call] = set()
         self.closing = False
@@ -164,7 +168,7 @@ class MicroBatcher:
         queued = 0
         while not self.queue.empty():
             item = self.queue.get_nowait()
-            self.queued_steps -= item.steps
+            self.queued_cost -= item.cost
             if not item.future.done():
                 queued += 1
             _fail(item, Busy("shutdown", "the server is shutting down"))
@@ -226,11 +230,11 @@ class MicroBatcher:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
         until = self.clock.now() + usable_seconds(budget)
         # what is new to check: a retried trace's work is under way (or done) already
-        steps = sum(len(t.steps or []) for t in traces if self.works.find(t) is None)
+        cost = sum(self.cost_of(t) for t in traces if self.works.find(t) is None)
         gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         try:
             refuse = timeout is not None or self.when_overloaded == "refuse"
-            if steps and not await self._admit(steps, until, budget, refuse, gone):
+            if cost and not await self._admit(cost, until, budget, refuse, gone):
                 return None  # the client left while its request was held
             return await self._answer(traces, until, budget, gone)
         finally:
@@ -239,13 +243,13 @@ class MicroBatcher:
 
     async def _admit(
         self,
-        steps: int,
+        cost: float,
         until: float,
         budget: float,
         refuse_at_once: bool,
         gone: asyncio.Future | None,
     ) -> bool:
-        """Whether a request of `steps` steps may join the queue: when the measured pace
+        """Whether a request that costs `cost` (its steps' judge requests) may join the queue: when the measured pace
         answers it, behind what is queued, in flight or held before it, well inside its time
         (the pace is an average). An idle server admits what comes (the request measures the
         judge again), so an old figure never keeps it refusing. A request that does not fit is
@@ -254,13 +258,13 @@ class MicroBatcher:
         (5 tries, 1 s apart), keeps its tries for when there is room. False: the client left
         while held."""
         ticket = object()
-        self.held.append((ticket, steps))
+        self.held.append((ticket, cost))
         try:
             while True:
                 position = next(i for i, (t, _) in enumerate(self.held) if t is ticket)
-                ahead = self.steps_ahead() + sum(s for _, s in self.held[:position])
+                ahead = self.cost_ahead() + sum(c for _, c in self.held[:position])
                 left = until - self.clock.now()
-                expected = self.pace.estimate(ahead, steps) if ahead else None
+                expected = self.pace.estimate(ahead, cost) if ahead else None
                 if self.closing:
                     raise Busy("shutdown", "the server is shutting down")
                 self._refuse_if_judge_down()
@@ -269,7 +273,7 @@ class MicroBatcher:
                 if refuse_at_once or left <= HOLD_POLL_S:
                     raise Busy(
                         "overloaded",
-                        f"{ahead} steps queued or in flight: about {expected:.1f} s to answer, "
+                        f"the work queued or in flight would take about {expected:.1f} s to answer, "
                         f"past this request's {budget:g} s deadline",
                         retry_after=min(expected - 0.8 * left, 60.0),
                     )
@@ -315,8 +319,9 @@ class MicroBatcher:
     def _claim(self, trace: Trace) -> Work:
         work, new = self.works.claim(trace)
         if new:
+            work.cost = self.cost_of(trace)
             self.queue.put_nowait(work)
-            self.queued_steps += work.steps
+            self.queued_cost += work.cost
         return work
 
     def _room_changes(self) -> asyncio.Future:
@@ -329,11 +334,11 @@ class MicroBatcher:
         if self._room is not None and not self._room.done():
             self._room.set_result(None)
 
-    def steps_ahead(self) -> int:
-        """Steps queued or in flight and not done (a retry may still want them): what a new
-        request waits behind."""
-        running = sum(i.steps for c in self.calls for i in c.items if not i.future.done())
-        return self.queued_steps + running
+    def cost_ahead(self) -> float:
+        """The cost of the work queued or in flight and not done (a retry may still want it):
+        what a new request waits behind."""
+        running = sum(i.cost for c in self.calls for i in c.items if not i.future.done())
+        return self.queued_cost + running
 
     # ------------------------------------------------------------------ the judge's server
     def _refuse_if_judge_down(self) -> None:
@@ -350,7 +355,7 @@ class MicroBatcher:
             return
         error = Busy("judge_down", f"the judge cannot be reached ({limit.down})", PROBE_EVERY)
         while not self.queue.empty():
-            self.queued_steps -= self.queue.get_nowait().steps
+            self.queued_cost -= self.queue.get_nowait().cost
         failed = self.works.fail_all(error)  # queued, running and kept: none is sent again
         for call in self.calls:
             call.stop.set()
@@ -373,7 +378,7 @@ class MicroBatcher:
     # ------------------------------------------------------------------ workers
     async def _get(self) -> Work:
         item = await self.queue.get()
-        self.queued_steps -= item.steps
+        self.queued_cost -= item.cost
         return item
 
     async def _next_batch(self) -> list[Work]:
@@ -426,7 +431,8 @@ class MicroBatcher:
 
         def end(error: BaseException | None) -> None:
             if answered == len(batch):  # a whole call: what the next requests can expect
-                self.pace.observe(self.clock.now() - started, sum(i.steps for i in batch))
+                seconds, cost = self.clock.now() - started, sum(i.cost for i in batch)
+                self.pace.observe(seconds, cost, sum(i.steps for i in batch))
             for item in batch:  # a trace the call never answered (a fault in the call itself)
                 _fail(item, error or RuntimeError("the checker gave no verdicts for this trace"))
             if not finished.done():

@@ -11,46 +11,60 @@ from stepgap.teacher.judges.concurrency import EngineLimit
 @dataclass
 class Pace:
     """How fast this server checks steps: enough to tell a new request whether its traces can
-    come back before its deadline.
+    come back before its deadline. Work is counted in cost (`MicroBatcher.cost_of`: its judge
+    requests' prompt characters, from the checker, since prompts differ in length by several
+    times; else its steps).
 
     A judge that measures its own requests (one behind a URL: its `EngineLimit`) gives the rate
-    itself: its requests in flight over their latency (Little's law), measured on the requests
-    the engine served, never on time spent waiting in this server's queue. Any other judge (a
-    model in this process, one call at a time) is measured on whole calls: a call's steps over
-    its seconds. Either way, an estimate is only asked while work is queued or in flight: an
-    idle server admits what comes (the next request measures the judge again), so it never
-    keeps refusing on an old figure.
+    itself: the cost in flight over the requests' latency (Little's law), measured on the
+    requests the engine served, never on time spent waiting in this server's queue, and read
+    as at least the age of its oldest request in flight. Any other judge (a model in this
+    process, one call at a time) is measured on whole calls: a call's cost over its seconds.
+    Either way, an estimate is only asked while work is queued or in flight: an idle server
+    admits what comes (the next request measures the judge again), so it never keeps refusing
+    on an old figure.
     """
 
     judge: EngineLimit | None = None  # the judge's own measure, when it keeps one
-    calls: float | None = None  # steps per second over whole calls (moving average)
-    weight: float = 0.3  # of the newest call in the moving average
+    calls: float | None = None  # cost per second over whole calls (moving average)
+    per_step: float | None = None  # cost per step of the calls seen (moving average)
+    weight: float = 0.3  # of the newest call in the moving averages
 
-    def observe(self, seconds: float, steps: int) -> None:
-        """A whole call of `steps` steps took `seconds`."""
-        if steps <= 0 or seconds <= 0:
+    def observe(self, seconds: float, cost: float, steps: int) -> None:
+        """A whole call of `steps` steps, costing `cost`, took `seconds`."""
+        if steps <= 0 or seconds <= 0 or cost <= 0:
             return
-        rate, w = steps / seconds, self.weight
-        self.calls = rate if self.calls is None else (1 - w) * self.calls + w * rate
+        self.calls = self._averaged(self.calls, cost / seconds)
+        self.per_step = self._averaged(self.per_step, cost / steps)
+
+    def _averaged(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.weight) * old + self.weight * new
 
     def rate(self) -> tuple[float, float] | None:
-        """(steps per second, seconds of one step's own round trip), or None before anything
+        """(cost per second, seconds of one request's own round trip), or None before anything
         was measured."""
         if self.judge is not None and (per_second := self.judge.throughput()) is not None:
             return per_second, self.judge.typical_latency() or 0.0
         if self.calls is not None:
-            return self.calls, 1 / self.calls
+            return self.calls, (self.per_step or 1.0) / self.calls
         return None
 
     def seconds_per_step(self) -> float | None:
-        rate = self.rate()
-        return None if rate is None else 1 / rate[0]
+        """A step's share of the checking time (`stepgap_seconds_per_step`): the judge's
+        latency over its requests in flight, or a call's time per step."""
+        judge = self.judge
+        if judge is not None and (latency := judge.typical_latency()):
+            recent = judge.recent()
+            return latency / (judge.limit or max(1, sorted(c for c, _ in recent)[len(recent) // 2]))
+        if self.calls is not None:
+            return (self.per_step or 1.0) / self.calls
+        return None
 
-    def estimate(self, ahead: int, steps: int) -> float | None:
-        """Seconds until `steps` more steps are checked behind `ahead` queued or in flight;
+    def estimate(self, ahead: float, cost: float) -> float | None:
+        """Seconds until work costing `cost` is checked behind `ahead` queued or in flight;
         None before anything was measured."""
         rate = self.rate()
         if rate is None:
             return None
         per_second, round_trip = rate
-        return (ahead + steps) / per_second + round_trip
+        return (ahead + cost) / per_second + round_trip

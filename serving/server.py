@@ -113,6 +113,7 @@ def create_app(
         judge_limit=judge_limit,
         when_overloaded=when_overloaded,
         keep_for_retry=keep_for_retry,
+        cost_of=lambda trace: sum(reward.checker.request_sizes(trace)),
         clock=clock,
     )
     metrics.watch(batcher, judge_limit, in_process_engine(reward))

@@ -40,6 +40,7 @@ class Work:
     trace: Trace
     future: asyncio.Future
     deadline: TraceDeadline = field(default_factory=TraceDeadline)
+    cost: float = 0.0  # what checking it costs the judge (`MicroBatcher.cost_of`)
     wanted: int = 0  # requests waiting for it now
     kept_until: float | None = None  # when wanted fell to 0: kept until then for a retry
 

@@ -62,6 +62,11 @@ class StepChecker(ABC):
     def check_trace(self, trace: Trace) -> list[Verdict]:
         return self.check([trace])[0]
 
+    def request_sizes(self, trace: Trace) -> list[float]:
+        """What checking each step costs, in the unit its judge's `EngineLimit` measures: one
+        a step here (a checker whose judge, if any, is elsewhere)."""
+        return [1.0] * len(trace.steps or [])
+
     def close(self) -> None:
         """Free what the checker holds (a vLLM engine and its GPU memory); it is not used
         after. Nothing, by default."""
@@ -134,6 +139,13 @@ class Checker(StepChecker):
             features,
             earlier_evidence_chars=self.judge.earlier_evidence_chars,
         )
+
+    def request_sizes(self, trace: Trace) -> list[float]:
+        """Each step's judge request size (`JudgeRequest.size`, its prompt's characters; the
+        NLI features a judge may add are left out), as its judge's limit measures them."""
+        requests = build_requests(trace.id, trace.question, trace.steps or [],
+                                  earlier_evidence_chars=self.judge.earlier_evidence_chars)  # fmt: skip
+        return [float(r.size) for r in requests]
 
     def decide(self, trace: Trace, judged: Sequence[JudgeResult]) -> list[Verdict]:
         """Stages D-E and the tree for a segmented trace whose judge answers (one per step, in

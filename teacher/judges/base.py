@@ -109,6 +109,12 @@ class JudgeRequest:
     # client that left); a judge that sends requests honours it. Not part of the prompt.
     deadline: TraceDeadline | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def size(self) -> int:
+        """What the request costs a judge, as its prompt's characters: what a reward server
+        paces by."""
+        return sum(len(str(m.get("content") or "")) for m in self.messages)
+
 
 ResultHook = Callable[[JudgeRequest, JudgeResult], None]
 

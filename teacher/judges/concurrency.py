@@ -72,6 +72,7 @@ class EngineLimit:
         self.source = "none"  # where `limit` comes from: none, the engine's route, latency
         self.in_flight = 0
         self.latencies: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (c, seconds)
+        self.sizes: deque[float] = deque(maxlen=WINDOW)  # the same answers' request sizes
         self.alone: deque[float] = deque(maxlen=WINDOW // 4)  # latencies of lone requests
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._lock = threading.Lock()  # over `latencies`, which other threads read
@@ -125,11 +126,13 @@ class EngineLimit:
         log.info("judge server serves %d request(s) at once (%s): %d in flight at most",
                  slots, source, self.limit)  # fmt: skip
 
-    def observe(self, position: int, seconds: float) -> None:
-        """A request sent as the `position`-th in flight was answered in `seconds`."""
+    def observe(self, position: int, seconds: float, size: float = 1.0) -> None:
+        """A request of `size` (its prompt's characters, for a judge that counts them), sent as
+        the `position`-th in flight, was answered in `seconds`."""
         seconds = max(seconds, 1e-6)
         with self._lock:
             self.latencies.append((position, seconds))
+            self.sizes.append(size)
         if position == 1:
             self.alone.append(seconds)
         if not self.adapt or self.slots is not None or not self.alone:
@@ -145,6 +148,7 @@ class EngineLimit:
                 self._set(served + self.margin)
                 with self._lock:  # what the new limit gives is measured afresh
                     self.latencies.clear()
+                    self.sizes.clear()
                 log.info("judge latencies show about %d request(s) served at once: %d in "
                          "flight at most", served, self.limit)  # fmt: skip
         elif self.limit is not None and position >= self.limit:
@@ -170,14 +174,17 @@ class EngineLimit:
         return max(_median([s for _, s in recent]), running)
 
     def throughput(self) -> float | None:
-        """Requests answered per second (Little's law: in flight over latency), from the recent
-        answers; None before any."""
+        """Work answered per second, in the requests' sizes (Little's law: the size in flight
+        over the latency), from the recent answers; None before any. Prompts differ in length
+        by several times, and so does what a request costs the engine."""
         recent = self.recent()
         latency = self.typical_latency()
         if not recent or not latency:
             return None
+        with self._lock:
+            size = sum(self.sizes) / len(self.sizes) if self.sizes else 1.0
         in_flight = self.limit or _median([c for c, _ in recent])
-        return in_flight / latency
+        return in_flight * size / latency
 
     # ------------------------------------------------------------------ reaching it
     def unreachable(self, why: str) -> None:

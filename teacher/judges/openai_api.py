@@ -410,7 +410,7 @@ class OpenAIJudge(JudgeBackend):
             started = time.monotonic()
             try:
                 resp = await self._create(client, request)
-                self.limit.observe(position, time.monotonic() - started)
+                self.limit.observe(position, time.monotonic() - started, request.size)
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise JudgeConfigError(
                     f"the judge server refused the credentials in ${self.api_key_env}: "

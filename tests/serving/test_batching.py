@@ -165,16 +165,53 @@ def test_pace_from_the_judges_own_requests_or_from_whole_calls():
 
     pace = Pace()
     assert pace.estimate(100, 3) is None  # nothing measured: admit
-    pace.observe(2.0, 4)  # a call of 4 steps in 2 s: 2 steps a second
+    pace.observe(2.0, 4, 4)  # a call of 4 steps (cost 1 each) in 2 s: 2 a second
     assert pace.estimate(0, 4) == pytest.approx(4 / 2 + 0.5)
     assert pace.estimate(8, 4) == pytest.approx(12 / 2 + 0.5)
-    limit = EngineLimit()
+    assert pace.seconds_per_step() == pytest.approx(0.5)
+    limit = EngineLimit(clock=lambda: 0.0)
     limit.learned(4, "llama-server /props")  # 5 in flight
     judged = Pace(judge=limit)
     assert judged.estimate(10, 2) is None  # no request answered yet
     for _ in range(3):
         limit.observe(1, 2.0)  # each request takes 2 s, 5 at once: 2.5 steps a second
     assert judged.estimate(10, 2) == pytest.approx(12 / 2.5 + 2.0)
+    assert judged.seconds_per_step() == pytest.approx(2.0 / 5)
+
+
+def test_the_pace_counts_the_prompts_length_not_the_requests():
+    """Requests of 1,000 prompt characters taking 2 s, 5 at once: 2,500 characters a second.
+    Work of 10,000 characters is 4 s of the judge's, whether it is 2 steps or 10."""
+    from stepgap.teacher.judges.concurrency import EngineLimit
+
+    limit = EngineLimit(clock=lambda: 0.0)
+    limit.learned(4, "llama-server /props")
+    for _ in range(3):
+        limit.observe(1, 2.0, 1000.0)
+    pace = Pace(judge=limit)
+    assert pace.estimate(0, 10_000) == pytest.approx(10_000 / 2500 + 2.0)
+
+
+def test_the_pace_slows_as_soon_as_a_request_runs_late():
+    """The judge answered in 2 s; a request in flight for 8 s says it is slower now: the
+    latency read is 8 s before that request ends, and admission plans with it."""
+    from stepgap.teacher.judges.concurrency import EngineLimit
+
+    now = [0.0]
+    limit = EngineLimit(clock=lambda: now[0])
+    limit.learned(4, "llama-server /props")
+    for _ in range(3):
+        limit.observe(1, 2.0)
+    pace = Pace(judge=limit)
+    assert pace.estimate(10, 2) == pytest.approx(12 / 2.5 + 2.0)
+
+    async def one_late_request() -> None:
+        await limit.acquire()
+        now[0] += 8.0
+
+    asyncio.run(one_late_request())
+    assert limit.typical_latency() == pytest.approx(8.0)
+    assert pace.estimate(10, 2) == pytest.approx(12 / (5 / 8.0) + 8.0)
 
 
 @pytest.mark.parametrize("max_inflight", [1, 8])

@@ -152,21 +152,22 @@ def test_openrlhf_client_with_a_low_timeout_gets_every_reward(
     fake_openai, examples_dir, example_traces, expected_rewards, monkeypatch
 ):
     """OpenRLHF 0.11.2's own client (`SingleTurnAgentExecutor`, one request per rollout, 5 tries
-    1 s apart) with its fixed 180 s cut to 5 s, against a judge that makes one checker batch of
-    16 traces take about 11 s: each trace is answered as soon as it is in, and what cannot be
-    in time is answered 503 before the client's timeout, so its retry lands. Every reward comes
-    back, and the server never saw a client give up."""
+    1 s apart) with its fixed 180 s cut to 10 s, against a judge that makes one checker batch
+    of 16 traces take about 22 s: each trace is answered as soon as it is in, and what cannot
+    be in time is answered 503 before the client's timeout (2 s before: room for a loaded
+    machine, where this client and the server share one process), so its retry lands. Every
+    reward comes back, and the server never saw a client give up."""
     agent = pytest.importorskip("openrlhf.utils.agent", reason="the interop extra")
     real_timeout = agent.aiohttp.ClientTimeout
     monkeypatch.setattr(
-        agent.aiohttp, "ClientTimeout", lambda total=None, **_: real_timeout(total=5)
+        agent.aiohttp, "ClientTimeout", lambda total=None, **_: real_timeout(total=10)
     )
-    fake_openai.latency = 0.6
+    fake_openai.latency = 1.2
     reward = slow_reward(fake_openai, examples_dir, concurrency=4)
     rollouts = [example_traces[i % len(example_traces)] for i in range(24)]
     # one checker call at a time (as with a model in the server's process): the 24 rollouts
-    # make a call of 16 traces, about 11 s of judging, and 8 more wait behind it
-    app = create_app(reward, max_batch=16, max_wait_ms=50, max_inflight=1, client_timeout=5)
+    # make a call of 16 traces, about 22 s of judging, and 8 more wait behind it
+    app = create_app(reward, max_batch=16, max_wait_ms=50, max_inflight=1, client_timeout=10)
     with LiveServer(app) as url:
         client = agent.SingleTurnAgentExecutor(f"{url}/get_reward")
 

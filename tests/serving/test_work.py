@@ -185,7 +185,7 @@ def test_a_retry_of_work_under_way_is_admitted_at_once(example_traces):
     trace = example_traces[4]
 
     async def scene(batcher, checker, clock):
-        batcher.pace.observe(100.0, 1)  # the pace says: 100 s a step, far past any deadline
+        batcher.pace.observe(100.0, 1, 1)  # the pace says: 100 s a step, far past any deadline
         first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
         await until(lambda: checker.started, "the check started")
         clock.advance(5.0)
