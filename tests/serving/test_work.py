@@ -60,6 +60,16 @@ async def until(condition, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
+async def unanswered(batcher, checker, clock, trace) -> None:
+    """The trace's first request: its check starts, and its 5 s deadline passes (503)."""
+    first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
+    await until(lambda: checker.started, "the check started")
+    clock.advance(5.0)
+    with pytest.raises(Busy) as refused:
+        await first
+    assert refused.value.reason == "deadline"
+
+
 def run_scene(scene, clock: ManualClock | None = None, **options):
     """`scene(batcher, checker, clock)` on a batcher over a `GatedChecker`; (its result, the
     checker)."""
@@ -93,12 +103,7 @@ def test_a_retry_joins_the_check_its_first_request_left_running(example_traces):
     trace = example_traces[0]
 
     async def scene(batcher, checker, clock):
-        first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
-        await until(lambda: checker.started, "the check started")
-        clock.advance(5.0)
-        with pytest.raises(Busy) as refused:
-            await first
-        assert refused.value.reason == "deadline"
+        await unanswered(batcher, checker, clock, trace)
         clock.advance(KEEP_FOR_RETRY / 2)  # the client retries within the keep time
         retry = asyncio.ensure_future(batcher.submit([retried(trace, 1)], timeout=5.0))
         await asyncio.sleep(0)
@@ -115,11 +120,7 @@ def test_a_check_that_finished_after_its_503_answers_the_retry_at_once(example_t
     trace = example_traces[1]
 
     async def scene(batcher, checker, clock):
-        first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
-        await until(lambda: checker.started, "the check started")
-        clock.advance(5.0)
-        with pytest.raises(Busy):
-            await first
+        await unanswered(batcher, checker, clock, trace)
         checker.gate.set()
         await until(lambda: checker.finished, "the check finished")
         await until(lambda: not batcher.calls, "the call ended")
@@ -140,11 +141,7 @@ def test_work_nobody_comes_back_for_is_abandoned_after_the_keep_time(example_tra
     trace = example_traces[2]
 
     async def scene(batcher, checker, clock):
-        first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
-        await until(lambda: checker.started, "the check started")
-        clock.advance(5.0)
-        with pytest.raises(Busy):
-            await first
+        await unanswered(batcher, checker, clock, trace)
         work = next(iter(batcher.works.by_key.values()))
         clock.advance(3.0)
         assert not work.deadline.cancelled  # kept for a retry
@@ -167,11 +164,7 @@ def test_keep_for_retry_zero_drops_the_work_with_its_request(example_traces):
     trace = example_traces[3]
 
     async def scene(batcher, checker, clock):
-        first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
-        await until(lambda: checker.started, "the check started")
-        clock.advance(5.0)
-        with pytest.raises(Busy):
-            await first
+        await unanswered(batcher, checker, clock, trace)
         await until(lambda: checker.stops[0].is_set(), "the call was stopped")
         return None
 
@@ -186,11 +179,7 @@ def test_a_retry_of_work_under_way_is_admitted_at_once(example_traces):
 
     async def scene(batcher, checker, clock):
         batcher.pace.observe(100.0, 1, 1)  # the pace says: 100 s a step, far past any deadline
-        first = asyncio.ensure_future(batcher.submit([trace], timeout=5.0))
-        await until(lambda: checker.started, "the check started")
-        clock.advance(5.0)
-        with pytest.raises(Busy):
-            await first
+        await unanswered(batcher, checker, clock, trace)
         retry = asyncio.ensure_future(batcher.submit([retried(trace, 1)], timeout=5.0))
         await asyncio.sleep(0)
         assert not batcher.held, "the retry was held behind its own work"
