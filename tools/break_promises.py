@@ -452,8 +452,8 @@ MUTATIONS = [
     Mutation(
         "judge/unreachable-reported",
         "teacher/judges/openai_wire.py",
-        "                reach.unreachable(",
-        "                (lambda *_: None)(",
+        '                reach.unreachable(f"{type(exc).__name__}: {redact(',
+        '                (lambda *_: None)(f"{type(exc).__name__}: {redact(',
         (
             "tests/teacher/judges/test_concurrency.py::"
             "test_the_judge_reports_a_server_it_cannot_reach_at_once_and_a_probe_finds_it_again",
