@@ -115,7 +115,10 @@ MUTATIONS = [
         "serving/reward_function.py",
         '        if result.failed_checks and self.on_failed_check == "no_reward":',
         "        if False:",
-        ("tests/serving/test_server_outage.py::test_a_dead_judge_gives_no_reward_anywhere",),
+        (
+            "tests/serving/test_server_outage.py::test_a_judge_that_stops_mid_run_then_comes_back",
+            "tests/serving/test_server_outage.py::test_the_trainers_own_no_reward",
+        ),
     ),
     Mutation(
         "judge/cancel-closes",
