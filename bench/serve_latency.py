@@ -50,7 +50,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 RATE_RUNS = {"one_call": ["--max-inflight", "1"], "defaults": []}
 # name: (flags, whether it runs the --baseline package); a baseline run is left out without one
-SLOT_RUNS = {"today": ([], True), "no_keep": (["--keep-for-retry", "0"], False), "defaults": ([], False)}  # fmt: skip
+SLOT_RUNS = {
+    "today": ([], True),
+    "no_keep": (["--keep-for-retry", "0"], False),
+    "defaults": ([], False),
+}
 
 
 def start_server(

@@ -11,7 +11,8 @@ send the same trace: a request that ends unanswered (its deadline passed, its cl
 leaves its work running for a retry, `keep_for_retry` seconds, before it is abandoned (the
 workers skip it, and the judge sends nothing more for it). While the judge server cannot be
 reached, its queued and running work fails at once and new requests are refused at once (503),
-and the judge is probed every `PROBE_EVERY` seconds until it answers. Nothing here knows HTTP: the server (`server.py`) maps requests and `Busy` onto routes. Every
+and the judge is probed every `PROBE_EVERY` seconds until it answers. Nothing here knows HTTP:
+the server (`server.py`) maps requests and `Busy` onto routes. Every
 time here (deadlines, holds, the wait for a batch, the pace) is read and waited on through one
 `stepgap.clock.Clock`, the machine's unless a test gives its own.
 """
@@ -249,8 +250,9 @@ class MicroBatcher:
         refuse_at_once: bool,
         gone: asyncio.Future | None,
     ) -> bool:
-        """Whether a request that costs `cost` (its steps' judge requests) may join the queue: when the measured pace
-        answers it, behind what is queued, in flight or held before it, well inside its time
+        """Whether a request that costs `cost` (its new traces' judge requests) may join the
+        queue: when the measured pace answers it, behind what is queued, in flight or held
+        before it, well inside its time
         (the pace is an average). An idle server admits what comes (the request measures the
         judge again), so an old figure never keeps it refusing. A request that does not fit is
         refused at once (`refuse_at_once`), or else held, costing the judge nothing, until it
@@ -273,7 +275,7 @@ class MicroBatcher:
                 if refuse_at_once or left <= HOLD_POLL_S:
                     raise Busy(
                         "overloaded",
-                        f"the work queued or in flight would take about {expected:.1f} s to answer, "
+                        f"the work queued or in flight takes about {expected:.1f} s to answer, "
                         f"past this request's {budget:g} s deadline",
                         retry_after=min(expected - 0.8 * left, 60.0),
                     )

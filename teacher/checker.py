@@ -143,8 +143,9 @@ class Checker(StepChecker):
     def request_sizes(self, trace: Trace) -> list[float]:
         """Each step's judge request size (`JudgeRequest.size`, its prompt's characters; the
         NLI features a judge may add are left out), as its judge's limit measures them."""
+        chars = self.judge.earlier_evidence_chars
         requests = build_requests(trace.id, trace.question, trace.steps or [],
-                                  earlier_evidence_chars=self.judge.earlier_evidence_chars)  # fmt: skip
+                                  earlier_evidence_chars=chars)  # fmt: skip
         return [float(r.size) for r in requests]
 
     def decide(self, trace: Trace, judged: Sequence[JudgeResult]) -> list[Verdict]:
