@@ -467,7 +467,7 @@ MUTATIONS = [
     Mutation(
         "judge/dropped-connection-reported",
         "teacher/judges/openai_wire.py",
-        "                if not await connects(request.url.host, request.url.port):",
+        '                if not await connects(url.host, url.port or (443 if url.scheme == "https" else 80)):',
         "                if False:",
         (
             "tests/teacher/judges/test_concurrency.py::"

@@ -64,10 +64,10 @@ def openai_client(
                               max_retries=max_retries, http_client=http)  # fmt: skip
 
 
-async def connects(host: str, port: int | None, seconds: float = 1.0) -> bool:
+async def connects(host: str, port: int, seconds: float = 1.0) -> bool:
     """Whether a TCP connection to `host:port` opens within `seconds`."""
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port or 80), seconds)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), seconds)
     except (OSError, asyncio.TimeoutError):
         return False
     writer.close()
@@ -100,7 +100,8 @@ def watched_http_client(reach: EngineLimit) -> Any:
                 raise
             except (http.RemoteProtocolError, http.ReadError, http.WriteError) as exc:
                 # a connection dropped mid-request: down if a new one is refused too
-                if not await connects(request.url.host, request.url.port):
+                url = request.url
+                if not await connects(url.host, url.port or (443 if url.scheme == "https" else 80)):
                     reach.unreachable(f"{type(exc).__name__}, and a new connection is refused")
                 raise
             reach.reachable()
