@@ -54,8 +54,7 @@ class Pace:
         latency over its requests in flight, or a call's time per step."""
         judge = self.judge
         if judge is not None and (latency := judge.typical_latency()):
-            recent = judge.recent()
-            return latency / (judge.limit or max(1, sorted(c for c, _ in recent)[len(recent) // 2]))
+            return latency / judge.served_at_once(judge.recent())
         if self.calls is not None:
             return (self.per_step or 1.0) / self.calls
         return None

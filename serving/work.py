@@ -65,7 +65,6 @@ class Works:
         self.clock = clock
         self.keep_for = keep_for
         self.by_key: dict[str, Work] = {}
-        self.reused = 0  # claims that found work under way or done: for the metrics
         self._timers: set[asyncio.Task] = set()
 
     def find(self, trace: Trace) -> Work | None:
@@ -82,10 +81,8 @@ class Works:
             work = Work(key, trace, asyncio.get_running_loop().create_future())
             work.future.add_done_callback(lambda _: self._settled(work))
             self.by_key[key] = work
-        else:
-            self.reused += 1
-            if work.future.done():  # finished in its keep time: this request takes it
-                self._forget(work)
+        elif work.future.done():  # finished in its keep time: this request takes it
+            self._forget(work)
         work.wanted += 1
         work.kept_until = None
         return work, new

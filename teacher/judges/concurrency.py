@@ -183,8 +183,12 @@ class EngineLimit:
             return None
         with self._lock:
             size = sum(self.sizes) / len(self.sizes) if self.sizes else 1.0
-        in_flight = self.limit or _median([c for c, _ in recent])
-        return in_flight * size / latency
+        return self.served_at_once(recent) * size / latency
+
+    def served_at_once(self, recent: list[tuple[int, float]]) -> int:
+        """Requests in flight as the engine serves them: the limit, else the typical number in
+        flight of the `recent` answers (non-empty)."""
+        return self.limit or _median([c for c, _ in recent])
 
     # ------------------------------------------------------------------ reaching it
     def unreachable(self, why: str) -> None:
