@@ -132,8 +132,8 @@ MUTATIONS = [
     Mutation(
         "server/admission-recovers",
         "serving/batching.py",
-        "                expected = self.pace.estimate(ahead, steps) if ahead else None",
-        "                expected = self.pace.estimate(ahead, steps)",
+        "                expected = self.pace.estimate(ahead, cost) if ahead else None",
+        "                expected = self.pace.estimate(ahead, cost)",
         ("tests/serving/test_batching.py::test_admission_recovers_once_the_server_is_idle",),
     ),
     Mutation(

@@ -64,14 +64,21 @@ def openai_client(
                               max_retries=max_retries, http_client=http)  # fmt: skip
 
 
-async def connects(host: str, port: int, seconds: float = 1.0) -> bool:
-    """Whether a TCP connection to `host:port` opens within `seconds`."""
+async def connects(host: str, port: int, seconds: float = 1.0, settle: float = 0.2) -> bool:
+    """Whether a TCP connection to `host:port` opens within `seconds` and stays open `settle`
+    seconds (a server killed that moment may still take one into its backlog, then reset it)."""
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), seconds)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), seconds)
     except (OSError, asyncio.TimeoutError):
         return False
+    try:
+        open_ = await asyncio.wait_for(reader.read(1), settle) != b""
+    except asyncio.TimeoutError:
+        open_ = True  # nothing said and nothing closed: a server waiting for a request
+    except OSError:
+        open_ = False
     writer.close()
-    return True
+    return open_
 
 
 def watched_http_client(reach: EngineLimit) -> Any:

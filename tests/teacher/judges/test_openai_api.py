@@ -320,3 +320,26 @@ def test_the_test_server_takes_a_client_that_resets_without_a_traceback(capfd):
     finally:
         server.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_server_that_takes_a_connection_and_drops_it_is_not_reached():
+    """The check behind a dropped request: a listener that accepts and holds a connection is a
+    server up; one that accepts and closes it at once (a server killed as it took it) is not."""
+    import asyncio
+
+    from stepgap.teacher.judges.openai_wire import connects
+
+    async def held(reader, writer):
+        await reader.read()  # until the client closes
+
+    async def dropped(reader, writer):
+        writer.close()
+
+    async def check(handler):
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await connects("127.0.0.1", port, settle=5.0 if handler is dropped else 0.05)
+
+    assert asyncio.run(check(held)) is True
+    assert asyncio.run(check(dropped)) is False
