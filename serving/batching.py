@@ -35,7 +35,7 @@ from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import JudgeHealth
 from .pace import Pace
-from .work import KEEP_FOR_RETRY, Work, Works
+from .work import KEEP_FOR_RETRY, Work, Works, content_key
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +231,16 @@ class MicroBatcher:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
         until = self.clock.now() + usable_seconds(budget)
         # what is new to check: a retried trace's work is under way (or done) already
-        cost = sum(self.cost_of(t) for t in traces if self.works.find(t) is None)
+        keys = [content_key(t) for t in traces]
+        new = {k: t for k, t in zip(keys, traces, strict=True) if self.works.find(k) is None}
+        costs = {k: self.cost_of(t) for k, t in new.items()}
+        cost = sum(costs.values())
         gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         try:
             refuse = timeout is not None or self.when_overloaded == "refuse"
             if cost and not await self._admit(cost, until, budget, refuse, gone):
                 return None  # the client left while its request was held
-            return await self._answer(traces, until, budget, gone)
+            return await self._answer(traces, keys, costs, until, budget, gone)
         finally:
             if gone is not None:
                 gone.cancel()
@@ -288,14 +291,21 @@ class MicroBatcher:
             self.held = [(t, s) for t, s in self.held if t is not ticket]
 
     async def _answer(
-        self, traces: Sequence[Trace], until: float, budget: float, gone: asyncio.Future | None
+        self,
+        traces: Sequence[Trace],
+        keys: Sequence[str],
+        costs: dict[str, float],
+        until: float,
+        budget: float,
+        gone: asyncio.Future | None,
     ) -> list[list[Verdict]] | None:
         """Queue the traces' work (or join the work a retry finds) and wait for their verdicts
-        until `until`; None if the client left. The work outlives an unanswered request by
-        `keep_for_retry` seconds (`Works.release`)."""
+        until `until`; None if the client left. `keys` are their `content_key`s, `costs` the
+        costs `submit` found. The work outlives an unanswered request by `keep_for_retry`
+        seconds (`Works.release`)."""
         if self.closing:  # the queue was answered 503 already; nothing more joins it
             raise Busy("shutdown", "the server is shutting down")
-        works = [self._claim(t) for t in traces]
+        works = [self._claim(t, k, costs) for t, k in zip(traces, keys, strict=True)]
         # shielded: a request that stops waiting leaves its work to `Works`
         answers = asyncio.gather(*(asyncio.shield(w.future) for w in works))
         answers.add_done_callback(_retrieve)
@@ -318,10 +328,10 @@ class MicroBatcher:
             return None
         raise Busy("deadline", f"not checked within its {budget:g} s deadline")
 
-    def _claim(self, trace: Trace) -> Work:
-        work, new = self.works.claim(trace)
-        if new:
-            work.cost = self.cost_of(trace)
+    def _claim(self, trace: Trace, key: str, costs: dict[str, float]) -> Work:
+        work, new = self.works.claim(trace, key)
+        if new:  # its cost is known unless its work was there at `submit` and is gone since
+            work.cost = costs[key] if key in costs else self.cost_of(trace)
             self.queue.put_nowait(work)
             self.queued_cost += work.cost
         return work

@@ -67,14 +67,13 @@ class Works:
         self.by_key: dict[str, Work] = {}
         self._timers: set[asyncio.Task] = set()
 
-    def find(self, trace: Trace) -> Work | None:
-        """The live work for this trace's content, if any."""
-        return self.by_key.get(content_key(trace))
+    def find(self, key: str) -> Work | None:
+        """The live work for a trace's `content_key`, if any."""
+        return self.by_key.get(key)
 
-    def claim(self, trace: Trace) -> tuple[Work, bool]:
-        """(the work for `trace`, whether it is new and must be queued); the caller waits for
-        it and `release`s it when its request ends."""
-        key = content_key(trace)
+    def claim(self, trace: Trace, key: str) -> tuple[Work, bool]:
+        """(the work for `trace`, whose `content_key` is `key`; whether it is new and must be
+        queued); the caller waits for it and `release`s it when its request ends."""
         work = self.by_key.get(key)
         new = work is None
         if work is None:

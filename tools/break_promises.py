@@ -320,8 +320,8 @@ MUTATIONS = [
     Mutation(
         "server/flat-memory",
         "serving/batching.py",
-        "        works = [self._claim(t) for t in traces]\n",
-        "        works = [self._claim(t) for t in traces]\n"
+        "        works = [self._claim(t, k, costs) for t, k in zip(traces, keys, strict=True)]\n",
+        "        works = [self._claim(t, k, costs) for t, k in zip(traces, keys, strict=True)]\n"
         '        self.__dict__.setdefault("kept", []).append(works)\n',
         ("tests/serving/test_server_load.py::test_64_clients_lose_nothing_and_memory_stays_flat",),
     ),
