@@ -27,7 +27,8 @@ side by side in one run (every reward compared with the one of the stored verdic
 
 The slots and outage scenes run `defaults`, `no_keep` (`--keep-for-retry 0`) and, with
 `--baseline DIR` (an earlier stepgap: `pip install --no-deps --target DIR PATH`), `today`: that
-package's server with its defaults, side by side in one run.
+package's server with its defaults, side by side in one run; the outage scene also runs
+`hold_if_down` (`--when-judge-down hold`).
 
 The judge is the tests' OpenAI-compatible server in a process of its own; NLI is replayed; each
 `stepgap serve` runs in its own process with `--max-batch 32` and `--concurrency 8`. Writes
@@ -55,6 +56,8 @@ SLOT_RUNS = {
     "no_keep": (["--keep-for-retry", "0"], False),
     "defaults": ([], False),
 }
+# the outage scene also holds requests while the judge is down (OpenRLHF's tries then outlast it)
+OUTAGE_RUNS = {**SLOT_RUNS, "hold_if_down": (["--when-judge-down", "hold"], False)}
 
 
 def start_server(
@@ -248,10 +251,10 @@ def distinct_rollouts(traces, n: int, tag: str = "") -> list:
     return out
 
 
-def runs_to_make(args) -> dict[str, tuple[list[str], str | None]]:
-    """The slots and outage scenes' runs: name -> (flags, baseline folder or None)."""
+def runs_to_make(args, table: dict = SLOT_RUNS) -> dict[str, tuple[list[str], str | None]]:
+    """A scene's runs (`SLOT_RUNS`, `OUTAGE_RUNS`): name -> (flags, baseline folder or None)."""
     runs = {}
-    for name, (flags, old) in SLOT_RUNS.items():
+    for name, (flags, old) in table.items():
         if old and not args.baseline:
             continue
         runs[name] = (flags, args.baseline if old else None)
@@ -367,7 +370,7 @@ def outage_scene(args, traces, expected, answers, nli) -> dict:
     """`--outage-rollouts` rollouts through OpenRLHF's client; the judge server is killed
     (SIGKILL) `--kill-after` s in, and started again on its port `--down-for` s later."""
     runs = {}
-    for name, (extra, baseline) in runs_to_make(args).items():
+    for name, (extra, baseline) in runs_to_make(args, OUTAGE_RUNS).items():
         runs[name] = outage_run(args, traces, answers, nli, name, extra, baseline)
         print(f"outage {name}: {runs[name]}", flush=True)
     return runs
@@ -497,7 +500,7 @@ def main() -> None:
         )
         for name, r in result["outage"].items():
             slowest = max((s for _, s in r["while_down"]), default=None)
-            print(f"{name:10} degraded after {r['degraded_after_s']} s; {len(r['while_down'])} "
+            print(f"{name:12} degraded after {r['degraded_after_s']} s; {len(r['while_down'])} "
                   f"requests while down, slowest answered in {slowest} s "
                   f"({sorted({str(c) for c, _ in r['while_down']})}); first reward "
                   f"{r['first_reward_after_restart_s']} s after the restart; first rollouts "

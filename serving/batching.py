@@ -10,8 +10,9 @@ its deadline is held until there is room, or refused at once (`Busy`, which the 
 send the same trace: a request that ends unanswered (its deadline passed, its client left)
 leaves its work running for a retry, `keep_for_retry` seconds, before it is abandoned (the
 workers skip it, and the judge sends nothing more for it). While the judge server cannot be
-reached, its queued and running work fails at once and new requests are refused at once (503),
-and the judge is probed every `PROBE_EVERY` seconds until it answers. Nothing here knows HTTP:
+reached, its queued and running work fails at once and new requests are refused at once (503;
+or held until it answers, `when_judge_down="hold"`), and the judge is probed every
+`PROBE_EVERY` seconds until it answers. Nothing here knows HTTP:
 the server (`server.py`) maps requests and `Busy` onto routes. Every
 time here (deadlines, holds, the wait for a batch, the pace) is read and waited on through one
 `stepgap.clock.Clock`, the machine's unless a test gives its own.
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 OPENRLHF_TIMEOUT = 180.0
 HOLD_POLL_S = 0.25  # how often a held request looks again whether it fits, at the latest
 WHEN_OVERLOADED = ("hold", "refuse")  # what a request that does not fit now gets
+WHEN_JUDGE_DOWN = ("refuse", "hold")  # what a request gets while the judge cannot be reached
 FIRST = asyncio.FIRST_COMPLETED
 PROBE_EVERY = 1.0  # seconds between probes of a judge server that cannot be reached
 
@@ -109,6 +111,7 @@ class MicroBatcher:
         on_drop: Callable[[str, int], None] | None = None,
         judge_limit: EngineLimit | None = None,
         when_overloaded: str = "hold",
+        when_judge_down: str = "refuse",
         keep_for_retry: float = KEEP_FOR_RETRY,
         cost_of: Callable[[Trace], float] | None = None,
         clock: Clock = SYSTEM,
@@ -121,7 +124,10 @@ class MicroBatcher:
             raise ValueError(f"client_timeout must be positive, got {client_timeout}")
         if when_overloaded not in WHEN_OVERLOADED:
             raise ValueError(f"when_overloaded must be hold or refuse, got {when_overloaded!r}")
+        if when_judge_down not in WHEN_JUDGE_DOWN:
+            raise ValueError(f"when_judge_down must be refuse or hold, got {when_judge_down!r}")
         self.when_overloaded = when_overloaded
+        self.when_judge_down = when_judge_down
         self.clock = clock
         self.stream: Stream = stream or _stream_of(check)  # type: ignore[arg-type]
         self.max_batch = max_batch
@@ -226,7 +232,9 @@ class MicroBatcher:
         budget = self.client_timeout if timeout is None else timeout
         if self.closing:
             raise Busy("shutdown", "the server is shutting down")
-        self._refuse_if_judge_down()
+        # a client that gave its own timeout can act on a refusal: it is never held
+        hold_if_down = timeout is None and self.when_judge_down == "hold"
+        self._judge_down(hold_if_down, usable_seconds(budget))
         if self.queue.qsize() + len(traces) > self.max_queue:
             raise Busy("queue_full", f"{self.queue.qsize()} traces queued (max {self.max_queue})")
         until = self.clock.now() + usable_seconds(budget)
@@ -238,7 +246,7 @@ class MicroBatcher:
         gone = asyncio.ensure_future(until_gone()) if until_gone is not None else None
         try:
             refuse = timeout is not None or self.when_overloaded == "refuse"
-            if cost and not await self._admit(cost, until, budget, refuse, gone):
+            if cost and not await self._admit(cost, until, budget, refuse, hold_if_down, gone):
                 return None  # the client left while its request was held
             return await self._answer(traces, keys, costs, until, budget, gone)
         finally:
@@ -251,6 +259,7 @@ class MicroBatcher:
         until: float,
         budget: float,
         refuse_at_once: bool,
+        hold_if_down: bool,
         gone: asyncio.Future | None,
     ) -> bool:
         """Whether a request that costs `cost` (its new traces' judge requests) may join the
@@ -260,8 +269,9 @@ class MicroBatcher:
         judge again), so an old figure never keeps it refusing. A request that does not fit is
         refused at once (`refuse_at_once`), or else held, costing the judge nothing, until it
         fits or its time runs out (`Busy`): a client that retries blindly, as OpenRLHF's does
-        (5 tries, 1 s apart), keeps its tries for when there is room. False: the client left
-        while held."""
+        (5 tries, 1 s apart), keeps its tries for when there is room. While the judge cannot be
+        reached, it is refused (`judge_down`), or held the same way (`hold_if_down`) until the
+        judge answers a probe. False: the client left while held."""
         ticket = object()
         self.held.append((ticket, cost))
         try:
@@ -272,10 +282,10 @@ class MicroBatcher:
                 expected = self.pace.estimate(ahead, cost) if ahead else None
                 if self.closing:
                     raise Busy("shutdown", "the server is shutting down")
-                self._refuse_if_judge_down()
-                if expected is None or expected <= 0.8 * left:
+                down = self._judge_down(hold_if_down, left)
+                if not down and (expected is None or expected <= 0.8 * left):
                     return True
-                if refuse_at_once or left <= HOLD_POLL_S:
+                if not down and (refuse_at_once or left <= HOLD_POLL_S):
                     raise Busy(
                         "overloaded",
                         f"the work queued or in flight takes about {expected:.1f} s to answer, "
@@ -353,11 +363,16 @@ class MicroBatcher:
         return self.queued_cost + running
 
     # ------------------------------------------------------------------ the judge's server
-    def _refuse_if_judge_down(self) -> None:
+    def _judge_down(self, hold: bool, left: float) -> bool:
+        """Whether the judge cannot be reached now and a request with `left` seconds is held
+        (`hold`, while it has time to wait); refused (`Busy`) if it cannot be held."""
         limit = self.judge_limit
-        if limit is not None and limit.down is not None:
-            raise Busy("judge_down", f"the judge cannot be reached ({limit.down}); it is probed "
-                       f"every {PROBE_EVERY:g} s", retry_after=PROBE_EVERY)  # fmt: skip
+        if limit is None or limit.down is None:
+            return False
+        if hold and left > HOLD_POLL_S:
+            return True
+        raise Busy("judge_down", f"the judge cannot be reached ({limit.down}); it is probed "
+                   f"every {PROBE_EVERY:g} s", retry_after=PROBE_EVERY)  # fmt: skip
 
     def _judge_reach_changed(self) -> None:
         """On the loop: the judge's server went down (its work fails now, and it is probed
@@ -375,7 +390,7 @@ class MicroBatcher:
                     "%g s", len(failed), PROBE_EVERY)  # fmt: skip
         self._probing = asyncio.ensure_future(self._probe_until_up(limit))
         self._workers.append(self._probing)
-        self._room_changed()  # held requests look again, and are refused
+        self._room_changed()  # held requests look again: refused, or held on (`when_judge_down`)
 
     async def _probe_until_up(self, limit: EngineLimit) -> None:
         try:

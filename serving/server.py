@@ -84,6 +84,7 @@ def create_app(
     max_body_bytes: int = 8 * 1024 * 1024,
     view_keep: int = 100,
     when_overloaded: str = "hold",
+    when_judge_down: str = "refuse",
     keep_for_retry: float = KEEP_FOR_RETRY,
     clock: Clock = SYSTEM,
 ) -> Any:
@@ -112,6 +113,7 @@ def create_app(
         on_drop=metrics.on_drop,
         judge_limit=judge_limit,
         when_overloaded=when_overloaded,
+        when_judge_down=when_judge_down,
         keep_for_retry=keep_for_retry,
         cost_of=lambda trace: sum(reward.checker.request_sizes(trace)),
         clock=clock,
@@ -226,6 +228,7 @@ def serve(
     max_body_mb: int = 8,
     view_keep: int = 100,
     when_overloaded: str = "hold",
+    when_judge_down: str = "refuse",
     keep_for_retry: float = KEEP_FOR_RETRY,
 ) -> None:
     """Run the app with uvicorn until SIGTERM or Ctrl-C (`stepgap serve`); shutting down takes
@@ -252,6 +255,7 @@ def serve(
         max_body_bytes=max_body_mb * 1024 * 1024,
         view_keep=view_keep,
         when_overloaded=when_overloaded,
+        when_judge_down=when_judge_down,
         keep_for_retry=keep_for_retry,
     )
     batcher: MicroBatcher = app.state.stepgap.batcher

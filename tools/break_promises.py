@@ -442,6 +442,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "server/held-while-judge-down",
+        "serving/batching.py",
+        '        hold_if_down = timeout is None and self.when_judge_down == "hold"',
+        "        hold_if_down = False",
+        (
+            "tests/serving/test_work.py::"
+            "test_a_request_may_be_held_while_the_judge_is_down_and_is_checked_once_it_is_back",
+        ),
+    ),
+    Mutation(
         "server/judge-probed",
         "serving/batching.py",
         "                await asyncio.to_thread(limit.probe)",
@@ -478,8 +488,8 @@ MUTATIONS = [
     Mutation(
         "server/admission",
         "serving/batching.py",
-        "if expected is None or expected <= 0.8 * left:",
-        "if expected is None or expected <= 1e9:",
+        "if not down and (expected is None or expected <= 0.8 * left):",
+        "if not down and (expected is None or expected <= 1e9):",
         (
             "tests/serving/test_batching.py::"
             "test_admission_refuses_at_once_what_the_measured_pace_cannot_answer_in_time",

@@ -66,6 +66,13 @@ class ServeArguments:
         "that sends X-Stepgap-Timeout (stepgap's RemoteChecker) is always refused at once: it "
         "moves to another replica",
     )
+    when_judge_down: Literal["refuse", "hold"] = option(
+        "refuse",
+        "a request while the judge's server cannot be reached: refuse it 503 + Retry-After at "
+        "once, or hold it (checked by nobody) until a probe finds the judge again or its time "
+        "runs out. Hold suits OpenRLHF's client, whose 5 tries 1 s apart a restart longer than "
+        "5 s outlasts; a client that sends X-Stepgap-Timeout is always refused at once",
+    )
     keep_for_retry: float = option(
         10.0,
         "seconds the judge's work for a request that ended unanswered (its deadline passed, "
@@ -138,6 +145,7 @@ def serve(
         max_body_mb=args.max_body_mb,
         view_keep=args.view_keep,
         when_overloaded=args.when_overloaded,
+        when_judge_down=args.when_judge_down,
         keep_for_retry=args.keep_for_retry,
     )
     return 0

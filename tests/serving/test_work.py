@@ -244,3 +244,67 @@ def test_a_judge_that_cannot_be_reached_fails_its_work_at_once_and_is_found_agai
     assert queued.id not in checker.started  # queued during the outage: never sent
     assert checker.started == [running.id, fresh.id]
     assert probes == [1001.0, 1002.0, 1003.0]
+
+
+def test_a_request_may_be_held_while_the_judge_is_down_and_is_checked_once_it_is_back(
+    example_traces,
+):
+    """`when_judge_down="hold"` (OpenRLHF's client spends its 5 blind tries, 1 s apart, inside
+    a restart): a request without its own deadline is held while the judge cannot be reached,
+    nothing sent, and checked once a probe finds the judge; one held past its time gets 503
+    `judge_down`; a client that gave its own deadline is still refused at once."""
+    from stepgap.serving.batching import PROBE_EVERY
+    from stepgap.teacher.judges.concurrency import EngineLimit
+
+    limit = EngineLimit(adapt=False)
+    answers = {"now": False}
+    probes: list[float] = []
+
+    def prober() -> bool:
+        probes.append(clock.now())
+        return answers["now"]
+
+    limit.prober = prober
+    clock = ManualClock()
+    back_in_time, late, own_deadline = example_traces[5], example_traces[6], example_traces[7]
+
+    async def tick() -> None:
+        """One probe's time: the probe runs, and waits for the next."""
+        seen = len(probes)
+        clock.advance(PROBE_EVERY)
+        await until(lambda: len(probes) == seen + 1, "the probe")
+        await until(
+            lambda: any(at == clock.now() + PROBE_EVERY for at, _ in clock.sleepers),
+            "the next probe's wait",
+        )
+
+    async def scene(batcher, checker, clock):
+        limit.unreachable("ConnectError: connection refused")
+        await until(lambda: batcher._probing is not None, "probing")
+        first = asyncio.ensure_future(batcher.submit([late]))  # 20 s: answered by 1018
+        await until(lambda: len(batcher.held) == 1, "the first held")
+        with pytest.raises(Busy) as refused:
+            await batcher.submit([own_deadline], timeout=60.0)
+        assert refused.value.reason == "judge_down"
+        for _ in range(10):
+            await tick()
+        second = asyncio.ensure_future(batcher.submit([back_in_time]))  # answered by 1028
+        await until(lambda: len(batcher.held) == 2, "the second held")
+        for _ in range(8):
+            await tick()
+        with pytest.raises(Busy) as refused:
+            await first
+        assert refused.value.reason == "judge_down" and clock.now() == 1018.0
+        assert not second.done() and not checker.started  # nothing sent while down
+        answers["now"] = True
+        clock.advance(PROBE_EVERY)
+        await until(lambda: checker.started, "the held request admitted")
+        checker.gate.set()
+        return await second
+
+    verdicts, checker = run_scene(
+        scene, clock, judge_limit=limit, when_judge_down="hold", client_timeout=20.0
+    )
+    assert [len(v) for v in verdicts] == [len(back_in_time.steps)]
+    assert checker.started == [back_in_time.id]
+    assert probes[-1] == 1019.0
