@@ -12,8 +12,9 @@ import threading
 import pytest
 
 from stepgap.schema import Verdict
-from stepgap.serving.batching import Busy, MicroBatcher
+from stepgap.serving.batching import PROBE_EVERY, Busy, MicroBatcher
 from stepgap.serving.work import KEEP_FOR_RETRY, content_key
+from stepgap.teacher.judges.concurrency import EngineLimit
 from tests.fixtures.clock import ManualClock
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,6 +69,21 @@ async def unanswered(batcher, checker, clock, trace) -> None:
     with pytest.raises(Busy) as refused:
         await first
     assert refused.value.reason == "deadline"
+
+
+def judge_to_probe(clock: ManualClock):
+    """(a judge's `EngineLimit`, the answers its probe gives: `answers["now"]`, the clock times
+    it was probed at)."""
+    limit = EngineLimit(adapt=False)
+    answers = {"now": False}
+    probes: list[float] = []
+
+    def prober() -> bool:
+        probes.append(clock.now())
+        return answers["now"]
+
+    limit.prober = prober
+    return limit, answers, probes
 
 
 def run_scene(scene, clock: ManualClock | None = None, **options):
@@ -198,19 +214,8 @@ def test_a_judge_that_cannot_be_reached_fails_its_work_at_once_and_is_found_agai
     degraded, and new requests are refused at once; the judge is probed every second of the
     server's clock, and the first probe it answers lets the next request through. Work queued
     during the outage is never sent."""
-    from stepgap.serving.batching import PROBE_EVERY
-    from stepgap.teacher.judges.concurrency import EngineLimit
-
-    limit = EngineLimit(adapt=False)
-    answers = {"now": False}
-    probes: list[float] = []
-
-    def prober() -> bool:
-        probes.append(clock.now())
-        return answers["now"]
-
-    limit.prober = prober
     clock = ManualClock()
+    limit, answers, probes = judge_to_probe(clock)
     running, queued, fresh = example_traces[5], example_traces[6], example_traces[7]
 
     async def scene(batcher, checker, clock):
@@ -253,19 +258,8 @@ def test_a_request_may_be_held_while_the_judge_is_down_and_is_checked_once_it_is
     a restart): a request without its own deadline is held while the judge cannot be reached,
     nothing sent, and checked once a probe finds the judge; one held past its time gets 503
     `judge_down`; a client that gave its own deadline is still refused at once."""
-    from stepgap.serving.batching import PROBE_EVERY
-    from stepgap.teacher.judges.concurrency import EngineLimit
-
-    limit = EngineLimit(adapt=False)
-    answers = {"now": False}
-    probes: list[float] = []
-
-    def prober() -> bool:
-        probes.append(clock.now())
-        return answers["now"]
-
-    limit.prober = prober
     clock = ManualClock()
+    limit, answers, probes = judge_to_probe(clock)
     back_in_time, late, own_deadline = example_traces[5], example_traces[6], example_traces[7]
 
     async def tick() -> None:
