@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARITY_REFERENCE = "parity_reference.json"  # in nli/, checksummed like every file
+HUB_FILES = ("README.md", ".gitattributes")  # a pushed bundle's repo adds its card and these
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Adapter files worth shipping; checkpoints, optimizer states and training_args.bin are not.
 ADAPTER_FILES = (
@@ -343,6 +344,7 @@ class Bundle:
     student_base: str | None  # None for a merged student; a folder inside, or a pinned hub id
     student_base_revision: str | None
     tree: dict[str, Any]  # the TreeConfig fields the teacher decided with
+    origin: dict[str, Any] | None = None  # a bundle from the Hub: its id, revision and commit
 
 
 def read_bundle(path: str | Path) -> Bundle:
@@ -406,6 +408,6 @@ def verify_bundle(path: str | Path) -> dict[str, Any]:
         if file.suffix in PICKLE_SUFFIXES:
             raise BundleError(f"{file}: pickled weights are never loaded; remove the file")
         rel = str(file.relative_to(root))
-        if rel != MANIFEST and rel not in manifest["files"]:
+        if rel not in (MANIFEST, *HUB_FILES) and rel not in manifest["files"]:
             log.warning("%s: not part of the bundle; ignored", file)
     return manifest

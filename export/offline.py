@@ -1,6 +1,8 @@
 """The offline checker: a bundle in, verdicts out; no API key, no network.
 
-`OfflineChecker.from_bundle` verifies every checksum, switches the Hub client offline, loads
+`OfflineChecker.from_bundle` takes a bundle's folder or its Hub id (`USER/NAME[@REVISION]`,
+fetched once into the Hugging Face cache: `pull.py`), verifies every checksum, switches the Hub
+client offline, loads
 the ONNX NLI model on the chosen execution providers and re-runs the bundle's parity probe there,
 loads the student (safetensors only, no remote code), and runs them through the same decision
 tree as the teacher with the thresholds recorded at export.
@@ -33,6 +35,7 @@ from stepgap.tree import TreeConfig
 
 from .bundle import Bundle, BundleError, read_bundle
 from .onnx_nli import ParityError, served_parity
+from .pull import locate_bundle
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class OfflineChecker(Checker):
     manifest: dict[str, Any]
     # the bundle's parity probe as re-run at load: provider, precision, figures
     nli_parity: dict[str, Any] | None
+    # a bundle loaded by Hub id: its id, the revision asked and the commit loaded
+    origin: dict[str, Any] | None = None
 
     @classmethod
     def from_bundle(
@@ -76,7 +81,8 @@ class OfflineChecker(Checker):
         bundle's probe pairs are re-run on the provider and precision that will serve before
         the student loads: probabilities off the recorded PyTorch ones raise BundleError.
         `served_judge(bundle)`: the bundle's student as served elsewhere (an OpenAI-compatible
-        engine: `served_student`), used instead of loading the student here."""
+        engine: `served_student`), used instead of loading the student here. `path` is the
+        bundle's folder, or its Hub id (`USER/NAME[@REVISION]`; a folder of that name wins)."""
         bundle = open_bundle(path)
         nli, served = bundle_nli(bundle, nli_options)
         judge: JudgeBackend
@@ -92,13 +98,32 @@ class OfflineChecker(Checker):
         checker = cls(judge, nli, TreeConfig(**bundle.tree))
         checker.manifest = bundle.manifest
         checker.nli_parity = served
+        checker.origin = bundle.origin
         return checker
+
+    @classmethod
+    def from_pretrained(
+        cls, id_or_path: str | Path, *, revision: str | None = None, **options: Any
+    ) -> OfflineChecker:
+        """`from_bundle` by a Hub id and a revision, as transformers loads a model:
+        `OfflineChecker.from_pretrained("user/name", revision="v1")` (a folder of that name
+        wins). `options` are `from_bundle`'s."""
+        ref = f"{id_or_path}@{revision}" if revision else id_or_path
+        return cls.from_bundle(ref, **options)
+
+    @property
+    def provenance(self) -> dict[str, object]:
+        """The judge's and NLI model's, and for a bundle from the Hub, the commit it came from."""
+        models = super().provenance
+        return models if self.origin is None else {**models, "bundle": self.origin}
 
 
 def open_bundle(path: str | Path) -> Bundle:
-    """A bundle, every checksum verified, with the Hub client switched offline."""
+    """A bundle (a folder, or a Hub id fetched into the cache first), every checksum verified,
+    with the Hub client switched offline."""
+    source = locate_bundle(path)
     go_offline()
-    return read_bundle(path)
+    return replace(read_bundle(source.path), origin=source.provenance())
 
 
 def student_options(bundle: Bundle, options: StudentJudgeOptions | None) -> StudentJudgeOptions:

@@ -57,8 +57,9 @@ class CheckerSpecs(Options):
     )
     bundle: str | None = option(
         None,
-        "offline checker exported by `stepgap export` (no --judge/--nli, no API key)",
-        metavar="DIR",
+        "offline checker exported by `stepgap export` (no --judge/--nli, no API key): its "
+        "folder, or its Hub id USER/NAME[@REVISION] after `stepgap push`",
+        metavar="DIR_OR_ID",
         group=BUNDLE_GROUP,
     )
 

@@ -545,6 +545,29 @@ MUTATIONS = [
         ("tests/export/test_bundle.py::test_missing_and_pickled_files_are_refused",),
     ),
     Mutation(
+        "bundle/by-id-verified",
+        "export/bundle.py",
+        "        if sha256_file(file) != expected:",
+        "        if False:",
+        ("tests/export/test_pull.py::test_a_tampered_cached_file_is_named",),
+    ),
+    Mutation(
+        "bundle/by-id-cache-only-when-hub-down",
+        "export/pull.py",
+        '    return down is not None, (f"the Hub cannot be reached: {down}" if down else None)',
+        "    return False, None",
+        ("tests/export/test_pull.py::test_a_missing_revision_or_id_is_one_line",),
+    ),
+    Mutation(
+        "bundle/by-id-records-commit",
+        "export/pull.py",
+        '        return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}',
+        "        return None",
+        (
+            "tests/export/test_pull.py::test_a_pushed_bundle_loads_by_its_id_and_checks_as_its_folder",
+        ),
+    ),
+    Mutation(
         "push/exact-files",
         "export/push.py",
         '    files = sorted([*manifest["files"], MANIFEST, CARD])',

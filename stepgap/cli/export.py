@@ -99,6 +99,9 @@ def push(args: PushArguments) -> int:
         print(f)
     if args.dry_run:
         print("\n----- README.md (model card) -----\n" + plan.card)
+    else:
+        at = f"{args.repo_id}@{args.revision}" if args.revision else args.repo_id
+        print(f"stepgap push: load it anywhere with --bundle {at}", file=sys.stderr)
     return 0
 
 

@@ -45,8 +45,9 @@ class MineArguments(RecordOptions):
     bundle: str | None = option(
         None,
         "an exported bundle: its student, ONNX NLI model and thresholds are the checker that "
-        "would ship (in place of --student and --nli)",
-        metavar="DIR",
+        "would ship (in place of --student and --nli); its folder or Hub id "
+        "USER/NAME[@REVISION]",
+        metavar="DIR_OR_ID",
     )
     output: str = option(help="folder for the mined steps", aliases=["-o"])
     gold: list[str] | None = option(None, "gold labels: keep steps the paper's way")

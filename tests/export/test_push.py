@@ -83,7 +83,7 @@ class FakeHfApi:
         self.operations = operations
 
 
-def test_push_creates_the_repo_and_uploads_one_commit(bundle, monkeypatch):
+def test_push_creates_the_repo_and_uploads_one_commit(bundle, monkeypatch, capsys):
     import huggingface_hub
 
     import stepgap.hub_access
@@ -102,6 +102,7 @@ def test_push_creates_the_repo_and_uploads_one_commit(bundle, monkeypatch):
     card = next(op for op in api.operations if op.path_in_repo == "README.md")
     assert b"hf_secret" not in card.path_or_fileobj
     assert b"me/stepgap-tiny" in card.path_or_fileobj
+    assert "load it anywhere with --bundle me/stepgap-tiny@v1" in capsys.readouterr().err
 
 
 def test_push_refuses_a_tampered_bundle(bundle, tmp_path):
