@@ -61,7 +61,7 @@ def sft_examples(
     completion holds (`TARGETS`; see `student_target`).
     """
     from stepgap.teacher.decide import step_nli_features
-    from stepgap.teacher.prompt import build_messages
+    from stepgap.teacher.prompt import build_messages, snippet_counts
     from stepgap.teacher.relabel import group_by_trace
 
     check_target(target)
@@ -78,6 +78,7 @@ def sft_examples(
             continue
         stats.traces += 1
         features = step_nli_features(question, steps, nli) if nli is not None else None  # type: ignore[arg-type]
+        before = snippet_counts(steps)  # type: ignore[arg-type]
         for i, v in enumerate(group):
             if v.judge is None or v.label is None:
                 stats.skipped_failed += 1
@@ -91,6 +92,7 @@ def sft_examples(
                     i,
                     features[i] if features else None,
                     earlier_evidence_chars=earlier_evidence_chars,
+                    snippets_before=before,
                 ),
                 "completion": [{"role": "assistant", "content": student_target(v, target)}],
                 "trace_id": trace_id,

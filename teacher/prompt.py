@@ -9,6 +9,7 @@ escaped, so retrieved text can neither close the data block nor pose as instruct
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Sequence
 
@@ -125,17 +126,28 @@ def _snippets(steps: Sequence[Step]) -> list[dict[str, object]]:
     ]
 
 
+def snippet_counts(steps: Sequence[Step]) -> list[int]:
+    """How many snippets the steps before each index hold (`[0, len(steps[0].evidence), ...]`):
+    computed once a trace, so that each step's prompt counts what it leaves out in O(1)."""
+    return list(itertools.accumulate((len(s.evidence) for s in steps), initial=0))
+
+
 def _earlier_snippets(
-    steps: Sequence[Step], index: int, budget: int = EARLIER_EVIDENCE_CHARS
+    steps: Sequence[Step],
+    index: int,
+    budget: int = EARLIER_EVIDENCE_CHARS,
+    before: Sequence[int] | None = None,
 ) -> tuple[list[dict[str, object]], int]:
     """The snippets of steps before `index`, the most recent within the character budget, in
-    step order; and how many older snippets were left out."""
+    step order; and how many older snippets were left out. `before`: `snippet_counts(steps)`
+    (computed here when not given)."""
     kept: list[dict[str, object]] = []
-    for s in reversed(steps[:index]):
+    for position in range(index - 1, -1, -1):  # no copy of the steps before: long traces
+        s = steps[position]
         for snip in reversed(s.evidence):
             if budget - len(snip.text) < 0:
-                omitted = sum(len(e.evidence) for e in steps[:index]) - len(kept)
-                return kept[::-1], omitted
+                total = (before or snippet_counts(steps[:index]))[index]
+                return kept[::-1], total - len(kept)
             budget -= len(snip.text)
             kept.append({"from_step": s.index, "title": snip.title, "text": snip.text})
     return kept[::-1], 0
@@ -148,6 +160,7 @@ def build_messages(
     nli_features: Sequence[dict[str, object]] | None = None,
     *,
     earlier_evidence_chars: int | None = None,
+    snippets_before: Sequence[int] | None = None,
 ) -> Messages:
     """The chat messages that ask the judge about step `index` of a segmented trace.
 
@@ -155,6 +168,7 @@ def build_messages(
     only given to a student trained with them; the teacher's prompt never has it.
     `earlier_evidence_chars` is the budget of earlier steps' evidence (default: the teacher's
     `EARLIER_EVIDENCE_CHARS`); a student trained within a shorter context keeps its own.
+    `snippets_before`: `snippet_counts(steps)`, for a caller that asks about every step.
     """
     step = steps[index]
     data: dict[str, object] = {
@@ -170,7 +184,7 @@ def build_messages(
         "evidence": _snippets([step]),
     }
     budget = EARLIER_EVIDENCE_CHARS if earlier_evidence_chars is None else earlier_evidence_chars
-    earlier, omitted = _earlier_snippets(steps, index, budget)
+    earlier, omitted = _earlier_snippets(steps, index, budget, snippets_before)
     key = "global_evidence" if step.type == "conclusion" else "earlier_evidence"
     data[key] = earlier
     if omitted:
@@ -192,6 +206,7 @@ def build_requests(
     earlier_evidence_chars: int | None = None,
 ) -> list[JudgeRequest]:
     """One judge request per step of a trace (with per-step NLI features for such students)."""
+    before = snippet_counts(steps)
     return [
         JudgeRequest(
             trace_id,
@@ -203,6 +218,7 @@ def build_requests(
                 i,
                 nli_features[i] if nli_features else None,
                 earlier_evidence_chars=earlier_evidence_chars,
+                snippets_before=before,
             ),
         )
         for i, s in enumerate(steps)

@@ -107,3 +107,8 @@ def test_a_long_trace_shows_the_most_recent_earlier_evidence_within_the_budget()
     short = _data(build_messages("q?", steps[:5], 4))
     assert [s["from_step"] for s in short["earlier_evidence"]] == [0, 1, 2, 3]
     assert "earlier_evidence_omitted_older_snippets" not in short
+    # every step's request (the snippet counts computed once a trace) is the same prompt
+    requests = build_requests("t", "q?", steps)
+    assert [r.messages for r in requests[150:]] == [
+        build_messages("q?", steps, i) for i in range(150, 200)
+    ]
