@@ -107,8 +107,9 @@ class OfflineChecker(Checker):
     ) -> OfflineChecker:
         """`from_bundle` by a Hub id and a revision, as transformers loads a model:
         `OfflineChecker.from_pretrained("user/name", revision="v1")` (a folder of that name
-        wins). `options` are `from_bundle`'s."""
-        ref = f"{id_or_path}@{revision}" if revision else id_or_path
+        wins, and its revision is not asked). `options` are `from_bundle`'s."""
+        local = Path(id_or_path).exists()
+        ref = f"{id_or_path}@{revision}" if revision and not local else id_or_path
         return cls.from_bundle(ref, **options)
 
     @property

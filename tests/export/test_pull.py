@@ -183,5 +183,6 @@ def test_a_folder_of_the_same_name_wins(bundle, pushed, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(bundle, tmp_path / REPO_ID)
     assert OfflineChecker.from_bundle(REPO_ID).origin is None
+    assert OfflineChecker.from_pretrained(REPO_ID, revision="v1").origin is None
     with pytest.raises(BundleError, match="no such folder"):
         OfflineChecker.from_bundle("./me/other")  # a path, never an id
