@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stepgap import __version__
+from stepgap.hub_access import CARD
 from stepgap.io import replacing
 
 from .onnx_nli import ExportError, check_parity, export_onnx
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARITY_REFERENCE = "parity_reference.json"  # in nli/, checksummed like every file
-HUB_FILES = ("README.md", ".gitattributes")  # a pushed bundle's repo adds its card and these
+HUB_FILES = (CARD, ".gitattributes")  # what a pushed bundle's repo adds: its card, and this
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Adapter files worth shipping; checkpoints, optimizer states and training_args.bin are not.
 ADAPTER_FILES = (
