@@ -146,6 +146,7 @@ def test_the_recipe_runs_as_written_with_llama_server(
 
     from stepgap.export.bundle import export_bundle
     from stepgap.student.judge import ServedStudentJudge
+    from stepgap.teacher.judges.openai_api import OpenAIJudgeOptions
     from stepgap.teacher.judges.openai_wire import format_params
     from stepgap.teacher.prompt import build_requests
 
@@ -191,10 +192,10 @@ def test_the_recipe_runs_as_written_with_llama_server(
             assert _post(f"{url}/apply-template", {"messages": messages})["prompt"] == text
             ids = _post(f"{url}/tokenize", {"content": text, "parse_special": True})["tokens"]
             assert ids == tokenizer(text, add_special_tokens=False)["input_ids"], request.step
-        judge = ServedStudentJudge(
-            "stepgap-student", base_url=f"{url}/v1", max_tokens=48, invalid_retries=0,
-            response_format="json_schema",
-        )  # fmt: skip
+        options = OpenAIJudgeOptions(
+            base_url=f"{url}/v1", max_tokens=48, invalid_retries=0, response_format="json_schema"
+        )
+        judge = ServedStudentJudge("stepgap-student", options)
         [result] = judge.judge(requests[:1])  # taken, answered, read: parsed or cut short
         assert result.judge is not None or "truncated at max_tokens=48" in (result.error or "")
         answer = _post(f"{url}/v1/chat/completions", {
