@@ -253,9 +253,12 @@ def distinct_rollouts(traces, n: int, tag: str = "") -> list:
 
 def runs_to_make(args, table: dict = SLOT_RUNS) -> dict[str, tuple[list[str], str | None]]:
     """A scene's runs (`SLOT_RUNS`, `OUTAGE_RUNS`): name -> (flags, baseline folder or None)."""
+    wanted = args.runs.split(",") if args.runs else list(table)
+    if unknown := set(wanted) - set(table):
+        sys.exit(f"--runs: no run {sorted(unknown)} in this scene; it has {list(table)}")
     runs = {}
     for name, (flags, old) in table.items():
-        if old and not args.baseline:
+        if name not in wanted or (old and not args.baseline):
             continue
         runs[name] = (flags, args.baseline if old else None)
     return runs
@@ -434,6 +437,11 @@ def main() -> None:
         "--baseline",
         help="slots, outage: a folder with an earlier stepgap to run "
         "beside this one ('today'), made by pip install --no-deps --target DIR",
+    )
+    p.add_argument(
+        "--runs",
+        help="slots, outage: the runs to make, comma-separated (default: all the scene has; a "
+        "real engine's run takes up to 5 budgets)",
     )
     p.add_argument(
         "--shared-slots",
