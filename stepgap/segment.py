@@ -27,7 +27,7 @@ from stepgap.io import (
     write_parquet,
 )
 from stepgap.schema import Snippet, Step, Trace
-from stepgap.tags import ACTIONS, EVIDENCE, OPEN, TAG, closing
+from stepgap.tags import ACTIONS, EVIDENCE, NOTES, OPEN, TAG, closing, strip_notes
 
 _DOC_HEAD = re.compile(r"Doc\s*\d+\s*\(\s*Title\s*:\s*", re.IGNORECASE)
 
@@ -57,6 +57,8 @@ def _block(text: str, m: re.Match[str]) -> _Block:
     close = closing(name).search(text, m.end())
     if close is not None and name in EVIDENCE:
         nxt = OPEN.search(text, m.end())
+        while nxt is not None and nxt.group(1).lower() in NOTES:  # a note may sit inside
+            nxt = OPEN.search(text, nxt.end())
         limit = nxt.start() if nxt else len(text)
         for later in closing(name).finditer(text, close.end(), limit):
             close = later
@@ -148,7 +150,7 @@ def segment_response(response: str) -> list[Step]:
             pos = m.end()  # think tags are dropped, their content is the claim
             continue
         block = _block(response, m)
-        if name in EVIDENCE:  # retrieval output with no action before it: not model text
+        if name in EVIDENCE or name in NOTES:  # retrieval with no action before it, a note
             pos = block.end
             continue
         content = response[block.content_start : block.content_end]
@@ -208,7 +210,9 @@ def _collect_evidence(response: str, pos: int) -> tuple[list[Snippet], int]:
         if name in ACTIONS:
             return evidence, end
         block = _block(response, m)
-        evidence.extend(parse_snippets(response[block.content_start : block.content_end]))
+        if name not in NOTES:  # a note after the evidence belongs to the step, not its evidence
+            content = strip_notes(response[block.content_start : block.content_end])
+            evidence.extend(parse_snippets(content))
         pos = end = block.end
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 
-TAG_NAMES = ("think", "search", "information", "answer", "tool_call", "tool_response")
+TAG_NAMES = ("think", "search", "information", "answer", "tool_call", "tool_response", "feedback")
 ACTIONS = frozenset({"search", "answer", "tool_call"})  # each closes a step
 EVIDENCE = frozenset({"information", "tool_response"})  # retrieval output, never model text
+NOTES = frozenset({"feedback"})  # stepgap's typed notes to the policy: neither claim nor evidence
 
 _NAMES = "|".join(TAG_NAMES)
 TAG = re.compile(rf"<\s*(/?)\s*({_NAMES})\s*>", re.IGNORECASE)
@@ -22,6 +23,7 @@ TAG = re.compile(rf"<\s*(/?)\s*({_NAMES})\s*>", re.IGNORECASE)
 OPEN = re.compile(rf"<\s*({_NAMES})\s*>", re.IGNORECASE)
 _CLOSE = {name: re.compile(rf"<\s*/\s*{name}\s*>", re.IGNORECASE) for name in TAG_NAMES}
 _OPEN_ONE = {name: re.compile(rf"<\s*{name}\s*>", re.IGNORECASE) for name in TAG_NAMES}
+_NOTE_OPEN = re.compile(rf"<\s*({'|'.join(sorted(NOTES))})\s*>", re.IGNORECASE)
 
 
 def opening(name: str) -> re.Pattern[str]:
@@ -32,6 +34,18 @@ def opening(name: str) -> re.Pattern[str]:
 def closing(name: str) -> re.Pattern[str]:
     """`</name>` in any case, spaces inside."""
     return _CLOSE[name]
+
+
+def strip_notes(text: str) -> str:
+    """`text` without its `<feedback>` blocks (an unclosed one runs to the end): a note inside a
+    retrieval block is not evidence."""
+    parts: list[str] = []
+    pos = 0
+    while (opened := _NOTE_OPEN.search(text, pos)) is not None:
+        parts.append(text[pos : opened.start()])
+        closed = _CLOSE[opened.group(1).lower()].search(text, opened.end())
+        pos = len(text) if closed is None else closed.end()
+    return "".join(parts) + text[pos:]
 
 
 def first_block(text: str, names: tuple[str, ...]) -> tuple[str, str] | None:

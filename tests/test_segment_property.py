@@ -21,6 +21,8 @@ TAGS = [
     "</tool_call>",
     "<tool_response>",
     "</tool_response>",
+    "<feedback>",
+    "</feedback>",
     "< Search >",
     "</ANSWER>",
     'Doc 1(Title: "T")',
