@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepgap.feedback import note_for
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
@@ -98,7 +99,10 @@ class StreamingReward:
         self.rollouts: dict[str, _Rollout] = {}
         self.lock = threading.Lock()
         self.pending: queue.Queue[_Asked | None] = queue.Queue()
-        self.stats = {"submitted": 0, "reused": 0, "asked_at_end": 0, "dropped": 0}
+        self.stats: dict[str, float] = {
+            "submitted": 0, "reused": 0, "asked_at_end": 0, "dropped": 0,
+            "notes": 0, "no_gap": 0, "too_late": 0, "waited_s": 0.0,
+        }  # fmt: skip
         self.closed = False
         self.threads = [
             threading.Thread(target=self._work, name=f"stepgap-inline-{k}", daemon=True)
@@ -156,6 +160,53 @@ class StreamingReward:
         for step in complete[have:]:
             self.submit(trace_id, question, step)
         return max(0, len(complete) - have)
+
+    def verdict(self, trace_id: str, index: int, wait: float = 0.0) -> Verdict | None:
+        """Step `index`'s verdict, if the judge's answers for steps 0..index come within `wait`
+        seconds (0: only if they are in already); None if not, or if one of them failed. It is
+        the verdict the end-of-rollout check gives that step: step i's request and its decision
+        read only steps 0..i."""
+        with self.lock:
+            rollout = self.rollouts.get(trace_id)
+            asked = list(rollout.steps[: index + 1]) if rollout is not None else []
+            question = rollout.question if rollout is not None else ""
+        if len(asked) <= index:
+            return None
+        until = time.monotonic() + wait
+        judged: list[JudgeResult] = []
+        for a in asked:
+            try:
+                judged.append(a.answer.result(max(0.0, until - time.monotonic())))
+            except Exception:  # not in time, cancelled or failed: no verdict to tell yet
+                return None
+        trace = Trace(id=trace_id, question=question, steps=[a.step for a in asked])
+        return self.checker.decide(trace, judged)[index]
+
+    def note(self, trace_id: str, question: str, response: str, wait: float = 0.0) -> str | None:
+        """Typed feedback (`stepgap.feedback`): submit the complete steps of the rollout's text
+        so far, then, if that made a new step, the note for it when its verdict comes within
+        `wait` seconds and is a gap. Counts what it told (`stats`: notes, no_gap, too_late,
+        waited_s)."""
+        if self.submit_response(trace_id, question, response) == 0:
+            return None  # no new step (a repeated tool call, or no search result yet)
+        with self.lock:
+            rollout = self.rollouts.get(trace_id)
+        if rollout is None:  # dropped meanwhile
+            return None
+        last = len(rollout.steps) - 1
+        started = time.monotonic()
+        verdict = self.verdict(trace_id, last, wait)
+        with self.lock:
+            self.stats["waited_s"] += time.monotonic() - started
+            kind = (
+                "too_late"
+                if verdict is None
+                else "no_gap"
+                if verdict.label == "no_gap"
+                else "notes"
+            )
+            self.stats[kind] += 1
+        return None if verdict is None else note_for(verdict.label)
 
     def drop(self, trace_id: str) -> int:
         """Forget a rollout that will never be finalized; its unsent steps are not sent.

@@ -136,3 +136,71 @@ def test_a_judge_fault_gives_no_reward_never_an_exception(examples_dir, example_
         result = s.finalize(t)
     assert result.unavailable is not None and "judge is down" in result.unavailable
     assert reward.failures["failed_checks"] == len(t.steps)
+
+
+def _spanless(result) -> dict:
+    d = result.as_dict()
+    for step in d["steps"]:
+        step.pop("span"), step.pop("token_span")
+    return d
+
+
+def _with_notes(s: StreamingReward, t: Trace, wait: float) -> tuple[str, list]:
+    """The rollout's text as a tool loop with typed feedback builds it: after each search
+    result, the note for that step (if any) goes back with it."""
+    text, notes, done = "", [], 0
+    for cut in [m.end() for m in re.finditer(r"</(information|tool_response)>", t.response)]:
+        text += t.response[done:cut]
+        done = cut
+        note = s.note(t.id, t.question, text, wait)
+        notes.append(note)
+        text += note or ""
+    return text + t.response[done:], notes
+
+
+def test_a_gap_whose_verdict_is_in_time_gets_its_note_and_the_reward_is_unchanged(
+    checker, example_traces
+):
+    """Each complete step's note is that of its post-hoc label (none for no_gap), and the
+    rollout with its notes earns the reward of the rollout without them."""
+    from stepgap.feedback import note_for
+
+    reward = StepGapReward(checker)
+    expected = reward.score_traces(example_traces)
+    verdicts = {t.id: checker.check([t])[0] for t in example_traces}
+    with StreamingReward(reward) as s:
+        for t, e in zip(example_traces, expected, strict=True):
+            text, notes = _with_notes(s, t, wait=60.0)
+            searched = [v for v in verdicts[t.id] if v.step < len(notes)]
+            assert notes == [note_for(v.label) for v in searched]
+            got = s.finalize(Trace(id=t.id, question=t.question,
+                                   golden_answers=t.golden_answers, response=text))  # fmt: skip
+            assert _spanless(got) == _spanless(e)  # a note moves the spans, nothing else
+        stats = dict(s.stats)
+    assert stats["notes"] >= 1 and stats["no_gap"] >= 1 and stats["too_late"] == 0
+    assert stats["notes"] + stats["no_gap"] == sum(
+        len(prefixes(t.response)) for t in example_traces
+    )
+
+
+def test_a_verdict_not_in_time_is_not_sent_and_costs_no_wait(examples_dir, example_traces):
+    """With no wait (the default), a step still at the judge gets no note; the rollout goes on
+    and its reward is the post-hoc one."""
+    import threading
+
+    gate = threading.Event()
+    judge = CountingJudge(ReplayJudge.from_file(examples_dir / "judge_replay.jsonl"), gate=gate)
+    checker = Checker(judge, ReplayNLI.from_file(examples_dir / "nli_replay.jsonl"))
+    t = next(t for t in example_traces if len(prefixes(t.response)) >= 2)
+    gate.set()
+    (expected,) = StepGapReward(checker).score_traces([t])
+    gate.clear()
+    with StreamingReward(StepGapReward(checker)) as s:
+        text, notes = _with_notes(s, t, wait=0.0)
+        assert notes == [None] * len(prefixes(t.response))
+        assert s.stats["too_late"] == len(notes) and s.stats["notes"] == 0
+        assert s.stats["waited_s"] < 30  # not until the judge gave up on its closed gate (60 s)
+        gate.set()
+        got = s.finalize(Trace(id=t.id, question=t.question, golden_answers=t.golden_answers,
+                               response=text))  # fmt: skip
+    assert _spanless(got) == _spanless(expected)
