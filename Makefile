@@ -100,7 +100,8 @@ NEWEST_SHOWN := torch transformers tokenizers datasets huggingface-hub trl peft 
 test-newest: .venv-newest/.installed
 	.venv-newest/bin/python -m pip show $(NEWEST_SHOWN) 2>/dev/null | grep -E '^(Name|Version):' \
 	  | paste - - | awk '{print "newest:", $$2, $$4}'
-	OMP_NUM_THREADS=1 .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	STEPGAP_LANE=newest OMP_NUM_THREADS=1 .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) \
+	  -m "not slow"
 
 # The suite in TEST_WORKERS pytest-xdist processes, each with one torch thread: one process left
 # a core idle for most of the run (its subprocesses' imports and its servers' waits are
