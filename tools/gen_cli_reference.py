@@ -5,8 +5,9 @@ parser makes it, so the page says what `--help` says.
     python tools/gen_cli_reference.py --check  # exit 1 if docs/cli.md is not what it would write
 
 `tests/test_docs.py` runs the check, so a changed option fails the suite until the page is
-written again. argparse's layout differs a little between Python versions: the page records the
-version that wrote it, and the check compares only under that version.
+written again. argparse's layout differs a little between Python versions, and `train` prints
+the help of transformers' and TRL's own arguments: the page records the versions that wrote it,
+and the check compares only under those.
 """
 
 from __future__ import annotations
@@ -34,15 +35,22 @@ API](python-api.md), [serving](serving.md)). Exit statuses are listed at the end
 """
 
 
-def python_version() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
+def versions() -> str:
+    """What the page's text depends on beside this checkout: Python (argparse's layout),
+    transformers and TRL (the training options' help)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("transformers", "trl"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"no {name}")
+    return ", ".join([f"Python {sys.version_info.major}.{sys.version_info.minor}", *found])
 
 
 def header() -> str:
-    return (
-        f"<!-- written by tools/gen_cli_reference.py under Python {python_version()}: "
-        "do not edit; run it again -->\n"
-    )
+    return f"<!-- written by tools/gen_cli_reference.py under {versions()}: do not edit; run it again -->\n"
 
 
 def page() -> str:
@@ -60,9 +68,9 @@ def page() -> str:
 
 
 def written_under(text: str) -> str | None:
-    """The Python version a page was written under, from its first line."""
+    """The versions a page was written under (`versions()`), from its first line."""
     first = text.split("\n", 1)[0]
-    marker = "under Python "
+    marker = "under "
     return first.split(marker, 1)[1].split(":", 1)[0] if marker in first else None
 
 

@@ -247,10 +247,10 @@ class HFNLI(NLIBackend):
 
 def lacks_sentencepiece_normalization(tokenizer) -> bool:
     """Whether a SentencePiece (Unigram) tokenizer was rebuilt without SentencePiece's NFKC
-    normalization, which the model was trained with. transformers 5 builds a DeBERTa-v3
-    tokenizer from its `spm.model` with NFC only: a no-break space, a ligature or a full-width
-    letter (common in Wikipedia evidence) then becomes pieces the model never saw, so stepgap
-    applies NFKC to the text itself."""
+    normalization, which the model was trained with. transformers 5 (up to 5.19 at least;
+    5.25 keeps SentencePiece's own) builds a DeBERTa-v3 tokenizer from its `spm.model` with NFC
+    only: a no-break space, a ligature or a full-width letter (common in Wikipedia evidence)
+    then becomes pieces the model never saw, so stepgap applies NFKC to the text itself."""
     from tokenizers.models import Unigram
 
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -502,6 +502,9 @@ def test_verls_reward_loop_asks_the_student_behind_its_reward_router(
     the router with the student's schema; the rewards are the in-process bundle's."""
     import asyncio
 
+    from tests.fixtures.peers import import_peer
+
+    import_peer("verl")
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker

@@ -11,7 +11,6 @@ import ast
 import asyncio
 import importlib.util
 import itertools
-import os
 import re
 import shlex
 from pathlib import Path
@@ -19,11 +18,10 @@ from pathlib import Path
 import pytest
 
 import stepgap.serving
+from tests.fixtures.peers import import_peer
 from tests.serving.conftest import chat_prompt
 
-if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
-    import openrlhf  # noqa: F401
-pytest.importorskip("openrlhf", reason="the interop extra (make test installs it)")
+import_peer("openrlhf")
 
 SERVING = Path(stepgap.serving.__file__).parent
 REPO = Path(__file__).resolve().parents[2]

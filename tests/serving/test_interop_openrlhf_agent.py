@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import importlib.util
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,10 +21,9 @@ import pytest
 
 import stepgap.serving
 from stepgap.data_builders.rollout_formats import SEARCH_R1_TEMPLATE
+from tests.fixtures.peers import import_peer
 
-if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
-    import openrlhf  # noqa: F401
-pytest.importorskip("openrlhf", reason="the interop extra (make test installs it)")
+import_peer("openrlhf")
 
 from tests.fixtures.live_server import LiveServer  # noqa: E402
 

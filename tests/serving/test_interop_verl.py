@@ -6,7 +6,6 @@ the stored example verdicts."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from pathlib import Path
 
@@ -14,11 +13,10 @@ import numpy as np
 import pytest
 
 import stepgap.serving
+from tests.fixtures.peers import import_peer
 from tests.serving.conftest import chat_prompt
 
-if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
-    import verl  # noqa: F401
-verl = pytest.importorskip("verl", reason="the interop extra (make test installs it)")
+verl = import_peer("verl")
 
 from omegaconf import OmegaConf  # noqa: E402  (a veRL dependency)
 from verl import DataProto  # noqa: E402

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 import stepgap.serving
 from stepgap.schema import Trace
+from tests.fixtures.peers import import_peer
 
-if os.environ.get("CI"):  # CI installs the interop extra: a missing peer is a failure there
-    import verl  # noqa: F401
-verl = pytest.importorskip("verl", reason="the interop extra (make test installs it)")
+verl = import_peer("verl")
 
 from tests.fixtures.live_server import LiveServer  # noqa: E402
 

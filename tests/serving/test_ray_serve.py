@@ -58,7 +58,13 @@ def serve_url(ray_cluster, judge_server, examples_dir, tmp_path_factory):
     args = {**entry["args"], "config": str(reward_json),  # the shipped args, sized to this cluster
             "ray_actor_options": {"num_cpus": 0.5, "resources": {"node_slot": 1}}}  # fmt: skip
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # Serve waits a fixed 60 s for its HTTP proxies, one per node; at load 8+ two take longer
+    # on 2 cores (Ray's own constant, read where serve.start uses it)
+    import ray.serve._private.api as serve_api
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serve_api, "HTTP_PROXY_TIMEOUT", 600)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name="stepgap", route_prefix="/")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()

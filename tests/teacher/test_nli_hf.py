@@ -175,11 +175,12 @@ def test_threads_may_share_one_backend(tiny_nli):
 
 
 def test_text_is_nfkc_normalized_as_sentencepiece_would_for_deberta_v3(tiny_nli):
-    """transformers 5 rebuilds a DeBERTa-v3 tokenizer from its `spm.model` with NFC only, where
-    SentencePiece (and the model's training) applied NFKC: a no-break space, a ligature and
-    full-width letters, as Wikipedia evidence holds them, are read as their plain spellings
-    (same token ids, same probabilities). A tokenizer that normalizes by itself, and a BPE one,
-    are left alone."""
+    """transformers 5.19 (as earlier 5.x releases) rebuilds a DeBERTa-v3 tokenizer from its
+    `spm.model` with NFC only, where SentencePiece (and the model's training) applied NFKC;
+    5.25 rebuilds SentencePiece's own normalization. Either way a no-break space, a ligature and full-width
+    letters, as Wikipedia evidence holds them, are read as their plain spellings (same token
+    ids, same probabilities): stepgap applies NFKC exactly when the tokenizer does not. A
+    tokenizer that normalizes by itself, and a BPE one, are left alone."""
     from tokenizers import normalizers
 
     from stepgap.teacher.nli.hf import lacks_sentencepiece_normalization
@@ -190,14 +191,15 @@ def test_text_is_nfkc_normalized_as_sentencepiece_would_for_deberta_v3(tiny_nli)
         "The \ufb01lm was\u00a0directed by Kurosawa in \uff34okyo.",
         "Kurosawa directed the film.",
     )
-    assert nli.tokenizer.tokenize(odd[0]) != nli.tokenizer.tokenize(
-        plain[0]
-    )  # as transformers reads it
+    # as this transformers reads it: stepgap normalizes where the tokenizer does not
+    unnormalized = nli.tokenizer.tokenize(odd[0]) != nli.tokenizer.tokenize(plain[0])
+    assert lacks_sentencepiece_normalization(nli.tokenizer) == unnormalized
     enc = nli._encode([plain, odd], tensors="np")
     assert list(enc["input_ids"][0]) == list(enc["input_ids"][1])
     a, b = nli.predict([plain, odd])
     assert a == b
 
+    nli.tokenizer.backend_tokenizer.normalizer = normalizers.NFC()  # as transformers 5.19 has it
     assert lacks_sentencepiece_normalization(nli.tokenizer)
     nli.tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(
         [normalizers.NFKC(), normalizers.Strip(left=False, right=True)]

@@ -105,13 +105,15 @@ def test_a_rerun_after_a_killed_run_asks_nothing_that_was_written(
                                                          ray_cluster.address)]  # fmt: skip
     try:
         proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
+        # killed once the judge has answered its 10 and answered steps are in the file (the
+        # judge hangs after 10, so that state holds however long the machine's load makes
+        # Ray's start); what is there when it dies is what the rerun must not ask again
+        deadline = time.monotonic() + 600
         while len(server.answered()) < 10 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
             time.sleep(0.05)
-        # killed once answered steps are in the file (however long that takes at the
-        # machine's load); what is there when it dies is what the rerun must not ask again
-        deadline = time.monotonic() + 120
         while not (out.exists() and finished_steps(out)) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
             time.sleep(0.1)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
