@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stepgap.feedback import Told, feedback_counts
 from stepgap.tags import first_block
 
 from .qa import QAItem
@@ -124,6 +125,7 @@ class Rollout:
     finish: str | None = None
     pending_query: str | None = None
     tool_call: dict[str, Any] | None = None
+    told: list[Told] | None = None  # typed feedback, one per retrieval (None: feedback off)
 
     def record(self, policy: str, retriever: str, fmt: str, topk: int) -> dict[str, Any]:
         return {
@@ -146,6 +148,7 @@ class Rollout:
                 # What the policy wrote and was shown, Search-R1's invalid-action notes
                 # included (only when it differs from `response`).
                 **({"transcript": self.prefix} if self.invalid_turns else {}),
+                **({"feedback": feedback_counts(self.told)} if self.told is not None else {}),
             },
         }
 
@@ -198,6 +201,12 @@ class SearchR1Format:
             r.prefix += obs
         r.pending_query = None
 
+    def add_note(self, r: Rollout, note: str) -> None:
+        """A typed note after the retrieved block, shown to the policy and kept in the trace
+        (segmentation leaves it out of claims and evidence)."""
+        r.response += note + "\n\n"
+        r.prefix += note + "\n\n"
+
 
 class HermesFormat:
     """A `search` tool in the Hermes format: each tool call ends an assistant turn and its
@@ -249,6 +258,19 @@ class HermesFormat:
                 r.messages.append({"role": "user", "content": tool_response_text(body)})
         r.pending_query = None
         r.tool_call = None
+
+    def add_note(self, r: Rollout, note: str) -> None:
+        """A typed note at the end of the tool's answer, inside its `<tool_response>` (and of
+        the tool message the policy reads next)."""
+        close = r.response.rfind("</tool_response>")
+        r.response = r.response[:close].rstrip("\n") + f"\n{note}\n" + r.response[close:]
+        message = r.messages[-1]
+        content = message["content"]
+        if message["role"] == "tool":
+            message["content"] = f"{content}\n{note}"
+        else:
+            close = content.rfind("</tool_response>")
+            message["content"] = content[:close].rstrip("\n") + f"\n{note}\n" + content[close:]
 
 
 def _tool_query(call: Any) -> str | None:

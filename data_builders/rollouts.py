@@ -29,6 +29,7 @@ crash or a kill loses only the rollouts in flight. This module is the run loop; 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from stepgap.feedback import FeedbackSource, Told
 from stepgap.io import ErrorReport, JsonlWriter, resume_keys
 from stepgap.options import Options
 
@@ -94,13 +96,17 @@ def run_rollouts(
     retriever_name: str = "",
     progress: bool = True,
     on_trace: Callable[[dict[str, Any]], None] | None = None,
+    feedback: FeedbackSource | None = None,
+    feedback_wait: float = 0.0,
 ) -> RolloutSummary:
     """Roll out `n_per_question` traces per question and append each to `output` as it ends.
 
     Ids already in `output` are skipped (rerun the same call to resume). Rollouts advance in
     waves of `wave_size`, one policy call and one batched retrieval per turn, as Search-R1's
     `run_llm_loop` does. A policy or retriever failure fails the wave's unfinished rollouts
-    (counted, logged, not written: a rerun retries them).
+    (counted, logged, not written: a rerun retries them). With `feedback` (typed feedback,
+    `stepgap.feedback`), each retrieval goes back with the note for its step when the step's
+    verdict comes within `feedback_wait` seconds (0: only one already in) and is a gap.
     """
     style = load_format(fmt)
     if n_per_question < 1 or max_turns < 1 or topk < 1:
@@ -121,14 +127,15 @@ def run_rollouts(
                 if tid in done:
                     summary.skipped += 1
                     continue
-                yield Rollout(item, k, tid, style.start(item))
+                told = None if feedback is None else []
+                yield Rollout(item, k, tid, style.start(item), told=told)
 
     bar = tqdm(desc="rollouts", unit="trace", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(output, append=True) as out:
 
         def advance(wave: list[Rollout]) -> None:
             _run_wave(wave, style, policy, retriever, max_turns, topk, summary, out, bar,
-                      retriever_name, on_trace)  # fmt: skip
+                      retriever_name, on_trace, Feedback(feedback, feedback_wait))  # fmt: skip
 
         wave: list[Rollout] = []
         for r in pending():
@@ -142,10 +149,42 @@ def run_rollouts(
     return summary
 
 
+@dataclass
+class Feedback:
+    """Typed feedback in the loop: its source (None: off) and how long a turn waits for it."""
+
+    source: FeedbackSource | None
+    wait: float = 0.0
+
+    def tell(self, style, rollouts: list[Rollout]) -> None:
+        """After a wave's retrievals: each rollout's note, if any, goes back with its own. The
+        wave's steps are sent at once and its notes waited for together (`wait` in all)."""
+        if self.source is None:
+            return
+        source = self.source
+
+        async def each() -> list[Told]:
+            return await asyncio.gather(
+                *(source.tell(r.trace_id, r.item.question, r.response, self.wait) for r in rollouts)
+            )
+
+        for r, told in zip(rollouts, asyncio.run(each()), strict=True):
+            if r.told is not None:
+                r.told.append(told)
+            if told.note is not None:
+                style.add_note(r, told.note)
+
+    def forget(self, r: Rollout) -> None:
+        if self.source is not None:
+            asyncio.run(self.source.drop(r.trace_id))
+
+
 def _run_wave(
-    wave, style, policy, retriever, max_turns, topk, summary, out, bar, retriever_name, on_trace
-) -> None:
+    wave, style, policy, retriever, max_turns, topk, summary, out, bar, retriever_name, on_trace,
+    feedback: Feedback,
+) -> None:  # fmt: skip
     def finish(r: Rollout) -> None:
+        feedback.forget(r)
         rec = r.record(policy.name, retriever_name, style.name, topk)
         out.write(rec)
         summary.traces += 1
@@ -172,6 +211,7 @@ def _run_wave(
                 for r, h in zip(searching, hits, strict=True):
                     r.searches += 1
                     style.observe(r, format_passages(h))
+                feedback.tell(style, searching)
             else:
                 for r in searching:
                     style.observe(r, None)

@@ -90,12 +90,24 @@ class StepsRequest(BaseModel):
     trace_id: str = Field(min_length=1, description="the rollout's id, the same in /reward")
     question: str
     response: str = Field(description="the rollout's text so far, search results included")
+    feedback_wait: float | None = Field(
+        None,
+        ge=0,
+        le=600,
+        description="typed feedback: wait up to this many seconds for the newest step's "
+        "verdict and answer its note (null: no feedback, the answer comes at once)",
+    )
 
 
 class StepsResponse(BaseModel):
     trace_id: str
     submitted: int = Field(description="steps of this call queued for checking")
     rollouts: int = Field(description="rollouts with steps sent and no reward asked yet")
+    note: str | None = Field(
+        None, description="typed feedback: the newest step's note (null: no gap, or not in time)"
+    )
+    late: bool = Field(False, description="typed feedback: the verdict did not come in time")
+    waited_s: float = Field(0.0, description="typed feedback: seconds waited for the verdict")
 
 
 class StepRewardOut(BaseModel):

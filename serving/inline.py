@@ -1,7 +1,7 @@
 """Inline checking from inside a trainer's rollout loop: the loop hands over the rollout's text
 each time a search result comes back, and asks for the reward when the rollout ends.
 
-Two checkers answer the same three calls (all async, for the agent loops of veRL and OpenRLHF):
+Two checkers answer the same four calls (all async, for the agent loops of veRL and OpenRLHF):
 
 - `LocalInline`: a `StreamingReward` in this process, over the process's reward
   (`process_reward.get_reward`: a reward config file, or `configure(reward)`);
@@ -10,6 +10,8 @@ Two checkers answer the same three calls (all async, for the agent loops of veRL
   its answers are kept.
 
 `send` never fails a rollout: a step that could not be sent is checked at the end instead.
+`tell` is `send` with typed feedback (`stepgap.feedback`): it also gives the note for the
+newest step when its verdict comes within the wait.
 `inline_checker(url=..., config=...)` gives this process's checker (one per setting), from the
 arguments or from `STEPGAP_REWARD_URL` / `STEPGAP_REWARD_CONFIG`.
 """
@@ -22,9 +24,11 @@ import os
 import threading
 import weakref
 import zlib
+from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from stepgap.feedback import FeedbackSource, Told
 from stepgap.reward_arithmetic import RewardResult, StepReward
 
 from .remote import parse_urls
@@ -33,24 +37,23 @@ from .streaming import StreamingReward
 log = logging.getLogger(__name__)
 
 
-class InlineChecker(Protocol):
+class InlineChecker(FeedbackSource):
+    """A checker of a rollout's steps as they come: `send`, `finalize`, and the feedback
+    source's `tell` and `drop`."""
+
+    @abstractmethod
     async def send(self, trace_id: str, question: str, text: str) -> int:
         """The rollout's text so far: its complete steps not sent before are checked from now
         on. Returns how many were new."""
-        ...
 
+    @abstractmethod
     async def finalize(
         self, trace_id: str, question: str, text: str, golden: Sequence[str]
     ) -> RewardResult:
         """The finished rollout's reward, reusing every answer made while it ran."""
-        ...
-
-    async def drop(self, trace_id: str) -> None:
-        """Forget a rollout whose reward will never be asked."""
-        ...
 
 
-class LocalInline:
+class LocalInline(InlineChecker):
     """Inline checking in this process, on `streaming`'s workers."""
 
     def __init__(self, streaming: StreamingReward) -> None:
@@ -63,6 +66,13 @@ class LocalInline:
             log.warning("rollout %s: its steps could not be sent (%s)", trace_id, exc)
             return 0
 
+    async def tell(self, trace_id: str, question: str, text: str, wait: float = 0.0) -> Told:
+        try:
+            return await asyncio.to_thread(self.streaming.tell, trace_id, question, text, wait)
+        except (ValueError, RuntimeError) as exc:  # checked at the end instead
+            log.warning("rollout %s: its steps could not be sent (%s)", trace_id, exc)
+            return Told()
+
     async def finalize(
         self, trace_id: str, question: str, text: str, golden: Sequence[str]
     ) -> RewardResult:
@@ -72,7 +82,7 @@ class LocalInline:
         self.streaming.drop(trace_id)
 
 
-class ServedInline:
+class ServedInline(InlineChecker):
     """Inline checking by `stepgap serve` at `urls` (one or more replicas)."""
 
     def __init__(
@@ -97,16 +107,33 @@ class ServedInline:
         return self._clients[loop]
 
     async def send(self, trace_id: str, question: str, text: str) -> int:
+        answer = await self._steps(trace_id, {"question": question, "response": text})
+        return int(answer.get("submitted", 0))
+
+    async def tell(self, trace_id: str, question: str, text: str, wait: float = 0.0) -> Told:
+        body = {"question": question, "response": text, "feedback_wait": wait}
+        answer = await self._steps(trace_id, body, timeout=self.timeout + wait)
+        return Told(answer.get("note"), bool(answer.get("late")), float(answer.get("waited_s", 0)),
+                    int(answer.get("submitted", 0)))  # fmt: skip
+
+    async def _steps(
+        self, trace_id: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        """`POST /steps` of the rollout's replica; {} when it could not be sent."""
         import httpx
 
-        body = {"trace_id": trace_id, "question": question, "response": text}
+        url = f"{self.url_of(trace_id)}/steps"
         try:
-            resp = await self._client().post(f"{self.url_of(trace_id)}/steps", json=body)
+            resp = await self._client().post(
+                url, json={"trace_id": trace_id, **body}, timeout=timeout or self.timeout
+            )
             resp.raise_for_status()
-            return int(resp.json()["submitted"])
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            answer = resp.json()
+            int(answer["submitted"])
+            return answer
+        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
             log.warning("rollout %s: its steps could not be sent (%s)", trace_id, exc)
-            return 0
+            return {}
 
     async def finalize(
         self, trace_id: str, question: str, text: str, golden: Sequence[str]

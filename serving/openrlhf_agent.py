@@ -18,6 +18,11 @@ Settings come from the environment, since OpenRLHF builds both classes without a
 reward: `STEPGAP_REWARD_URL` (`stepgap serve`) or `STEPGAP_REWARD_CONFIG` (a reward config
 file; the check then runs in the rollout worker). The label is the golden answers.
 
+Typed feedback (`STEPGAP_FEEDBACK=typed`, default `none`): a search's `<information>` goes back
+with the note for its step (`stepgap.feedback`) when the step's verdict comes within
+`STEPGAP_FEEDBACK_WAIT` seconds (default 0: only one already in); the rollout's logs count the
+notes sent, the verdicts too late and the seconds waited (`feedback/*`).
+
 This module is loaded by file path, so it uses absolute imports only.
 """
 
@@ -39,6 +44,7 @@ from stepgap.data_builders.rollout_formats import (
     SearchR1Format,
     cut_turn,
 )
+from stepgap.feedback import Told, check_mode, feedback_counts
 from stepgap.serving.framework_inputs import golden_list, question_from_prompt
 from stepgap.serving.inline import inline_checker
 from stepgap.serving.reward_function import available
@@ -58,6 +64,9 @@ class SearchAgentInstance(AgentInstanceBase):
         self.prompt = ""
         self.question = ""
         self.searches = 0
+        self.feedback = check_mode(os.environ.get("STEPGAP_FEEDBACK", "none"))
+        self.feedback_wait = float(os.environ.get("STEPGAP_FEEDBACK_WAIT", "0"))
+        self.told: list[Told] = []
 
     async def reset(self, states: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         self.prompt = states["observation"]
@@ -83,13 +92,22 @@ class SearchAgentInstance(AgentInstanceBase):
                 feedback = INFORMATION.format(passages.strip())
             except RetrievalError as exc:
                 feedback = INFORMATION.format(f"search failed: {exc}")
-            await self.checker.send(
-                self.trace_id, self.question, self.response_of(so_far + feedback)
-            )
-            return self._going_on(feedback)
+            return self._going_on(await self._checked(so_far + feedback, feedback))
         if block is None and self.searches < self.max_turns and not _ended(states):
             return self._going_on(INVALID_ACTION)
         return await self._finished(so_far, states["label"])
+
+    async def _checked(self, text: str, feedback: str) -> str:
+        """Send the rollout's text so far to the checker; with typed feedback, the search's
+        feedback with its step's note when the note came in time."""
+        if self.feedback == "none":
+            await self.checker.send(self.trace_id, self.question, self.response_of(text))
+            return feedback
+        told = await self.checker.tell(
+            self.trace_id, self.question, self.response_of(text), self.feedback_wait
+        )
+        self.told.append(told)
+        return feedback if told.note is None else f"{feedback}{told.note}\n\n"
 
     @staticmethod
     def _going_on(feedback: str) -> dict[str, Any]:
@@ -110,7 +128,14 @@ class SearchAgentInstance(AgentInstanceBase):
             "scores": reward,
             "environment_feedback": "",
             "done": True,
-            "extra_logs": {k: v for k, v in result.scalars().items() if k != "score"},
+            "extra_logs": {
+                **{k: v for k, v in result.scalars().items() if k != "score"},
+                **(
+                    {f"feedback/{k}": v for k, v in feedback_counts(self.told).items()}
+                    if self.feedback == "typed"
+                    else {}
+                ),
+            },  # fmt: skip
         }
 
 

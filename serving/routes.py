@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 
+from stepgap.feedback import Told
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
@@ -217,12 +218,19 @@ async def steps(body: StepsRequest, request: Request) -> dict[str, Any]:
             "one (the search_only variant, or a checker without its own judge)",
         )
     try:
-        n = await asyncio.to_thread(
-            inline.submit_response, body.trace_id, body.question, body.response
-        )
+        if body.feedback_wait is None:
+            told = Told(new_steps=await asyncio.to_thread(
+                inline.submit_response, body.trace_id, body.question, body.response
+            ))  # fmt: skip
+        else:
+            told = await asyncio.to_thread(
+                inline.tell, body.trace_id, body.question, body.response, body.feedback_wait
+            )
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
-    return {"trace_id": body.trace_id, "submitted": n, "rollouts": inline.unfinished()}
+    return {"trace_id": body.trace_id, "submitted": told.new_steps,
+            "rollouts": inline.unfinished(), "note": told.note, "late": told.late,
+            "waited_s": round(told.waited, 3)}  # fmt: skip
 
 
 @router.delete("/steps/{trace_id}", summary="forget a rollout whose reward will not be asked")

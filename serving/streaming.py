@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepgap.feedback import note_for
+from stepgap.feedback import Told, note_for
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
@@ -182,31 +182,29 @@ class StreamingReward:
         trace = Trace(id=trace_id, question=question, steps=[a.step for a in asked])
         return self.checker.decide(trace, judged)[index]
 
-    def note(self, trace_id: str, question: str, response: str, wait: float = 0.0) -> str | None:
+    def tell(self, trace_id: str, question: str, response: str, wait: float = 0.0) -> Told:
         """Typed feedback (`stepgap.feedback`): submit the complete steps of the rollout's text
-        so far, then, if that made a new step, the note for it when its verdict comes within
-        `wait` seconds and is a gap. Counts what it told (`stats`: notes, no_gap, too_late,
+        so far, then, if that made a new step, its note when its verdict comes within `wait`
+        seconds and is a gap. Counts what it told (`stats`: notes, no_gap, too_late,
         waited_s)."""
-        if self.submit_response(trace_id, question, response) == 0:
-            return None  # no new step (a repeated tool call, or no search result yet)
+        new = self.submit_response(trace_id, question, response)
+        if new == 0:
+            return Told()  # no new step (a repeated tool call, or no search result yet)
         with self.lock:
             rollout = self.rollouts.get(trace_id)
         if rollout is None:  # dropped meanwhile
-            return None
-        last = len(rollout.steps) - 1
+            return Told(new_steps=new)
         started = time.monotonic()
-        verdict = self.verdict(trace_id, last, wait)
+        verdict = self.verdict(trace_id, len(rollout.steps) - 1, wait)
+        waited = time.monotonic() - started
+        kind = "too_late" if verdict is None else "notes"
+        if verdict is not None and verdict.label == "no_gap":
+            kind = "no_gap"
         with self.lock:
-            self.stats["waited_s"] += time.monotonic() - started
-            kind = (
-                "too_late"
-                if verdict is None
-                else "no_gap"
-                if verdict.label == "no_gap"
-                else "notes"
-            )
+            self.stats["waited_s"] += waited
             self.stats[kind] += 1
-        return None if verdict is None else note_for(verdict.label)
+        note = None if verdict is None else note_for(verdict.label)
+        return Told(note, verdict is None, waited, new)
 
     def drop(self, trace_id: str) -> int:
         """Forget a rollout that will never be finalized; its unsent steps are not sent.

@@ -7,24 +7,30 @@ logged through TRL's `log_metric` when it is passed.
 
 `SearchEnvironment` gives TRL's tool loop Search-R1's retriever as the `search` tool
 (`GRPOTrainer(environment_factory=SearchEnvironment, ...)`); a tool-calling completion is scored
-whole, each search a step (`inputs.text_of`). Its steps are checked when the reward function
-runs, after the rollouts: TRL hands a tool only its arguments and `get_reward()` nothing, so
-neither sees the assistant's text that holds a step's claim, and no step can be checked while
-TRL's rollout runs (veRL's agent loop and OpenRLHF's executor can: `verl_agent.py`,
-`openrlhf_agent.py`).
+whole, each search a step (`inputs.text_of`). TRL hands a tool only its arguments, so its steps
+are checked when the reward function runs, after the rollouts. With typed feedback
+(`SearchEnvironment(feedback="typed")`, under `trl_trainer.StepGapGRPOTrainer`, whose tool loop
+shows each environment its rollout's conversation) each search is checked as its result comes
+back, and the result goes back with the note for its step when the verdict comes within
+`feedback_wait` seconds. TRL runs the tools of a batch one rollout after another, so a wait
+adds up over the batch: keep it 0 (only verdicts already in) unless the batch is small.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
+from uuid import uuid4
 
 from stepgap.data_builders.retrieval import search_passages, tool_retriever
+from stepgap.feedback import Told, check_mode, feedback_counts
 from stepgap.reward_arithmetic import RewardResult
 
 from .framework_inputs import golden_list, question_from_prompt, text_of
+from .inline import InlineChecker, inline_checker
 from .reward_function import StepGapReward
 
 
@@ -40,6 +46,15 @@ def _rates(results: Sequence[RewardResult]) -> dict[str, float]:
     rates["stepgap/unsegmented"] = sum(r.unsegmented for r in results) / n if n else 0.0
     rates["stepgap/em"] = sum(r.em for r in results) / n if n else 0.0
     return rates
+
+
+def _feedback(environments: Sequence[Any] | None) -> dict[str, float]:
+    """The batch's typed feedback, a mean per rollout (TRL passes its environments)."""
+    told = [feedback_counts(e.told) for e in environments or []
+            if isinstance(e, SearchEnvironment) and e.feedback == "typed"]  # fmt: skip
+    if not told:
+        return {}
+    return {f"stepgap/feedback_{k}": sum(c[k] for c in told) / len(told) for k in told[0]}
 
 
 def _score(
@@ -61,7 +76,7 @@ def _score(
     results = reward.score(responses, list(questions), golden)
     log_metric = kwargs.get("log_metric")
     if callable(log_metric):
-        for name, value in _rates(results).items():
+        for name, value in {**_rates(results), **_feedback(kwargs.get("environments"))}.items():
             log_metric(name, value)
     # TRL's own "no reward": a None leaves the completion out of its group's baseline
     return [None if r.unavailable is not None else r.reward for r in results]
@@ -107,16 +122,47 @@ def stepgap_async_reward_func(
 class SearchEnvironment:
     """Search-R1's retriever as a TRL environment: one per rollout, its `search` method a tool.
     The retriever's address: `url`, else `STEPGAP_RETRIEVER_URL` (default
-    http://127.0.0.1:8000/retrieve); `topk` passages a search."""
+    http://127.0.0.1:8000/retrieve); `topk` passages a search.
 
-    def __init__(self, url: str | None = None, topk: int = 3) -> None:
+    Typed feedback (`feedback="typed"`, else `STEPGAP_FEEDBACK`; see the module docstring): the
+    checker is `checker`, else this process's inline checker (`STEPGAP_REWARD_URL` or
+    `STEPGAP_REWARD_CONFIG`); the question is the row's `question` column, else its prompt's.
+    Its public methods are TRL's tools: `search` is the only one."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        topk: int = 3,
+        *,
+        feedback: str | None = None,
+        feedback_wait: float | None = None,
+        checker: InlineChecker | None = None,
+    ) -> None:
         self.retriever = tool_retriever(url)
         self.topk = topk
         self.queries: list[str] = []
+        self.feedback = check_mode(feedback or os.environ.get("STEPGAP_FEEDBACK", "none"))
+        wait = os.environ.get("STEPGAP_FEEDBACK_WAIT", "0")
+        self.feedback_wait = float(wait if feedback_wait is None else feedback_wait)
+        self.checker = checker
+        self.conversation: list[dict[str, Any]] | None = None  # set by StepGapGRPOTrainer
+        self.question = ""
+        self.trace_id = ""
+        self.told: list[Told] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def reset(self, **example: Any) -> None:
         """A new rollout (TRL passes the dataset row); the prompt stays as it is."""
+        if self.feedback == "typed" and self.trace_id:
+            self._run(self._checker().drop(self.trace_id))  # the last rollout's, if not asked
         self.queries = []
+        self.conversation = None
+        self.told = []
+        self.trace_id = uuid4().hex
+        question = example.get("question")
+        self.question = question if isinstance(question, str) else question_from_prompt(
+            example.get("prompt", "")
+        )  # fmt: skip
 
     def search(self, query: str) -> str:
         """Search the corpus and return the top documents for a query.
@@ -125,4 +171,24 @@ class SearchEnvironment:
             query: the search query
         """
         self.queries.append(query)
-        return search_passages(self.retriever, query, self.topk)
+        passages = search_passages(self.retriever, query, self.topk)
+        if self.feedback == "none" or self.conversation is None:
+            return passages
+        tool = {"role": "tool", "name": "search", "content": passages}
+        text = text_of([*self.conversation, tool])
+        told = self._run(
+            self._checker().tell(self.trace_id, self.question, text, self.feedback_wait)
+        )
+        self.told.append(told)
+        return passages if told.note is None else f"{passages}\n{told.note}"
+
+    def _checker(self) -> InlineChecker:
+        if self.checker is None:
+            self.checker = inline_checker()
+        return self.checker
+
+    def _run(self, work: Any) -> Any:
+        """The checker's call on this environment's own event loop (its connections kept)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(work)

@@ -19,11 +19,19 @@ file (`stepgap_config`, or `STEPGAP_REWARD_CONFIG`). Configs, beside this module
 `verl_agent_loop.yaml` (`actor_rollout_ref.rollout.agent.agent_loop_config_path`) and
 `verl_search_tool.yaml` (`actor_rollout_ref.rollout.multi_turn.tool_config_path`); README
 "Checking while the rollout runs" has the whole command line.
+
+Typed feedback (`stepgap_feedback: typed` in the agent loop's config, default `none`): a search
+result goes back inside its tool message with the note for its step (`stepgap.feedback`) when
+the step's verdict comes within `stepgap_feedback_wait` seconds (default 0: only one already
+in). The tool message is tokenized again with the note by veRL's own context merge; the
+rollout's `reward_extra_info` counts the notes sent, the verdicts too late and the seconds
+waited (`feedback/*`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
@@ -34,6 +42,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, search_passages
 from stepgap.data_builders.rollout_formats import SEARCH_TOOL
+from stepgap.feedback import Told, check_mode, feedback_counts
 
 from .framework_inputs import golden_list
 from .inline import inline_checker
@@ -93,13 +102,18 @@ class StepGapToolAgentLoop(ToolAgentLoop):
         *args: Any,
         stepgap_url: str | None = None,
         stepgap_config: str | None = None,
+        stepgap_feedback: str = "none",
+        stepgap_feedback_wait: float = 0.0,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("name", None)  # the agent loop config's own key
         super().__init__(*args, **kwargs)
         self.checker = inline_checker(url=stepgap_url, config=stepgap_config)
+        self.feedback = check_mode(stepgap_feedback)
+        self.feedback_wait = float(stepgap_feedback_wait)
         self.trace_id = ""
         self.question = ""
+        self.told: list[Told] = []
 
     def decoded_response(self, token_ids: list[int]) -> str:
         """The response as veRL's reward managers decode it."""
@@ -107,6 +121,7 @@ class StepGapToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         self.trace_id = uuid4().hex
+        self.told = []
         self.question = question_of(kwargs.get("extra_info"), _user_text(kwargs.get("raw_prompt")))
         golden = golden_list((kwargs.get("reward_model") or {}).get("ground_truth"))
         try:
@@ -117,14 +132,70 @@ class StepGapToolAgentLoop(ToolAgentLoop):
         text = self.decoded_response(output.response_ids)
         result = await self.checker.finalize(self.trace_id, self.question, text, golden)
         output.reward_score = available(result)
-        output.extra_fields["reward_extra_info"] = result.scalars()
+        output.extra_fields["reward_extra_info"] = {
+            **result.scalars(),
+            **({f"feedback/{k}": v for k, v in feedback_counts(self.told).items()}
+               if self.feedback == "typed" else {}),
+        }  # fmt: skip
         output.extra_fields["stepgap_trace_id"] = self.trace_id
         return output
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        before = _Context.of(agent_data)
         state = await super()._handle_processing_tools_state(agent_data)
-        if state == AgentState.GENERATING:  # the search results are in the response now
-            start = len(agent_data.prompt_ids) - len(agent_data.response_mask)
-            text = self.decoded_response(agent_data.prompt_ids[start:])
+        if state != AgentState.GENERATING:
+            return state
+        # the search results are in the response now
+        text = self.decoded_response(agent_data.prompt_ids[before.response_start :])
+        if self.feedback == "none":
             await self.checker.send(self.trace_id, self.question, text)
-        return state
+            return state
+        told = await self.checker.tell(self.trace_id, self.question, text, self.feedback_wait)
+        self.told.append(told)
+        if told.note is None:
+            return state
+        return await self._with_note(agent_data, before, told.note)
+
+    async def _with_note(self, agent_data: AgentData, before: _Context, note: str) -> AgentState:
+        """The turn's last tool message with the note at its end, merged again from the context
+        before the tools answered, as veRL merges tool messages."""
+        last = agent_data.messages[-1]
+        if last.get("role") != "tool" or not isinstance(last.get("content"), str):
+            return AgentState.GENERATING  # a multimodal answer: no note
+        last["content"] = f"{last['content']}\n{note}"
+        merged, mask, logprobs = await self.ct_merge_context_msg(
+            before.messages, agent_data.messages, before.prompt_ids, before.response_mask,
+            before.response_logprobs or None, tools=before.tools,
+        )  # fmt: skip
+        if len(mask) >= self.response_length:
+            return AgentState.TERMINATED
+        agent_data.prompt_ids = merged.token_ids
+        agent_data.response_mask = mask
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = logprobs or []
+        return AgentState.GENERATING
+
+
+@dataclass(frozen=True)
+class _Context:
+    """A rollout's context as it was before its tools answered."""
+
+    messages: list[dict[str, Any]]
+    prompt_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    tools: Any
+
+    @property
+    def response_start(self) -> int:
+        return len(self.prompt_ids) - len(self.response_mask)
+
+    @classmethod
+    def of(cls, agent_data: AgentData) -> _Context:
+        return cls(
+            list(agent_data.messages),
+            list(agent_data.prompt_ids),
+            list(agent_data.response_mask),
+            list(agent_data.response_logprobs or []),
+            agent_data._active_tool_schemas,
+        )  # fmt: skip  (set by ToolAgentLoop.run)

@@ -9,6 +9,8 @@ nothing and waits for nothing.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Literal
 
 FeedbackMode = Literal["none", "typed"]
@@ -38,3 +40,43 @@ def check_mode(mode: str) -> str:
     if mode not in FEEDBACK_MODES:
         raise ValueError(f"feedback must be one of {', '.join(FEEDBACK_MODES)}, not {mode!r}")
     return mode
+
+
+@dataclass(frozen=True)
+class Told:
+    """What one retrieval's turn told the policy: its note (None: no gap, or not in time),
+    whether the step's verdict came too late for it, the seconds the rollout waited, and how
+    many of the text's steps were new (sent for checking by this call)."""
+
+    note: str | None = None
+    late: bool = False
+    waited: float = 0.0
+    new_steps: int = 0
+
+
+class FeedbackSource(ABC):
+    """Where a rollout loop gets its typed notes: a checker of the rollout's steps as they come
+    (`stepgap.serving.inline`: a `StreamingReward` in this process, or `stepgap serve`). Async,
+    as the agent loops of veRL and OpenRLHF are; `stepgap rollouts` asks for a wave's notes at
+    once."""
+
+    @abstractmethod
+    async def tell(self, trace_id: str, question: str, text: str, wait: float = 0.0) -> Told:
+        """Check the complete steps of the rollout's text so far; the note for the newest one
+        if its verdict comes within `wait` seconds and is a gap. Never fails the rollout: a
+        step that could not be sent is checked at the end instead (`Told()`)."""
+
+    @abstractmethod
+    async def drop(self, trace_id: str) -> None:
+        """Forget a rollout whose reward will never be asked here (it ended, or was
+        abandoned)."""
+
+
+def feedback_counts(told: list[Told]) -> dict[str, float]:
+    """A rollout's typed feedback as its logs keep it: notes sent, verdicts that came too
+    late, seconds waited."""
+    return {
+        "notes": sum(t.note is not None for t in told),
+        "too_late": sum(t.late for t in told),
+        "waited_s": round(sum(t.waited for t in told), 3),
+    }

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from stepgap.schema import Step, Trace, Verdict
+from stepgap.schema import GAP_TYPES, Step, Trace, Verdict
 from stepgap.tags import last_block
 
 Variant = Literal["search_only", "binary_gap", "typed_base", "typed_shape", "untyped_dense"]
@@ -126,7 +126,17 @@ class RewardResult:
         }
         for lab in ("no_gap", "CC", "IE", "MB"):
             out[f"rate_{lab}"] = counts.get(lab, 0) / n if n else 0.0
+        chances, repaired = self.repairs()
+        out["repair_chances"] = float(chances)
+        out["repair_rate"] = repaired / chances if chances else 0.0
         return out
+
+    def repairs(self) -> tuple[int, int]:
+        """(steps after a gap, those that made its repair): shaping cases 1 and 2 of the
+        contract, a new search after IE or MB, a retraction after CC."""
+        pairs = zip(self.steps, self.steps[1:], strict=False)
+        after_gap = [s for prev, s in pairs if prev.label in GAP_TYPES]
+        return len(after_gap), sum(s.shape_case in (1, 2) for s in after_gap)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -200,8 +210,9 @@ def compute_reward(
         label = by_step[step.index].label if step.index in by_step else None
         base = _base(label, variant)
         shape, case = (0.0, 5)
-        if variant == "typed_shape" and label is not None:
+        if label is not None:  # the case whatever the variant: repairs() counts it
             shape, case = shape_for(prev_label, step, prev_claim, queries)
+            shape = shape if variant == "typed_shape" else 0.0
         span = list(step.span) if step.span else None
         rows.append(
             StepReward(

@@ -97,6 +97,26 @@ def test_first_case_wins_retraction_before_answer_penalty():
     assert (r.steps[1].shape, r.steps[1].shape_case) == (0.15, 2)
 
 
+def test_the_repair_rate_counts_the_steps_after_a_gap_that_made_its_repair():
+    """Steps after a gap: a new search after MB (case 1), a retraction after CC (case 2), a
+    near-duplicate search after IE (case 4) and an answer over an open MB (case 3): two of
+    four repaired, under every variant (the variant changes the reward, not what was done)."""
+    t = trace([
+        search(0, "who directed pertramer", claim="Kuhn was born in Berlin."),
+        search(1, "birthplace of ernst kuhn", claim="I need the director first."),
+        search(2, "q three", claim="Kuhn was born in Graz."),
+        search(3, "q four", claim="Actually, I misread it: the record says Vienna, not Graz."),
+        search(4, "where was ernst kuhn born"),
+        search(5, "where was ernst kuhn born?"),
+        answer(6, "Vienna"),
+    ])  # fmt: skip
+    labels = ["no_gap", "MB", "CC", "no_gap", "IE", "MB", "no_gap"]
+    for variant in ("typed_shape", "typed_base", "binary_gap"):
+        scalars = compute_reward(t, verdicts(labels), variant=variant).scalars()
+        assert (scalars["repair_chances"], scalars["repair_rate"]) == (4.0, 0.5), variant
+    assert compute_reward(t, verdicts(["no_gap"] * 7)).scalars()["repair_rate"] == 0.0
+
+
 def test_near_duplicate_boundary_f1_exactly_0_7_is_not_a_duplicate():
     earlier = "a1 a2 a3 a4 a5 a6 a7 x1 x2 x3"  # 10 tokens, 7 shared with the query
     query = "a1 a2 a3 a4 a5 a6 a7 y1 y2 y3"

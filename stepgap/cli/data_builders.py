@@ -15,6 +15,7 @@ from stepgap.cli.options import EXIT_NOTHING, ProgressOptions, RecordOptions, fi
 from stepgap.data_builders.policies import PolicyConfig
 from stepgap.data_builders.retrieval import RetrieverConfig
 from stepgap.data_builders.student_target import Target
+from stepgap.feedback import FeedbackSource
 from stepgap.options import at_least_one, option
 
 
@@ -203,11 +204,63 @@ class RolloutsArguments(RecordOptions, ProgressOptions):
         super().__post_init__()
 
 
-def rollouts(args: RolloutsArguments, policy: PolicyConfig, retriever: RetrieverConfig) -> int:
+FEEDBACK_GROUP = "typed feedback (off by default)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeedbackArguments:
+    """Typed feedback to the policy inside the rollout (`stepgap.feedback`): each search result
+    goes back with the note for its step when the step's verdict is ready in time."""
+
+    feedback: Literal["none", "typed"] = option(
+        "none", "typed: send each gap's note with its search result", group=FEEDBACK_GROUP
+    )
+    feedback_wait: float = option(
+        0.0,
+        "seconds a turn waits for its wave's verdicts (0: only those already in)",
+        metavar="S",
+        group=FEEDBACK_GROUP,
+    )
+    reward_config: str | None = option(
+        None, "the notes' checker: a reward config file, checked here", metavar="FILE",
+        group=FEEDBACK_GROUP,
+    )  # fmt: skip
+    reward_url: str | None = option(
+        None, "the notes' checker: `stepgap serve` at URL (replicas: comma-separated)",
+        metavar="URL", group=FEEDBACK_GROUP,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.feedback_wait < 0:
+            raise ValueError(f"feedback_wait must be 0 or more, got {self.feedback_wait}")
+        if self.reward_config and self.reward_url:
+            raise ValueError("give --reward-config or --reward-url, not both")
+        if self.feedback == "typed" and not (self.reward_config or self.reward_url):
+            raise ValueError(
+                "--feedback typed needs the checker of the notes: --reward-config FILE or "
+                "--reward-url URL"
+            )
+
+    def build(self) -> FeedbackSource | None:
+        """The notes' checker, or None with feedback off."""
+        if self.feedback == "none":
+            return None
+        from stepgap.serving.inline import inline_checker
+
+        return inline_checker(url=self.reward_url, config=self.reward_config)
+
+
+def rollouts(
+    args: RolloutsArguments,
+    policy: PolicyConfig,
+    retriever: RetrieverConfig,
+    feedback: FeedbackArguments,
+) -> int:
     from stepgap.data_builders.rollouts import rollouts_file
     from stepgap.io import ErrorReport
 
     report = ErrorReport()
+    source = feedback.build()
     summary = rollouts_file(
         args.qa,
         policy.build(),
@@ -226,6 +279,8 @@ def rollouts(args: RolloutsArguments, policy: PolicyConfig, retriever: Retriever
         wave_size=args.wave_size,
         limit=args.limit,
         progress=not args.no_progress,
+        feedback=source,
+        feedback_wait=feedback.feedback_wait,
     )
     print(f"stepgap rollouts: {summary.questions} question(s); {summary}", file=sys.stderr)
     code = finish(args, report, summary.traces, f"new traces to {args.output}")
@@ -270,7 +325,7 @@ COMMANDS = [
     Command(
         "rollouts",
         "QA set -> Search-R1-style raw traces from a policy and a retriever (resumable)",
-        (RolloutsArguments, PolicyConfig, RetrieverConfig),
+        (RolloutsArguments, PolicyConfig, RetrieverConfig, FeedbackArguments),
         rollouts,
     ),
     Command(

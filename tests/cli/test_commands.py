@@ -200,3 +200,40 @@ def test_the_libraries_notices_are_quiet_before_a_command_imports_them(monkeypat
     examples = Path(__file__).resolve().parents[2] / "examples"
     assert main(["segment", str(examples / "traces.jsonl"), "-o", str(tmp_path / "s.jsonl")]) == 0
     assert seen == [logging.ERROR]
+
+
+def test_rollouts_feedback_flags_give_the_loop_the_reward_files_checker(
+    tmp_path, monkeypatch, examples_dir
+):
+    """`--feedback typed --reward-config FILE --feedback-wait S`: the loop gets this process's
+    inline checker over the file's reward, and the wait; by default it gets none."""
+    import stepgap.data_builders.rollouts as rollouts_module
+    from stepgap.data_builders.rollouts import RolloutSummary
+    from stepgap.serving import inline, process_reward
+    from stepgap.teacher.judges.replay import ReplayJudge
+
+    given: list[dict] = []
+
+    def run_rollouts(questions, policy, retriever, output, **options):
+        given.append(options)
+        return RolloutSummary(traces=1)
+
+    monkeypatch.setattr(rollouts_module, "run_rollouts", run_rollouts)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    config = tmp_path / "reward.json"
+    config.write_text(json.dumps({"judge": f"replay:{examples_dir / 'judge_replay.jsonl'}",
+                                  "nli": f"replay:{examples_dir / 'nli_replay.jsonl'}"}))  # fmt: skip
+    argv = ["rollouts", str(examples_dir / "rollout_questions.jsonl"), "--policy", "openai:m",
+            "--retriever", "http://127.0.0.1:9/retrieve", "-o", str(tmp_path / "r.jsonl"),
+            "--no-progress"]  # fmt: skip
+    try:
+        assert main(argv) == 0
+        assert main([*argv, "--feedback", "typed", "--reward-config", str(config),
+                     "--feedback-wait", "2.5"]) == 0  # fmt: skip
+        off, on = given
+        assert off["feedback"] is None and off["feedback_wait"] == 0.0
+        assert isinstance(on["feedback"], inline.LocalInline) and on["feedback_wait"] == 2.5
+        assert isinstance(on["feedback"].streaming.checker.judge, ReplayJudge)
+    finally:
+        inline.reset()
+        process_reward.reset()

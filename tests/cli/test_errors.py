@@ -203,6 +203,14 @@ def test_rollouts_against_a_dead_server_is_one_line(tmp_path):
     assert len(done.stderr.splitlines()) == 1, done.stderr
 
 
+def test_rollouts_with_typed_feedback_and_no_checker_is_one_line(tmp_path):
+    done = run("rollouts", str(EX / "rollout_questions.jsonl"), "--policy", "openai:m",
+               "--retriever", "http://127.0.0.1:9/retrieve", "-o", str(tmp_path / "r.jsonl"),
+               "--feedback", "typed", "--feedback-wait", "1")  # fmt: skip
+    one_line_error(done, "--feedback typed needs the checker of the notes", "--reward-config")
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 @pytest.fixture(scope="module")
 def refusing_hub():
     """An HTTP server on 127.0.0.1 that answers every request 401, as the Hub does a token

@@ -24,6 +24,7 @@ from stepgap.data_builders.rollout_formats import (
     Rollout,
 )
 from stepgap.data_builders.rollouts import run_rollouts
+from stepgap.feedback import FeedbackSource, Told, note_for
 from stepgap.segment import segment_response
 from stepgap.serving.retrieval_server import create_app
 from tests.data_builders.conftest import QUESTIONS, TOPK, LiveServer
@@ -399,3 +400,76 @@ def test_a_policy_server_that_never_answers_fails_the_first_wave_after_one_retry
         run_rollouts(questions, policy, LocalIndex(wiki_bm25), tmp_path / "r.jsonl", progress=False)
     assert len(fake_openai.events) == 2 * len(questions)  # each: the request and one retry
     assert not policy.working and policy.client.max_retries == 6
+
+
+class _Noting(FeedbackSource):
+    """Typed feedback whose first verdict comes too late and whose others are MB gaps."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, float]] = []
+        self.dropped: list[str] = []
+
+    async def tell(self, trace_id, question, text, wait=0.0):
+        self.calls.append((trace_id, text, wait))
+        return Told(late=True) if len(self.calls) == 1 else Told(note_for("MB"), False, 0.25)
+
+    async def drop(self, trace_id):
+        self.dropped.append(trace_id)
+
+
+class _Prefixes(_Scripted):
+    """What the policy was shown at each turn."""
+
+    shown: list[str]
+
+    def generate(self, rollouts, stops):
+        self.shown.append(rollouts[0].prefix)
+        return super().generate(rollouts, stops)
+
+
+def test_typed_feedback_goes_back_with_the_retrieval_and_the_trace_checks_as_without(
+    wiki_bm25, tmp_path
+):
+    """Search-R1's loop with feedback on: a note that came goes after its step's
+    `<information>`, to the policy and into the trace, where segmentation leaves it out; one too
+    late is not sent; the record counts both and the time waited."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": "x", "question": "Where is the Eiffel Tower", "answer": "P"}))
+    policy = _Prefixes(["<search> Eiffel Tower </search>", "<search> Paris </search>",
+                        "<answer> Paris </answer>"])  # fmt: skip
+    policy.shown = []
+    source, out = _Noting(), tmp_path / "t.jsonl"
+    run_rollouts(iter_questions(qa), policy, LocalIndex(wiki_bm25), out, max_turns=3, topk=1,
+                 progress=False, feedback=source, feedback_wait=2.5)  # fmt: skip
+    (trace,) = [json.loads(x) for x in out.read_text().splitlines()]
+    note = note_for("MB")
+    assert trace["response"].count(note) == 1 and f"</information>\n\n{note}" in trace["response"]
+    assert policy.shown[-1].endswith(f"{note}\n\n")  # the policy read it on its next turn
+    assert note not in policy.shown[1]  # the first step's verdict was too late: nothing sent
+    assert trace["rollout"]["feedback"] == {"notes": 1, "too_late": 1, "waited_s": 0.25}
+    assert [w for _, _, w in source.calls] == [2.5, 2.5] and source.dropped == ["x"]
+    plain = trace["response"].replace(note + "\n\n", "")
+    assert _steps(trace["response"]) == _steps(plain)
+
+
+def test_typed_feedback_sits_inside_a_hermes_tool_response(wiki_bm25, tmp_path):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": "h", "question": "Where is the Eiffel Tower?", "answer": "P"}))
+    call = '<tool_call>\n{{"name": "search", "arguments": {{"query": "{}"}}}}\n</tool_call>'
+    policy = _Turns([Generation(call.format("Eiffel Tower"), "</tool_call>"),
+                     Generation(call.format("Paris"), "</tool_call>"),
+                     Generation("<answer> Paris </answer>", "</answer>")])  # fmt: skip
+    out = tmp_path / "h.jsonl"
+    run_rollouts(iter_questions(qa), policy, LocalIndex(wiki_bm25), out, fmt="hermes", topk=1,
+                 progress=False, feedback=_Noting())  # fmt: skip
+    (trace,) = [json.loads(x) for x in out.read_text().splitlines()]
+    note = note_for("MB")
+    assert f"\n{note}\n</tool_response>" in trace["response"]
+    answer = policy.seen[2][0][-1]
+    assert answer["role"] == "user" and answer["content"].endswith(f"\n{note}\n</tool_response>")
+    plain = trace["response"].replace(f"\n{note}", "")
+    assert _steps(trace["response"]) == _steps(plain) and len(_steps(plain)) == 3
+
+
+def _steps(response: str) -> list:
+    return [(s.type, s.claim, s.query, s.answer, s.evidence) for s in segment_response(response)]

@@ -168,3 +168,35 @@ def test_through_stepgap_serve_the_executor_gets_the_same_rewards(
     inline_reward.checker.judge.asked.clear()
     expected = post_hoc(inline_reward, tokenizer, outputs)
     assert [o["reward"] for o in outputs] == pytest.approx(expected, abs=1e-9)
+
+
+def test_with_typed_feedback_each_gaps_note_follows_its_information_and_the_rewards_hold(
+    inline_reward, tokenizer, scripts, retriever_url, monkeypatch
+):
+    """`STEPGAP_FEEDBACK=typed` with a wait long enough for every verdict: each search's
+    `<information>` goes back with the note of its step's post-hoc label (none for no_gap),
+    the rollout's logs count them, and the rewards are the post-hoc rewards of the finished
+    texts, notes and all."""
+    from stepgap.feedback import note_for
+    from stepgap.serving import process_reward
+    from stepgap.serving.openrlhf import openrlhf_batch
+
+    process_reward.configure(inline_reward)
+    monkeypatch.setenv("STEPGAP_FEEDBACK", "typed")
+    monkeypatch.setenv("STEPGAP_FEEDBACK_WAIT", "120")
+    outputs = run_rollouts(tokenizer, scripts, retriever_url, monkeypatch)
+    queries = [tokenizer.decode(o["observation_tokens"]) for o in outputs]
+    responses, questions, golden = openrlhf_batch(
+        queries, [o["prompt"] for o in outputs], [o["label"] for o in outputs]
+    )
+    sent = []
+    for o, result, text in zip(outputs, inline_reward.score(responses, questions, golden),
+                               responses, strict=True):  # fmt: skip
+        expected = [note_for(s.label) for s in result.steps[:-1]]  # the searches' steps
+        notes = re.findall(r"</information>\n\n(<feedback>.*?</feedback>)\n\n", text)
+        assert notes == [n for n in expected if n] and text.count("<feedback>") == len(notes)
+        assert o["extra_logs"]["feedback/notes"] == len(notes)
+        assert o["extra_logs"]["feedback/too_late"] == 0
+        assert o["reward"] == pytest.approx(result.reward, abs=1e-9)
+        sent += notes
+    assert sent  # some step is a gap

@@ -248,3 +248,35 @@ def test_every_verl_override_in_the_docs_is_a_key_of_verls_trainer_config():
     config = OmegaConf.load(package / "trainer" / "config" / "_generated_ppo_trainer.yaml")
     for key in overrides:
         assert OmegaConf.select(config, key, default="missing") != "missing", key
+
+
+def test_with_typed_feedback_each_gaps_note_goes_back_inside_its_tool_response(
+    inline_reward, tokenizer, rollouts, retriever_url, monkeypatch
+):
+    """`stepgap_feedback: typed` with a wait long enough for every verdict: each tool message
+    ends with the note of its step's post-hoc label (none for no_gap), the note's tokens are
+    the environment's (response mask 0), and the rewards are the post-hoc rewards of the
+    finished responses, notes and all."""
+    import re
+
+    from stepgap.feedback import note_for
+    from stepgap.serving import process_reward
+
+    process_reward.configure(inline_reward)
+    outputs = run_agent_loops(tokenizer, rollouts, retriever_url, monkeypatch,
+                              stepgap_feedback="typed", stepgap_feedback_wait=120)  # fmt: skip
+    texts = [tokenizer.decode(o.response_ids, skip_special_tokens=True) for o in outputs]
+    results = inline_reward.score(texts, [r["trace"].question for r in rollouts],
+                                  [r["trace"].golden_answers for r in rollouts])  # fmt: skip
+    sent = []
+    for o, text, result in zip(outputs, texts, results, strict=True):
+        expected = [note_for(s.label) for s in result.steps[:-1]]  # the searches' steps
+        notes = re.findall(r"\n(<feedback>.*?</feedback>)\n</tool_response>", text)
+        assert notes == [n for n in expected if n] and text.count("<feedback>") == len(notes)
+        policy = [t for t, m in zip(o.response_ids, o.response_mask, strict=False) if m == 1]
+        assert "<feedback>" not in tokenizer.decode(policy)
+        info = o.extra_fields["reward_extra_info"]
+        assert info["feedback/notes"] == len(notes) and info["feedback/too_late"] == 0
+        assert o.reward_score == pytest.approx(result.reward, abs=1e-9)
+        sent += notes
+    assert sent  # some step is a gap

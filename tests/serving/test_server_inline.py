@@ -121,3 +121,38 @@ def test_a_server_that_checks_no_steps_says_so(examples_dir, example_traces):
         final = httpx.post(f"{url}/reward", json=_final([t]))
     assert r.status_code == 404 and "whole rollouts only" in r.json()["detail"]
     assert final.status_code == 200  # trace ids are no error: the rollouts are scored as ever
+
+
+def test_steps_with_a_feedback_wait_answer_each_gaps_note(examples_dir, example_traces):
+    """Typed feedback through `stepgap serve` (`ServedInline.tell`): each step's answer holds
+    the note of its post-hoc label once its verdict is in; with the judge held and no wait the
+    verdict is too late and no note is sent."""
+    import asyncio
+
+    from stepgap.feedback import note_for
+    from stepgap.serving.inline import ServedInline
+
+    gate = threading.Event()
+    reward, _ = _reward(examples_dir, gate=gate)
+    with LiveServer(create_app(reward)) as url:
+        served = ServedInline(url)
+
+        async def tell_all(wait: float) -> dict[str, list]:
+            return {t.id: [await served.tell(t.id, t.question, text, wait)
+                           for text in _prefixes(t.response)] for t in example_traces}  # fmt: skip
+
+        held = asyncio.run(tell_all(0.0))
+        gate.set()
+        for t in example_traces:
+            httpx.delete(f"{url}/steps/{t.id}", timeout=30)
+        told = asyncio.run(tell_all(60.0))
+    assert all(x.late and x.note is None and x.new_steps == 1 for xs in held.values() for x in xs)
+    post_hoc = {t.id: [v.label for v in reward.checker.check([t])[0]] for t in example_traces}
+    notes = []
+    for t in example_traces:
+        assert [x.new_steps for x in told[t.id]] == [1] * len(told[t.id])
+        assert not any(x.late for x in told[t.id])
+        labels = post_hoc[t.id][: len(told[t.id])]
+        assert [x.note for x in told[t.id]] == [note_for(label) for label in labels]
+        notes += [x.note for x in told[t.id] if x.note]
+    assert notes  # some step is a gap

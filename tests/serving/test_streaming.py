@@ -152,7 +152,7 @@ def _with_notes(s: StreamingReward, t: Trace, wait: float) -> tuple[str, list]:
     for cut in [m.end() for m in re.finditer(r"</(information|tool_response)>", t.response)]:
         text += t.response[done:cut]
         done = cut
-        note = s.note(t.id, t.question, text, wait)
+        note = s.tell(t.id, t.question, text, wait).note
         notes.append(note)
         text += note or ""
     return text + t.response[done:], notes

@@ -128,3 +128,68 @@ def test_trls_tool_loop_searches_and_every_search_is_a_step(
         assert [(st.claim, st.query) for st in steps] == [
             (st.claim, st.query) for st in trace.steps
         ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_with_typed_feedback_each_gaps_note_goes_back_with_its_search(
+    tool_policy, conversations, inline_reward, retriever_url, tmp_path, monkeypatch
+):
+    """`StepGapGRPOTrainer` with `SearchEnvironment(feedback="typed")` and a wait long enough
+    for every verdict: each tool message TRL's loop appends ends with the note of its step's
+    post-hoc label (none for no_gap), and TRL logs the notes sent per rollout."""
+    from functools import partial
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from stepgap.feedback import note_for
+    from stepgap.serving import process_reward
+    from stepgap.serving.framework_inputs import text_of
+    from stepgap.serving.trl import SearchEnvironment, stepgap_async_reward_func
+    from stepgap.serving.trl_trainer import StepGapGRPOTrainer
+
+    monkeypatch.setenv("STEPGAP_RETRIEVER_URL", retriever_url)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    process_reward.configure(inline_reward)  # the environments' inline checker
+    seen: list[dict] = []
+    reward_func = stepgap_async_reward_func(inline_reward)
+
+    async def recording(prompts, completions, **kwargs):
+        seen.extend({"completion": c, "question": q}
+                    for c, q in zip(completions, kwargs["question"], strict=True))  # fmt: skip
+        return await reward_func(prompts, completions, **kwargs)
+
+    recording.__name__ = reward_func.__name__
+    rows = [{"prompt": [{"role": "user", "content": c["prompt"]}], "question": c["trace"].question,
+             "golden_answers": c["trace"].golden_answers} for c in conversations]  # fmt: skip
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=600, temperature=1e-3, learning_rate=1e-5,
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+        seed=0, max_tool_calling_iterations=4,
+    )  # fmt: skip
+    trainer = StepGapGRPOTrainer(
+        model=str(tool_policy), reward_funcs=[recording], args=config,
+        train_dataset=Dataset.from_list(rows),
+        environment_factory=partial(SearchEnvironment, feedback="typed", feedback_wait=120),
+    )  # fmt: skip
+    trainer.train()
+
+    sent = []
+    for s in seen:
+        messages = s["completion"]
+        tools = [m["content"] for m in messages if m["role"] == "tool"]
+        golden = next(c["trace"].golden_answers for c in conversations
+                      if c["trace"].question == s["question"])  # fmt: skip
+        (result,) = inline_reward.score([text_of(messages)], [s["question"]], [golden])
+        expected = [note_for(st.label) for st in result.steps[: len(tools)]]
+        assert [
+            t.endswith(f"\n{n}") if n else "<feedback>" not in t
+            for t, n in zip(tools, expected, strict=True)
+        ] == [True] * len(tools)
+        sent += [n for n in expected if n]
+    assert sent  # some step is a gap
+    (logged,) = [h for h in trainer.state.log_history if "stepgap/feedback_notes" in h]
+    assert logged["stepgap/feedback_notes"] == pytest.approx(len(sent) / len(seen))
+    assert logged["stepgap/feedback_too_late"] == 0
