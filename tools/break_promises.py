@@ -268,6 +268,13 @@ MUTATIONS = [
         ("tests/teacher/judges/test_openai_api.py::test_bad_credentials_stop_the_run",),
     ),
     Mutation(
+        "feedback/notes-not-evidence",
+        "stepgap/tags.py",
+        "    while (opened := _NOTE_OPEN.search(text, pos)) is not None:",
+        "    while (opened := None) is not None:",
+        ("tests/test_feedback.py",),
+    ),
+    Mutation(
         "reward/failed-check-0",
         "stepgap/reward_arithmetic.py",
         'if label is None or variant == "search_only":',
