@@ -30,6 +30,7 @@ crash or a kill loses only the rollouts in flight. This module is the run loop; 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -131,11 +132,12 @@ def run_rollouts(
                 yield Rollout(item, k, tid, style.start(item), told=told)
 
     bar = tqdm(desc="rollouts", unit="trace", disable=not progress, dynamic_ncols=True)
-    with JsonlWriter(output, append=True) as out:
+    notes = Feedback(feedback, feedback_wait)
+    with JsonlWriter(output, append=True) as out, contextlib.closing(notes):
 
         def advance(wave: list[Rollout]) -> None:
             _run_wave(wave, style, policy, retriever, max_turns, topk, summary, out, bar,
-                      retriever_name, on_trace, Feedback(feedback, feedback_wait))  # fmt: skip
+                      retriever_name, on_trace, notes)  # fmt: skip
 
         wave: list[Rollout] = []
         for r in pending():
@@ -149,17 +151,20 @@ def run_rollouts(
     return summary
 
 
-@dataclass
 class Feedback:
-    """Typed feedback in the loop: its source (None: off) and how long a turn waits for it."""
+    """Typed feedback in the loop: its source (None: off), how long a turn waits for it, and
+    the event loop its calls run on (one for the run: a served checker keeps its
+    connections)."""
 
-    source: FeedbackSource | None
-    wait: float = 0.0
+    def __init__(self, source: FeedbackSource | None, wait: float = 0.0) -> None:
+        self.source = source
+        self.wait = wait
+        self.loop = asyncio.new_event_loop() if source is not None else None
 
     def tell(self, style, rollouts: list[Rollout]) -> None:
         """After a wave's retrievals: each rollout's note, if any, goes back with its own. The
         wave's steps are sent at once and its notes waited for together (`wait` in all)."""
-        if self.source is None:
+        if self.source is None or self.loop is None:
             return
         source = self.source
 
@@ -168,15 +173,19 @@ class Feedback:
                 *(source.tell(r.trace_id, r.item.question, r.response, self.wait) for r in rollouts)
             )
 
-        for r, told in zip(rollouts, asyncio.run(each()), strict=True):
+        for r, told in zip(rollouts, self.loop.run_until_complete(each()), strict=True):
             if r.told is not None:
                 r.told.append(told)
             if told.note is not None:
                 style.add_note(r, told.note)
 
     def forget(self, r: Rollout) -> None:
-        if self.source is not None:
-            asyncio.run(self.source.drop(r.trace_id))
+        if self.source is not None and self.loop is not None:
+            self.loop.run_until_complete(self.source.drop(r.trace_id))
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
 
 
 def _run_wave(

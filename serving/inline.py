@@ -129,9 +129,10 @@ class ServedInline(InlineChecker):
             )
             resp.raise_for_status()
             answer = resp.json()
-            int(answer["submitted"])
+            if not isinstance(answer, dict) or not isinstance(answer.get("submitted"), int):
+                raise ValueError(f"not an answer of /steps: {str(answer)[:200]}")
             return answer
-        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:
             log.warning("rollout %s: its steps could not be sent (%s)", trace_id, exc)
             return {}
 

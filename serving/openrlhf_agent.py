@@ -44,7 +44,7 @@ from stepgap.data_builders.rollout_formats import (
     SearchR1Format,
     cut_turn,
 )
-from stepgap.feedback import Told, check_mode, feedback_counts
+from stepgap.feedback import Told, check_mode, feedback_logs
 from stepgap.serving.framework_inputs import golden_list, question_from_prompt
 from stepgap.serving.inline import inline_checker
 from stepgap.serving.reward_function import available
@@ -130,12 +130,8 @@ class SearchAgentInstance(AgentInstanceBase):
             "done": True,
             "extra_logs": {
                 **{k: v for k, v in result.scalars().items() if k != "score"},
-                **(
-                    {f"feedback/{k}": v for k, v in feedback_counts(self.told).items()}
-                    if self.feedback == "typed"
-                    else {}
-                ),
-            },  # fmt: skip
+                **feedback_logs(self.told, self.feedback),
+            },
         }
 
 

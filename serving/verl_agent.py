@@ -42,7 +42,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from stepgap.data_builders.retrieval import HttpRetriever, RetrievalError, search_passages
 from stepgap.data_builders.rollout_formats import SEARCH_TOOL
-from stepgap.feedback import Told, check_mode, feedback_counts
+from stepgap.feedback import Told, check_mode, feedback_logs
 
 from .framework_inputs import golden_list
 from .inline import inline_checker
@@ -134,9 +134,8 @@ class StepGapToolAgentLoop(ToolAgentLoop):
         output.reward_score = available(result)
         output.extra_fields["reward_extra_info"] = {
             **result.scalars(),
-            **({f"feedback/{k}": v for k, v in feedback_counts(self.told).items()}
-               if self.feedback == "typed" else {}),
-        }  # fmt: skip
+            **feedback_logs(self.told, self.feedback),
+        }
         output.extra_fields["stepgap_trace_id"] = self.trace_id
         return output
 

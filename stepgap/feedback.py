@@ -99,3 +99,11 @@ def feedback_counts(told: list[Told]) -> dict[str, float]:
         "too_late": sum(t.late for t in told),
         "waited_s": round(sum(t.waited for t in told), 3),
     }
+
+
+def feedback_logs(told: list[Told], mode: str) -> dict[str, float]:
+    """A rollout's typed feedback as agent loops log it (`feedback/notes`, ...); nothing with
+    feedback off."""
+    if mode != "typed":
+        return {}
+    return {f"feedback/{k}": v for k, v in feedback_counts(told).items()}
