@@ -24,18 +24,21 @@ reward of the finished texts (with their notes) against `off`'s; writes JSON to 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date
 from pathlib import Path
 
-from inline_latency import EngineJudge, percentile
+from inline_latency import (
+    EngineJudge,
+    engine_args,
+    percentile,
+    replayed,
+    report_head,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -49,11 +52,7 @@ def cuts(response: str) -> list[int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rollouts", type=int, default=64)
-    p.add_argument("--turn-s", type=float, default=2.0, help="generation time of one turn")
-    p.add_argument("--judge-ms", type=float, default=300.0, help="the judge's time per step")
-    p.add_argument("--slots", type=int, default=16, help="steps the judge engine serves at once")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    engine_args(p)
     args = p.parse_args()
 
     from stepgap.io import read_models
@@ -66,10 +65,7 @@ def main() -> None:
     from stepgap.teacher.nli.replay import ReplayNLI
 
     examples = [t for t in iter_traces(EXAMPLES / "traces.jsonl") if cuts(t.response or "")]
-    rollouts = [
-        examples[k % len(examples)].model_copy(update={"id": f"{examples[k % len(examples)].id}#{k}"})
-        for k in range(args.rollouts)
-    ]  # fmt: skip
+    rollouts = replayed(examples, args.rollouts)
     replay = ReplayJudge.from_file(EXAMPLES / "judge_replay.jsonl")
     nli = ReplayNLI.from_file(EXAMPLES / "nli_replay.jsonl")
     verdicts = read_models(EXAMPLES / "teacher_verdicts.jsonl", Verdict)
@@ -136,15 +132,8 @@ def main() -> None:
     equal = all(r["_rewards"] == runs["off"]["_rewards"] for r in runs.values())
     turns = sum(len(cuts(t.response or "")) + 1 for t in rollouts) / len(rollouts)
     report = {
-        "bench": "feedback_latency",
-        "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "rollouts": len(rollouts),
+        **report_head("feedback_latency", args, len(rollouts)),
         "turns_per_rollout": round(turns, 2),
-        "turn_s": args.turn_s,
-        "judge_ms": args.judge_ms,
-        "slots": args.slots,
         "rewards_equal_with_and_without_notes": equal,
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
     }
@@ -160,11 +149,7 @@ def main() -> None:
               f"{w['mean']:>9} {w['p95']:>9} {r['rollout_s_mean']:>9} {added:>6.1f} "
               f"{r['reward_mean']:>9}")  # fmt: skip
     print(f"rewards equal with and without notes: {equal}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "feedback_latency.json"
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    write_report(report, args.out, "feedback_latency")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,39 @@ class EngineJudge(JudgeBackend):
         return list(self.pool.map(self._one, requests))
 
 
+def engine_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a bench of rollouts that replay the example traces against `EngineJudge`."""
+    p.add_argument("--rollouts", type=int, default=64)
+    p.add_argument("--turn-s", type=float, default=2.0, help="generation time of one turn")
+    p.add_argument("--judge-ms", type=float, default=300.0, help="the judge's time per step")
+    p.add_argument("--slots", type=int, default=16, help="steps the judge engine serves at once")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+
+
+def replayed(examples: list, count: int) -> list:
+    """`count` rollouts replaying `examples` in turn, each under its own id (`example#k`)."""
+    return [examples[k % len(examples)].model_copy(update={"id": f"{examples[k % len(examples)].id}#{k}"})
+            for k in range(count)]  # fmt: skip
+
+
+def report_head(name: str, args: argparse.Namespace, rollouts: int) -> dict:
+    """What every such report starts with: the bench, the day, the machine, the command, and
+    the workload of `engine_args`."""
+    return {"bench": name, "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "command": " ".join([Path(sys.executable).name, *sys.argv]), "rollouts": rollouts,
+            "turn_s": args.turn_s, "judge_ms": args.judge_ms, "slots": args.slots}  # fmt: skip
+
+
+def write_report(report: dict, out: str, name: str) -> None:
+    """The report as JSON in `out` (bench/results by default)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
@@ -77,11 +110,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rollouts", type=int, default=64)
-    p.add_argument("--turn-s", type=float, default=2.0, help="generation time of one turn")
-    p.add_argument("--judge-ms", type=float, default=300.0, help="the judge's time per step")
-    p.add_argument("--slots", type=int, default=16, help="steps the judge engine serves at once")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    engine_args(p)
     args = p.parse_args()
 
     from stepgap.segment import iter_traces
@@ -92,10 +121,7 @@ def main() -> None:
     from stepgap.teacher.nli.replay import ReplayNLI
 
     examples = [t for t in iter_traces(EXAMPLES / "traces.jsonl") if len(t.steps or []) >= 2]
-    rollouts = [
-        examples[k % len(examples)].model_copy(update={"id": f"{examples[k % len(examples)].id}#{k}"})
-        for k in range(args.rollouts)
-    ]  # fmt: skip
+    rollouts = replayed(examples, args.rollouts)
     replay = ReplayJudge.from_file(EXAMPLES / "judge_replay.jsonl")
     nli = ReplayNLI.from_file(EXAMPLES / "nli_replay.jsonl")
 
@@ -167,15 +193,8 @@ def main() -> None:
 
     steps = sum(len(t.steps) for t in rollouts)
     report = {
-        "bench": "inline_latency",
-        "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "rollouts": len(rollouts),
+        **report_head("inline_latency", args, len(rollouts)),
         "steps": steps,
-        "turn_s": args.turn_s,
-        "judge_ms": args.judge_ms,
-        "slots": args.slots,
         "rewards_equal": equal,
         "post_hoc_batch_over_inline_mean": ratio("post_hoc_batch"),
         "post_hoc_batch_over_inline_batch": ratio("post_hoc_batch", "batch"),
@@ -194,11 +213,7 @@ def main() -> None:
     print(f"post_hoc_batch / inline: {ratio('post_hoc_batch')}x (mean), "
           f"{ratio('post_hoc_batch', 'batch')}x (batch); post_hoc_each / inline: "
           f"{ratio('post_hoc_each')}x (mean); rewards equal: {equal}")  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "inline_latency.json"
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    write_report(report, args.out, "inline_latency")
 
 
 if __name__ == "__main__":

@@ -68,13 +68,29 @@ def tool_policy(tmp_path_factory, conversations, retriever_url):
     )
 
 
+def _one_grpo_step(conversations, tmp_path):
+    """The data set's rows (each conversation's prompt, question and golden answers) and a
+    GRPO config of one greedy step, two rollouts a prompt, up to four tool calls each."""
+    from trl import GRPOConfig
+
+    rows = [{"prompt": [{"role": "user", "content": c["prompt"]}], "question": c["trace"].question,
+             "golden_answers": c["trace"].golden_answers} for c in conversations]  # fmt: skip
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=600, temperature=1e-3, learning_rate=1e-5,
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+        seed=0, max_tool_calling_iterations=4,
+    )  # fmt: skip
+    return rows, config
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_trls_tool_loop_searches_and_every_search_is_a_step(
     tool_policy, conversations, inline_reward, retriever_url, tmp_path, monkeypatch
 ):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from stepgap.segment import segment_response
     from stepgap.serving.framework_inputs import text_of
@@ -92,14 +108,7 @@ def test_trls_tool_loop_searches_and_every_search_is_a_step(
         return rewards
 
     recording.__name__ = reward_func.__name__
-    rows = [{"prompt": [{"role": "user", "content": c["prompt"]}], "question": c["trace"].question,
-             "golden_answers": c["trace"].golden_answers} for c in conversations]  # fmt: skip
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=2,
-        num_generations=2, max_completion_length=600, temperature=1e-3, learning_rate=1e-5,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-        seed=0, max_tool_calling_iterations=4,
-    )  # fmt: skip
+    rows, config = _one_grpo_step(conversations, tmp_path)
     trainer = GRPOTrainer(
         model=str(tool_policy),
         reward_funcs=[recording],
@@ -141,7 +150,6 @@ def test_with_typed_feedback_each_gaps_note_goes_back_with_its_search(
     from functools import partial
 
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from stepgap.feedback import note_for
     from stepgap.serving import process_reward
@@ -161,14 +169,7 @@ def test_with_typed_feedback_each_gaps_note_goes_back_with_its_search(
         return await reward_func(prompts, completions, **kwargs)
 
     recording.__name__ = reward_func.__name__
-    rows = [{"prompt": [{"role": "user", "content": c["prompt"]}], "question": c["trace"].question,
-             "golden_answers": c["trace"].golden_answers} for c in conversations]  # fmt: skip
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=2,
-        num_generations=2, max_completion_length=600, temperature=1e-3, learning_rate=1e-5,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-        seed=0, max_tool_calling_iterations=4,
-    )  # fmt: skip
+    rows, config = _one_grpo_step(conversations, tmp_path)
     trainer = StepGapGRPOTrainer(
         model=str(tool_policy), reward_funcs=[recording], args=config,
         train_dataset=Dataset.from_list(rows),
