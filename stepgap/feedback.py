@@ -13,17 +13,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
+from stepgap.tags import NOTE_TEXT
+
 FeedbackMode = Literal["none", "typed"]
 FEEDBACK_MODES: tuple[str, ...] = ("none", "typed")
-
-# One line per gap type: what is wrong with the last step, then the repair (schema.REPAIRS).
-# None of them holds a retraction cue (reward_arithmetic.RETRACTION_CUES), nor any tag.
-NOTE_TEXT: dict[str, str] = {
-    "CC": "the last claim is contradicted by the evidence or strays from the question: retract it",
-    "IE": "the evidence found is not about what the last claim needs: search again",
-    "MB": "the last claim is not yet supported by the evidence: search for the bridging fact",
-}
-
 
 # The repair of a gap as an instruction for the step that is yet to be written (`stepgap
 # repairs` regenerates a gap step from the text before it, with this instruction).

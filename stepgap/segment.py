@@ -27,7 +27,7 @@ from stepgap.io import (
     write_parquet,
 )
 from stepgap.schema import Snippet, Step, Trace
-from stepgap.tags import ACTIONS, EVIDENCE, NOTES, OPEN, TAG, closing, strip_notes
+from stepgap.tags import ACTIONS, EVIDENCE, NOTES, OPEN, TAG, closing, is_note, strip_notes
 
 _DOC_HEAD = re.compile(r"Doc\s*\d+\s*\(\s*Title\s*:\s*", re.IGNORECASE)
 
@@ -150,10 +150,13 @@ def segment_response(response: str) -> list[Step]:
             pos = m.end()  # think tags are dropped, their content is the claim
             continue
         block = _block(response, m)
+        content = response[block.content_start : block.content_end]
+        if name in NOTES and not is_note(content):  # the model's own tag: its text is claim
+            pos = m.end()
+            continue
         if name in EVIDENCE or name in NOTES:  # retrieval with no action before it, a note
             pos = block.end
             continue
-        content = response[block.content_start : block.content_end]
         claim = collapse_ws("".join(claim_parts))
         if name == "answer":
             steps.append(
@@ -210,6 +213,8 @@ def _collect_evidence(response: str, pos: int) -> tuple[list[Snippet], int]:
         if name in ACTIONS:
             return evidence, end
         block = _block(response, m)
+        if name in NOTES and not is_note(response[block.content_start : block.content_end]):
+            return evidence, end  # the model's own text: the next step's claim starts here
         if name not in NOTES:  # a note after the evidence belongs to the step, not its evidence
             content = strip_notes(response[block.content_start : block.content_end])
             evidence.extend(parse_snippets(content))

@@ -16,6 +16,16 @@ TAG_NAMES = ("think", "search", "information", "answer", "tool_call", "tool_resp
 ACTIONS = frozenset({"search", "answer", "tool_call"})  # each closes a step
 EVIDENCE = frozenset({"information", "tool_response"})  # retrieval output, never model text
 NOTES = frozenset({"feedback"})  # stepgap's typed notes to the policy: neither claim nor evidence
+# The notes (`stepgap.feedback`): one line per gap type, what is wrong with the last step, then
+# the repair. A `<feedback>` block is a note only when its text is one of these (its label in
+# brackets after it); any other is the model's own text, read as the claim it is, so a policy
+# cannot hide a claim from the checker in a tag of its own.
+NOTE_TEXT: dict[str, str] = {
+    "CC": "the last claim is contradicted by the evidence or strays from the question: retract it",
+    "IE": "the evidence found is not about what the last claim needs: search again",
+    "MB": "the last claim is not yet supported by the evidence: search for the bridging fact",
+}
+_NOTE_CONTENT = frozenset(f"{text} ({label})" for label, text in NOTE_TEXT.items())
 
 _NAMES = "|".join(TAG_NAMES)
 TAG = re.compile(rf"<\s*(/?)\s*({_NAMES})\s*>", re.IGNORECASE)
@@ -36,15 +46,24 @@ def closing(name: str) -> re.Pattern[str]:
     return _CLOSE[name]
 
 
+def is_note(content: str) -> bool:
+    """Whether a `<feedback>` block's content is one of stepgap's notes (`NOTE_TEXT`)."""
+    return content.strip() in _NOTE_CONTENT
+
+
 def strip_notes(text: str) -> str:
-    """`text` without its `<feedback>` blocks (an unclosed one runs to the end): a note inside a
-    retrieval block is not evidence."""
+    """`text` without its notes (`is_note`): a note inside a retrieval block is not evidence;
+    another `<feedback>` block stays as it is."""
     parts: list[str] = []
     pos = 0
     while (opened := _NOTE_OPEN.search(text, pos)) is not None:
-        parts.append(text[pos : opened.start()])
         closed = _CLOSE[opened.group(1).lower()].search(text, opened.end())
-        pos = len(text) if closed is None else closed.end()
+        if closed is not None and is_note(text[opened.end() : closed.start()]):
+            parts.append(text[pos : opened.start()])
+            pos = closed.end()
+        else:
+            parts.append(text[pos : opened.end()])
+            pos = opened.end()
     return "".join(parts) + text[pos:]
 
 

@@ -59,3 +59,18 @@ def test_a_note_before_any_step_is_dropped_too():
     response = "{note}Plain claim. <answer>x</answer>"
     noted = segment_response(response.format(note=note_for("CC")))
     assert _content(noted) == _content(segment_response(response.format(note="")))
+
+
+def test_a_feedback_tag_the_model_writes_itself_is_its_claim_not_a_note():
+    """Only stepgap's own notes are dropped: a policy that wraps its claim in `<feedback>`
+    gets it checked as the claim it is (after an action, and after the evidence)."""
+    for own in ("<feedback>Ann Lee was born in Paris.</feedback>",
+                "<feedback>the last claim is fine (MB)</feedback>"):  # fmt: skip
+        text = SEARCH_R1.format(note=own)
+        plain = SEARCH_R1.format(note=own.removeprefix("<feedback>").removesuffix("</feedback>"))
+        steps = segment_response(text)
+        assert _content(steps) == _content(segment_response(plain))
+        inner = own.removeprefix("<feedback>").removesuffix("</feedback>")
+        assert inner in steps[1].claim and inner in steps[2].claim
+        evidence = [e.text for s in steps for e in s.evidence]
+        assert not any(inner in e for e in evidence)

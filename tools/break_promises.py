@@ -275,6 +275,13 @@ MUTATIONS = [
         ("tests/test_feedback.py",),
     ),
     Mutation(
+        "feedback/own-tag-is-claim",
+        "stepgap/tags.py",
+        "    return content.strip() in _NOTE_CONTENT",
+        "    return True",
+        ("tests/test_feedback.py",),
+    ),
+    Mutation(
         "reward/failed-check-0",
         "stepgap/reward_arithmetic.py",
         'if label is None or variant == "search_only":',
