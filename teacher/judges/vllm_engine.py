@@ -123,7 +123,8 @@ def merged_folder(identity: str, load: Callable[[], tuple[Any, Any]]) -> Path:
     print(f"stepgap: writing a merged model folder for vLLM (once): {target}", file=sys.stderr)
     try:
         tokenizer, model = load()
-        quantizer = model.hf_quantizer
+        # transformers (5.19) sets hf_quantizer on a quantized model only, as its own code reads it
+        quantizer = getattr(model, "hf_quantizer", None)
         method = quantizer.quantization_config.quant_method if quantizer is not None else ""
         if "gguf" in str(method).lower():
             # transformers dequantizes a GGUF file as it loads it: these are plain weights
