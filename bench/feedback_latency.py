@@ -13,7 +13,9 @@ search result comes back, the rollout's text so far goes to a `StreamingReward`:
 - `off`: feedback none (`submit_response`: nothing is waited for, nothing sent back);
 - `wait_0`: typed feedback with no wait: a note is sent only if its verdict is already in;
 - `wait_judge`, `wait_2judge`: typed feedback waiting up to one judge latency (`--judge-ms`)
-  for it, or two (a step's check is the judge's call and the tree's, a little over one).
+  for it, or two (a step's check is the judge's call and the tree's, a little over one);
+- `wait_queue`: waiting as long as every rollout's step needs to get one of the judge's slots
+  (the rollouts' steps come together: rollouts / slots rounds of the judge, and one more).
 
 A note that is sent goes into the rollout's text after its search result, as the agent loops
 put it. Prints, for each mode, the share of the searches' gap steps whose note reached the next
@@ -24,6 +26,7 @@ reward of the finished texts (with their notes) against `off`'s; writes JSON to 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -42,7 +45,9 @@ from inline_latency import (
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-MODES = {"off": None, "wait_0": 0.0, "wait_judge": 1.0, "wait_2judge": 2.0}  # judge latencies
+# the wait, in judge latencies ("queue": enough for every rollout's step to get a slot, the
+# rollouts' steps arriving together: rollouts / slots rounds, and one more)
+MODES = {"off": None, "wait_0": 0.0, "wait_judge": 1.0, "wait_2judge": 2.0, "wait_queue": "queue"}
 
 
 def cuts(response: str) -> list[int]:
@@ -73,6 +78,8 @@ def main() -> None:
 
     def run(mode: str) -> dict:
         wait = MODES[mode]
+        if wait == "queue":
+            wait = math.ceil(args.rollouts / args.slots) + 1
         wait = None if wait is None else wait * args.judge_ms / 1000
         judge = EngineJudge(replay, args.slots, args.judge_ms / 1000)
         stream = StreamingReward(StepGapReward(Checker(judge, nli)))

@@ -21,7 +21,7 @@ def test_the_bench_reports_each_mode_side_by_side(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "feedback_latency.json").read_text())
     runs = report["runs"]
-    assert list(runs) == ["off", "wait_0", "wait_judge", "wait_2judge"]
+    assert list(runs) == ["off", "wait_0", "wait_judge", "wait_2judge", "wait_queue"]
     assert report["rewards_equal_with_and_without_notes"] is True
     gaps = runs["off"]["gap_steps"]
     assert gaps > 0 and all(r["gap_steps"] == gaps for r in runs.values())
