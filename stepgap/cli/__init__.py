@@ -63,6 +63,7 @@ class Command:
 GROUPS = (
     "stepgap.cli.data_builders",
     "stepgap.cli.teacher",
+    "stepgap.cli.repairs",
     "stepgap.cli.eval",
     "stepgap.cli.serving",
     "stepgap.cli.student",
@@ -73,7 +74,7 @@ GROUPS = (
 # How `stepgap --help` lists them: the life cycle of a checker, then its distillation.
 ORDER = (
     "index", "serve-index", "rollouts", "segment", "check", "label", "merge", "relabel",
-    "baseline", "eval", "reward", "view", "serve", "prepare-verl-data",
+    "baseline", "eval", "reward", "view", "serve", "prepare-verl-data", "repairs",
     "sft-data", "train", "mine", "export", "push",
 )  # fmt: skip
 
