@@ -30,8 +30,9 @@ REPAIR_TEXT: dict[str, str] = {
 
 
 def instruction_for(label: str) -> str:
-    """The repair of a `label` gap as an instruction for the next step, in a note's tag (so a
-    text that keeps it segments as without it)."""
+    """The repair of a `label` gap as an instruction for the next step, in the tag the policy
+    reads notes in. It is shown to the policy only, never written into a trace (where, not
+    being one of the notes, it would read as the model's own text)."""
     if label not in REPAIR_TEXT:
         raise ValueError(f"no repair for the label {label!r}; gaps are CC, IE, MB")
     return f"<feedback>{REPAIR_TEXT[label]} ({label})</feedback>"
