@@ -32,7 +32,9 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inline_latency import (
     EngineJudge,
@@ -55,68 +57,39 @@ def cuts(response: str) -> list[int]:
     return [m.end() for m in re.finditer(r"</information>", response)]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    engine_args(p)
-    args = p.parse_args()
+@dataclass
+class Bench:
+    """The workload: the flags, the replayed rollouts, the stored judge and NLI answers, and the
+    post-hoc labels of the example steps."""
 
-    from stepgap.io import read_models
-    from stepgap.schema import Verdict
-    from stepgap.segment import iter_traces
-    from stepgap.serving.reward_function import StepGapReward
-    from stepgap.serving.streaming import StreamingReward
-    from stepgap.teacher.checker import Checker
-    from stepgap.teacher.judges.replay import ReplayJudge
-    from stepgap.teacher.nli.replay import ReplayNLI
+    args: argparse.Namespace
+    rollouts: list
+    replay: Any
+    nli: Any
+    labels: dict
 
-    examples = [t for t in iter_traces(EXAMPLES / "traces.jsonl") if cuts(t.response or "")]
-    rollouts = replayed(examples, args.rollouts)
-    replay = ReplayJudge.from_file(EXAMPLES / "judge_replay.jsonl")
-    nli = ReplayNLI.from_file(EXAMPLES / "nli_replay.jsonl")
-    verdicts = read_models(EXAMPLES / "teacher_verdicts.jsonl", Verdict)
-    labels = {(v.trace_id, v.step): v.label for _, v in verdicts}  # the post-hoc labels
-
-    def run(mode: str) -> dict:
+    def wait_of(self, mode: str) -> float | None:
         wait = MODES[mode]
         if wait == "queue":
-            wait = math.ceil(args.rollouts / args.slots) + 1
-        wait = None if wait is None else wait * args.judge_ms / 1000
-        judge = EngineJudge(replay, args.slots, args.judge_ms / 1000)
-        stream = StreamingReward(StepGapReward(Checker(judge, nli)))
-        waited: list[float] = []
-        lengths: dict[str, float] = {}
-        rewards: dict[str, float] = {}
-        reached = gaps = 0
+            wait = math.ceil(self.args.rollouts / self.args.slots) + 1
+        return None if wait is None else wait * self.args.judge_ms / 1000
 
-        def rollout(trace) -> tuple[int, int]:
-            text, done, sent, gap_steps = "", 0, 0, 0
-            started = time.perf_counter()
-            original = trace.id.rsplit("#", 1)[0]
-            for i, cut in enumerate(cuts(trace.response)):
-                time.sleep(args.turn_s)  # the turn, then its search result
-                text += trace.response[done:cut]
-                done = cut
-                gap_steps += labels.get((original, i)) not in (None, "no_gap")
-                if wait is None:
-                    stream.submit_response(trace.id, trace.question, text)
-                    continue
-                told = stream.tell(trace.id, trace.question, text, wait)
-                waited.append(told.waited)
-                if told.note is not None:
-                    sent += 1
-                    text += f"\n\n{told.note}"
-            time.sleep(args.turn_s)  # the answer turn: the rollout ends
-            text += trace.response[done:]
-            lengths[trace.id] = time.perf_counter() - started
-            result = stream.score(text, trace.question, trace.golden_answers or [], trace.id)
-            rewards[trace.id] = result.reward
-            return sent, gap_steps
+    def run(self, mode: str) -> dict:
+        """All the rollouts at once with this mode's feedback; what it measured."""
+        from stepgap.serving.reward_function import StepGapReward
+        from stepgap.serving.streaming import StreamingReward
+        from stepgap.teacher.checker import Checker
 
+        judge = EngineJudge(self.replay, self.args.slots, self.args.judge_ms / 1000)
+        stream = StreamingReward(StepGapReward(Checker(judge, self.nli)))
+        seen: dict = {"waited": [], "lengths": {}, "rewards": {}}
         start = time.perf_counter()
-        with ThreadPoolExecutor(len(rollouts)) as pool:
-            for sent, gap_steps in pool.map(rollout, rollouts):
-                reached, gaps = reached + sent, gaps + gap_steps
+        with ThreadPoolExecutor(len(self.rollouts)) as pool:
+            counts = list(pool.map(lambda t: self.rollout(t, stream, self.wait_of(mode), seen),
+                                   self.rollouts))  # fmt: skip
         stream.close()
+        reached, gaps = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        waited = seen["waited"]
         out = {
             "seconds_total": round(time.perf_counter() - start, 2),
             "gap_notes_reached": reached,
@@ -126,26 +99,42 @@ def main() -> None:
                 "mean": round(statistics.mean(waited), 3) if waited else 0.0,
                 "p95": round(percentile(waited, 0.95), 3) if waited else 0.0,
             },
-            "rollout_s_mean": round(statistics.mean(lengths.values()), 3),
-            "reward_mean": round(statistics.mean(rewards.values()), 6),
+            "rollout_s_mean": round(statistics.mean(seen["lengths"].values()), 3),
+            "reward_mean": round(statistics.mean(seen["rewards"].values()), 6),
             "judge_asked": judge.asked,
-            "_rewards": rewards,
+            "_rewards": seen["rewards"],
         }
         print(f"  {mode}: {out['gap_notes_reached']}/{out['gap_steps']} notes, wait "
               f"{out['wait_per_turn_s']}, rollout {out['rollout_s_mean']} s", file=sys.stderr)  # fmt: skip
         return out
 
-    runs = {mode: run(mode) for mode in MODES}
-    equal = all(r["_rewards"] == runs["off"]["_rewards"] for r in runs.values())
-    turns = sum(len(cuts(t.response or "")) + 1 for t in rollouts) / len(rollouts)
-    report = {
-        **report_head("feedback_latency", args, len(rollouts)),
-        "turns_per_rollout": round(turns, 2),
-        "rewards_equal_with_and_without_notes": equal,
-        "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
-    }
-    print(f"{len(rollouts)} rollouts ({turns:.2f} turns each), {args.turn_s:g} s a turn, a judge "
-          f"of {args.slots} slots at {args.judge_ms:g} ms a step")  # fmt: skip
+    def rollout(self, trace, stream, wait: float | None, seen: dict) -> tuple[int, int]:
+        """One rollout's turns; (its notes sent, its searches' gap steps)."""
+        text, done, sent, gap_steps = "", 0, 0, 0
+        started = time.perf_counter()
+        original = trace.id.rsplit("#", 1)[0]
+        for i, cut in enumerate(cuts(trace.response)):
+            time.sleep(self.args.turn_s)  # the turn, then its search result
+            text += trace.response[done:cut]
+            done = cut
+            gap_steps += self.labels.get((original, i)) not in (None, "no_gap")
+            if wait is None:
+                stream.submit_response(trace.id, trace.question, text)
+                continue
+            told = stream.tell(trace.id, trace.question, text, wait)
+            seen["waited"].append(told.waited)
+            if told.note is not None:
+                sent += 1
+                text += f"\n\n{told.note}"
+        time.sleep(self.args.turn_s)  # the answer turn: the rollout ends
+        text += trace.response[done:]
+        seen["lengths"][trace.id] = time.perf_counter() - started
+        result = stream.score(text, trace.question, trace.golden_answers or [], trace.id)
+        seen["rewards"][trace.id] = result.reward
+        return sent, gap_steps
+
+
+def print_table(runs: dict, equal: bool) -> None:
     print(f"{'mode':<11} {'notes':>9} {'share':>6} {'wait mean':>9} {'wait p95':>9} "
           f"{'rollout s':>9} {'+%':>6} {'reward':>9}")  # fmt: skip
     base = runs["off"]["rollout_s_mean"]
@@ -156,6 +145,39 @@ def main() -> None:
               f"{w['mean']:>9} {w['p95']:>9} {r['rollout_s_mean']:>9} {added:>6.1f} "
               f"{r['reward_mean']:>9}")  # fmt: skip
     print(f"rewards equal with and without notes: {equal}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    engine_args(p)
+    args = p.parse_args()
+
+    from stepgap.io import read_models
+    from stepgap.schema import Verdict
+    from stepgap.segment import iter_traces
+    from stepgap.teacher.judges.replay import ReplayJudge
+    from stepgap.teacher.nli.replay import ReplayNLI
+
+    examples = [t for t in iter_traces(EXAMPLES / "traces.jsonl") if cuts(t.response or "")]
+    verdicts = read_models(EXAMPLES / "teacher_verdicts.jsonl", Verdict)
+    bench = Bench(
+        args, replayed(examples, args.rollouts), ReplayJudge.from_file(EXAMPLES / "judge_replay.jsonl"),
+        ReplayNLI.from_file(EXAMPLES / "nli_replay.jsonl"),
+        {(v.trace_id, v.step): v.label for _, v in verdicts},  # the post-hoc labels
+    )  # fmt: skip
+    runs = {mode: bench.run(mode) for mode in MODES}
+    equal = all(r["_rewards"] == runs["off"]["_rewards"] for r in runs.values())
+    rollouts = bench.rollouts
+    turns = sum(len(cuts(t.response or "")) + 1 for t in rollouts) / len(rollouts)
+    report = {
+        **report_head("feedback_latency", args, len(rollouts)),
+        "turns_per_rollout": round(turns, 2),
+        "rewards_equal_with_and_without_notes": equal,
+        "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
+    }
+    print(f"{len(rollouts)} rollouts ({turns:.2f} turns each), {args.turn_s:g} s a turn, a judge "
+          f"of {args.slots} slots at {args.judge_ms:g} ms a step")  # fmt: skip
+    print_table(runs, equal)
     write_report(report, args.out, "feedback_latency")
 
 
