@@ -156,6 +156,13 @@ def repair_record(gap: Gap, prompt: str, new: list[Trace | None], checker: StepC
     }  # fmt: skip
 
 
+def check_policy(policy: Policy) -> None:
+    """Nothing, for a policy whose prompts can be written as text (`Policy.prompt_text`), else
+    its ValueError: said before any work."""
+    item = QAItem(id="-", question="-")
+    policy.prompt_text(Rollout(item, 0, "-", SearchR1Format().start(item)))
+
+
 def preference_rows(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """TRL's preference rows of one trace's repairs: each new step without a gap, chosen over
     the original gap step."""
@@ -198,6 +205,7 @@ def repairs_dir(
 ) -> RepairsSummary:
     """`stepgap repairs` (see the module docstring): `samples` new versions of each trace's
     first gap step, then `preference.jsonl` and `unpaired.jsonl` in `out_dir`."""
+    check_policy(policy)
     report = report if report is not None else ErrorReport()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -217,7 +217,7 @@ class FeedbackArguments:
     )
     feedback_wait: float = option(
         0.0,
-        "seconds a turn waits for its wave's verdicts (0: only those already in)",
+        "seconds a turn waits for its wave's verdicts, at most 600 (0: only those already in)",
         metavar="S",
         group=FEEDBACK_GROUP,
     )
@@ -231,10 +231,14 @@ class FeedbackArguments:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if self.feedback_wait < 0:
-            raise ValueError(f"feedback_wait must be 0 or more, got {self.feedback_wait}")
+        if not 0 <= self.feedback_wait <= 600:
+            raise ValueError(f"feedback_wait must be 0 to 600 s, got {self.feedback_wait}")
         if self.reward_config and self.reward_url:
             raise ValueError("give --reward-config or --reward-url, not both")
+        if self.feedback == "none" and (self.reward_config or self.reward_url):
+            raise ValueError(
+                "--reward-config and --reward-url name the notes' checker: add --feedback typed"
+            )
         if self.feedback == "typed" and not (self.reward_config or self.reward_url):
             raise ValueError(
                 "--feedback typed needs the checker of the notes: --reward-config FILE or "

@@ -41,7 +41,7 @@ class RepairsArguments(RecordOptions, ProgressOptions):
 
 def repairs(args: RepairsArguments, policy: PolicyConfig, retriever: RetrieverConfig) -> int:
     from stepgap.cli.options import checker
-    from stepgap.data_builders.repairs import repairs_dir
+    from stepgap.data_builders.repairs import check_policy, repairs_dir
     from stepgap.io import ErrorReport, require_input
     from stepgap.serving.process_reward import reward_config
 
@@ -49,10 +49,12 @@ def repairs(args: RepairsArguments, policy: PolicyConfig, retriever: RetrieverCo
         require_input(path)  # before the models load
     config, _ = reward_config(args.reward_config)
     report = ErrorReport()
+    writer = policy.build()
+    check_policy(writer)  # a policy whose prompts cannot be written: said before the checker
     judged_by = checker(config, progress=not args.no_progress)
     try:
         summary = repairs_dir(
-            args.traces, args.verdicts, policy.build(), retriever.build(), judged_by, args.output,
+            args.traces, args.verdicts, writer, retriever.build(), judged_by, args.output,
             samples=args.samples, topk=args.topk, limit=args.limit, report=report,
             progress=not args.no_progress,
         )  # fmt: skip

@@ -209,6 +209,23 @@ def test_rollouts_with_typed_feedback_and_no_checker_is_one_line(tmp_path):
                "--feedback", "typed", "--feedback-wait", "1")  # fmt: skip
     one_line_error(done, "--feedback typed needs the checker of the notes", "--reward-config")
     assert not (tmp_path / "r.jsonl").exists()
+    done = run("rollouts", str(EX / "rollout_questions.jsonl"), "--policy", "openai:m",
+               "--retriever", "http://127.0.0.1:9/retrieve", "-o", str(tmp_path / "r.jsonl"),
+               "--reward-config", str(tmp_path / "reward.json"))  # fmt: skip
+    one_line_error(done, "name the notes' checker: add --feedback typed")
+
+
+def test_repairs_with_a_server_policy_is_one_line_before_any_model_loads(tmp_path):
+    """`stepgap repairs` writes prompts with the policy's chat template: a server policy has
+    none here, which is said before the checker loads (the reward file names a judge that is
+    not there)."""
+    (tmp_path / "reward.json").write_text('{"judge": "hf:/nonexistent", "nli": "hf:/nonexistent"}')
+    done = run("repairs", str(EX / "traces.jsonl"), "--verdicts", str(EX / "teacher_verdicts.jsonl"),
+               "--reward-config", str(tmp_path / "reward.json"), "--policy", "openai:m",
+               "--retriever", "http://127.0.0.1:9/retrieve", "-o", str(tmp_path / "out"),
+               env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
+    one_line_error(done, "has no chat template here", "hf:PATH_OR_ID")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")
