@@ -45,6 +45,9 @@ def _rates(results: Sequence[RewardResult]) -> dict[str, float]:
     rates["stepgap/failed_checks"] = sum(r.failed_checks for r in results) / total if total else 0.0
     rates["stepgap/unsegmented"] = sum(r.unsegmented for r in results) / n if n else 0.0
     rates["stepgap/em"] = sum(r.em for r in results) / n if n else 0.0
+    repairs = [r.repairs() for r in results]  # (steps after a gap, those that repaired it)
+    chances = sum(c for c, _ in repairs)
+    rates["stepgap/repair_rate"] = sum(m for _, m in repairs) / chances if chances else 0.0
     return rates
 
 

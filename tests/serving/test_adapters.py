@@ -31,7 +31,9 @@ def test_trl_plain_and_conversational_with_log_metric(reward, example_traces, ex
         log_metric=lambda name, value: logged.__setitem__(name, value),
     )
     assert out == pytest.approx([expected_rewards[t.id] for t in example_traces])
-    assert {"stepgap/rate_CC", "stepgap/rate_IE", "stepgap/rate_MB", "stepgap/em"} <= set(logged)
+    assert {"stepgap/rate_CC", "stepgap/rate_IE", "stepgap/rate_MB", "stepgap/em",
+            "stepgap/repair_rate"} <= set(logged)  # fmt: skip
+    assert 0.0 <= logged["stepgap/repair_rate"] <= 1.0
     assert sum(logged[f"stepgap/rate_{k}"] for k in ("no_gap", "CC", "IE", "MB")) == pytest.approx(
         1
     )
