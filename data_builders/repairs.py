@@ -78,8 +78,12 @@ class Gap:
         return span[0]
 
     def item(self) -> QAItem:
-        t = self.trace
-        return QAItem(id=t.id, question=t.question, golden_answers=t.golden_answers or [])
+        return item_of(self.trace)
+
+
+def item_of(trace: Trace) -> QAItem:
+    """The question a trace answers, as the rollout loop starts a rollout from it."""
+    return QAItem(id=trace.id, question=trace.question, golden_answers=trace.golden_answers or [])
 
 
 def first_gap(trace: Trace, verdicts: list[Verdict]) -> Gap | None:
@@ -178,7 +182,7 @@ def unpaired_rows(trace: Trace, verdicts: list[Verdict], policy: Policy) -> Iter
     """TRL's unpaired rows of one trace: each labelled step as the completion of the text
     before it, `label` true for no gap."""
     style, response = SearchR1Format(), trace.response or ""
-    item = QAItem(id=trace.id, question=trace.question, golden_answers=trace.golden_answers or [])
+    item = item_of(trace)
     for v in verdicts:
         if v.label is None or v.step >= len(trace.steps or []):
             continue
