@@ -62,6 +62,7 @@ class Command:
 # The command groups, in pipeline order; each module defines `COMMANDS: list[Command]`.
 GROUPS = (
     "stepgap.cli.data_builders",
+    "stepgap.cli.rollouts",
     "stepgap.cli.teacher",
     "stepgap.cli.repairs",
     "stepgap.cli.eval",
