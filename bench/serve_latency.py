@@ -19,7 +19,8 @@ side by side in one run (every reward compared with the one of the stored verdic
   finished ones that reached a delivered reward. With `--judge-url` (a real engine, e.g.
   llama-server: `tools/llama_serve_check.sh`) and `--nli` (a model: a real judge writes quotes
   no replay file holds), the slots scene asks that engine instead; its rewards are then the
-  engine's own, so they are counted, not compared, and the judge's requests are not seen.
+  engine's own, so they are counted, not compared; with `--engine-log` (llama-server's log
+  file) the judge's requests are counted from what the engine logged during each run.
 - `outage`: `--outage-rollouts` rollouts through OpenRLHF's client; the scripted judge is killed
   (SIGKILL) `--kill-after` s in and started again on its port `--down-for` s later. When
   `/health` says degraded, how fast the requests sent meanwhile are answered, the time from the
@@ -41,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -279,6 +281,48 @@ def judge_seen(report: Path, delivered_steps: int) -> dict:
     }  # fmt: skip
 
 
+# llama-server's log lines of a request: a slot takes it, the server cancels it, the slot lets go
+LLAMA_TASK = re.compile(
+    r"task (\d+) \| (processing task|stop processing)|cancel task, id_task = (\d+)"
+)
+
+
+def engine_seen(log: Path, offset: int, delivered_steps: int) -> dict:
+    """What llama-server logged of one run's requests, from byte `offset` of its log on: started
+    when a slot takes one, cancelled part-way when the server cancels it while a slot works on
+    it (`judge_cancelled_queued`: before a slot took it), finished when a slot lets go of it
+    uncancelled; and the share of the finished ones that reached a delivered reward."""
+    time.sleep(1.0)  # the engine's last lines, as the judge server's last report
+    with open(log, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    working: set[str] = set()
+    cut: set[str] = set()
+    started = finished = cancelled = queued = 0
+    for task, event, cancel in LLAMA_TASK.findall(text):
+        if cancel:
+            if cancel in working:
+                cut.add(cancel)
+            else:
+                queued += 1
+        elif event == "processing task":
+            working.add(task)
+            started += 1
+        elif task in working:
+            working.discard(task)
+            if task in cut:
+                cancelled += 1
+            else:
+                finished += 1
+    return {
+        "judge_started": started,
+        "judge_finished": finished,
+        "judge_cancelled": cancelled,
+        "judge_cancelled_queued": queued,
+        "finished_used": round(min(1.0, delivered_steps / finished), 2) if finished else None,
+    }
+
+
 def slots_scene(args, traces, expected, answers, nli) -> dict:
     from tests.fixtures.openai_server import start_in_child
 
@@ -292,6 +336,7 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
                 answers, args.slot_latency, slots=args.slots, props=True, answer_any=True,
                 report=str(report), shared=args.shared_slots,
             )  # fmt: skip
+        offset = Path(args.engine_log).stat().st_size if args.engine_log else 0
         try:
             server, url, log = start_server(
                 base_url, nli, [*extra, "--client-timeout", str(args.budget)], baseline
@@ -305,6 +350,8 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
                 server.wait(timeout=60)
             if judge is not None:
                 run.update(judge_seen(report, run.pop("delivered_steps")))
+            elif args.engine_log:
+                run.update(engine_seen(Path(args.engine_log), offset, run["delivered_steps"]))
             run["started"] = next(
                 (line for line in log.read_text().splitlines() if "probe" in line), ""
             )
@@ -433,6 +480,10 @@ def main() -> None:
     p.add_argument("--slot-latency", type=float, default=2.0, help="slots: seconds a request")
     p.add_argument("--budget", type=float, default=30.0, help="slots: OpenRLHF's 180 s, scaled")
     p.add_argument("--judge-url", help="slots: a real engine's base URL instead of the fake")
+    p.add_argument(
+        "--engine-log", help="slots, with --judge-url: llama-server's log file, to count the "
+        "judge's requests started, finished and cancelled in each run",
+    )  # fmt: skip
     p.add_argument(
         "--baseline",
         help="slots, outage: a folder with an earlier stepgap to run "

