@@ -8,9 +8,10 @@ side by side in one run (every reward compared with the one of the stored verdic
   request after `--latency` s and serves any number at once (a hosted API). Rewards per second
   and latency; runs `one_call` (`--max-inflight 1`: one checker call at a time) and `defaults`.
 - `slots`: `--rollouts` distinct rollouts (the example traces under new ids, each with a golden
-  answer alias of its own so that no two share a check; `--no-cache`) sent at once through
-  OpenRLHF 0.11's own client (`SingleTurnAgentExecutor`: one request per rollout, 5 tries 1 s
-  apart, Retry-After ignored; its fixed 180 s scaled down to `--budget`, the server's
+  answer alias of its own so that no two share a check; `--no-cache`, or with `--answer-cache`
+  a fresh cache a run) sent at once through OpenRLHF 0.11's own client
+  (`SingleTurnAgentExecutor`: one request per rollout, 5 tries 1 s apart, Retry-After
+  ignored; its fixed 180 s scaled down to `--budget`, the server's
   `--client-timeout` too), against a judge server of `--slots` slots that says so at `/props`
   (as llama.cpp's does) and takes `--slot-latency` s a request (with `--shared-slots`, that
   alone: the slots share one compute, as llama-server's on a few CPU threads). Rewards
@@ -63,10 +64,15 @@ OUTAGE_RUNS = {**SLOT_RUNS, "hold_if_down": (["--when-judge-down", "hold"], Fals
 
 
 def start_server(
-    base_url: str, nli: Path | str, extra: list[str], baseline: str | None = None
+    base_url: str,
+    nli: Path | str,
+    extra: list[str],
+    baseline: str | None = None,
+    cache: Path | None = None,
 ) -> tuple[subprocess.Popen, str, Path]:
     """`stepgap serve` in a process of its own; `baseline`: a folder holding an earlier
-    stepgap (`pip install --no-deps --target DIR`), which it then runs instead of this one."""
+    stepgap (`pip install --no-deps --target DIR`), which it then runs instead of this one;
+    `cache`: a fresh answer cache file for this server (else `--no-cache`)."""
     import httpx
 
     from tests.fixtures.live_server import _free_port
@@ -76,7 +82,8 @@ def start_server(
     log = Path(tempfile.mkdtemp()) / "serve.log"
     cmd = [
         sys.executable, "-m", "stepgap.cli", "serve", "--port", str(port),
-        "--judge", "openai:gpt-4.1-mini", "--base-url", base_url, "--no-cache",
+        "--judge", "openai:gpt-4.1-mini", "--base-url", base_url,
+        *(["--cache", str(cache)] if cache else ["--no-cache"]),
         "--nli", f"replay:{nli}" if str(nli).endswith(".jsonl") else str(nli),
         "--max-batch", "32", "--concurrency", "8", *extra,
     ]  # fmt: skip
@@ -338,8 +345,9 @@ def slots_scene(args, traces, expected, answers, nli) -> dict:
             )  # fmt: skip
         offset = Path(args.engine_log).stat().st_size if args.engine_log else 0
         try:
+            cache = Path(tempfile.mkdtemp()) / "answers.sqlite" if args.answer_cache else None
             server, url, log = start_server(
-                base_url, nli, [*extra, "--client-timeout", str(args.budget)], baseline
+                base_url, nli, [*extra, "--client-timeout", str(args.budget)], baseline, cache
             )
             try:
                 run = drive_slots(url, rollouts, None if judge is None else expected, args.budget)
@@ -480,6 +488,10 @@ def main() -> None:
     p.add_argument("--slot-latency", type=float, default=2.0, help="slots: seconds a request")
     p.add_argument("--budget", type=float, default=30.0, help="slots: OpenRLHF's 180 s, scaled")
     p.add_argument("--judge-url", help="slots: a real engine's base URL instead of the fake")
+    p.add_argument(
+        "--answer-cache", action="store_true", help="slots: each run's server keeps its judge "
+        "answers in a fresh cache of its own (a retry finds its answered steps), not --no-cache",
+    )  # fmt: skip
     p.add_argument(
         "--engine-log", help="slots, with --judge-url: llama-server's log file, to count the "
         "judge's requests started, finished and cancelled in each run",
