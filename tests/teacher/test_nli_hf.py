@@ -169,9 +169,11 @@ def test_threads_may_share_one_backend(tiny_nli):
     work = [PAIRS[i % len(PAIRS) :] + PAIRS[: i % len(PAIRS)] for i in range(64)]
     alone = [nli.predict(pairs) for pairs in work[: len(PAIRS)]]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(nli.predict, work))
-    for i, got in enumerate(together):
-        assert _close(got, alone[i % len(PAIRS)])
+        # without the tokenizer's lock about one round in four fails (tokenizers 0.23, 2 cores)
+        for _ in range(10):
+            together = list(pool.map(nli.predict, work))
+            for i, got in enumerate(together):
+                assert _close(got, alone[i % len(PAIRS)])
 
 
 def test_text_is_nfkc_normalized_as_sentencepiece_would_for_deberta_v3(tiny_nli):
