@@ -83,12 +83,14 @@ demo-full: install
 VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server_vllm.py \
   tests/test_vllm_constraint.py
 
+# One OpenMP thread a process, as the suite: on a loaded machine torch's spinning threads made
+# the stand-in NLI's training (a session fixture) run past its 600 s limit in veRL's venv.
 test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
-	.venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
+	OMP_NUM_THREADS=1 .venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
 	  tests/serving/test_interop_verl_agent.py
-	.venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
+	OMP_NUM_THREADS=1 .venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
 	  tests/serving/test_interop_openrlhf_agent.py
-	.venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
+	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
 # The newest releases that resolve, in a venv of their own: no pin but the machine's, the CPU
 # build of torch on disk (`make test-newest`, CI's second lane). Its versions head its log.
