@@ -83,10 +83,10 @@ class Bench:
         judge = EngineJudge(self.replay, self.args.slots, self.args.judge_ms / 1000)
         stream = StreamingReward(StepGapReward(Checker(judge, self.nli)))
         seen: dict = {"waited": [], "lengths": {}, "rewards": {}}
+        wait = self.wait_of(mode)
         start = time.perf_counter()
         with ThreadPoolExecutor(len(self.rollouts)) as pool:
-            counts = list(pool.map(lambda t: self.rollout(t, stream, self.wait_of(mode), seen),
-                                   self.rollouts))  # fmt: skip
+            counts = list(pool.map(lambda t: self.rollout(t, stream, wait, seen), self.rollouts))
         stream.close()
         reached, gaps = sum(c[0] for c in counts), sum(c[1] for c in counts)
         waited = seen["waited"]

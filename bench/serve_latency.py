@@ -273,6 +273,11 @@ def runs_to_make(args, table: dict = SLOT_RUNS) -> dict[str, tuple[list[str], st
     return runs
 
 
+def finished_used(delivered_steps: int, finished: int) -> float | None:
+    """The share of the judge's finished requests that reached a delivered reward."""
+    return round(min(1.0, delivered_steps / finished), 2) if finished else None
+
+
 def judge_seen(report: Path, delivered_steps: int) -> dict:
     """What the scripted judge server saw: requests started, finished (answered), cancelled
     part-way, and the share of finished ones that reached a delivered reward."""
@@ -283,9 +288,8 @@ def judge_seen(report: Path, delivered_steps: int) -> dict:
         "judge_finished": seen["answered"],
         "judge_cancelled": seen["cancelled"],
         "judge_max_open": seen["max_open"],
-        "finished_used": round(min(1.0, delivered_steps / seen["answered"]), 2)
-        if seen["answered"] else None,
-    }  # fmt: skip
+        "finished_used": finished_used(delivered_steps, seen["answered"]),
+    }
 
 
 # llama-server's log lines of a request: a slot takes it, the server cancels it, the slot lets go
@@ -326,7 +330,7 @@ def engine_seen(log: Path, offset: int, delivered_steps: int) -> dict:
         "judge_finished": finished,
         "judge_cancelled": cancelled,
         "judge_cancelled_queued": queued,
-        "finished_used": round(min(1.0, delivered_steps / finished), 2) if finished else None,
+        "finished_used": finished_used(delivered_steps, finished),
     }
 
 
