@@ -7,7 +7,7 @@ into its time limit catches only the mutations that break a promise of bounded t
 `hangs`); for any other it says nothing (the machine may just be slow) and is printed as TIMED
 OUT, also with exit status 1: run that row again on a quieter machine.
 
-    python tools/break_promises.py            # all promises (about 10 minutes on 2 cores)
+    python tools/break_promises.py            # all promises, in order
     python tools/break_promises.py -k server  # those whose name contains "server"
     STEPGAP_TEST_CACHE=/tmp/stepgap-test-cache python tools/break_promises.py -k tests/
                                               # the test-power mutations, NLI stand-in built once
