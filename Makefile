@@ -83,14 +83,16 @@ demo-full: install
 VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server_vllm.py \
   tests/test_vllm_constraint.py
 
-# One OpenMP thread a process, as the suite: on a loaded machine torch's spinning threads made
-# the stand-in NLI's training (a session fixture) run past its 600 s limit in veRL's venv.
+# Every test run: one OpenMP thread a process. The suite's workers share the cores (below), and
+# on a loaded machine torch's spinning threads made the stand-in NLI's training (a session
+# fixture) run past its 600 s limit in veRL's venv.
+ONE_THREAD := OMP_NUM_THREADS=1
 test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
-	OMP_NUM_THREADS=1 .venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
+	$(ONE_THREAD) .venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
 	  tests/serving/test_interop_verl_agent.py
-	OMP_NUM_THREADS=1 .venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
+	$(ONE_THREAD) .venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
 	  tests/serving/test_interop_openrlhf_agent.py
-	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
+	$(ONE_THREAD) .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
 # The newest releases that resolve, in a venv of their own: no pin but the machine's, the CPU
 # build of torch on disk (`make test-newest`, CI's second lane). Its versions head its log.
@@ -108,7 +110,7 @@ NEWEST_SHOWN := torch transformers tokenizers datasets huggingface-hub trl peft 
 test-newest: .venv-newest/.installed
 	.venv-newest/bin/python -m pip show $(NEWEST_SHOWN) 2>/dev/null | grep -E '^(Name|Version):' \
 	  | paste - - | awk '{print "newest:", $$2, $$4}'
-	STEPGAP_LANE=newest OMP_NUM_THREADS=1 .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) \
+	STEPGAP_LANE=newest $(ONE_THREAD) .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) \
 	  -m "not slow"
 
 # The suite in TEST_WORKERS pytest-xdist processes, each with one torch thread: one process left
@@ -118,7 +120,7 @@ test-newest: .venv-newest/.installed
 # (xdist 3.8's --dist loadgroup cannot group tests under pytest 9). --durations names the
 # slowest tests.
 TEST_WORKERS ?= 2
-SUITE := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+SUITE := $(ONE_THREAD) $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 test: install $(VENV)/.interop
 	$(SUITE) --durations=15
 	$(MAKE) test-peers
