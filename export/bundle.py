@@ -113,7 +113,13 @@ def _export_student(
     base_revision: str | None = None,
 ) -> dict:
     from stepgap.models import display_ref, stand_in_note
-    from stepgap.student.judge import ADAPTER_CONFIG, STUDENT_META, is_adapter, load_student
+    from stepgap.student.judge import (
+        ADAPTER_CONFIG,
+        STUDENT_META,
+        adapter_base,
+        is_adapter,
+        load_student,
+    )
 
     root = out.parent
     out.mkdir(parents=True)
@@ -133,9 +139,9 @@ def _export_student(
             if (Path(student) / name).is_file():
                 shutil.copy2(Path(student) / name, out / name)
         adapter_cfg = json.loads((out / ADAPTER_CONFIG).read_text())
-        base = base or adapter_cfg.get("base_model_name_or_path")
-        if not base:
+        if not (base or adapter_cfg.get("base_model_name_or_path")):
             raise ExportError(f"{display_ref(student)}: the adapter names no base; give --base")
+        base = adapter_base(student, base)  # found from any folder
         info.update(_bundle_base(base, root, base_revision))
         # the copied config names the base as published: never this machine's path
         adapter_cfg["base_model_name_or_path"] = info["base_source"]

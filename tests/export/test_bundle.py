@@ -304,6 +304,24 @@ def test_a_hub_base_is_pinned_to_a_revision_or_refused(
     assert shipped["base_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+def test_an_adapter_naming_its_base_relatively_exports_from_any_folder(
+    tiny_nli, tmp_path, monkeypatch, hub_offline
+):
+    """An adapter trained in another folder names its base `student/tiny-base`: exported from
+    here, the base is found above the adapter, copied in (adapter bundle) or merged into."""
+    from tests.fixtures.models import build_tiny_adapter
+
+    adapter = build_tiny_adapter(tmp_path / "project" / "student", "student/tiny-base")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    export_bundle(str(adapter), str(tiny_nli), tmp_path / "adapter")
+    student = verify_bundle(tmp_path / "adapter")["student"]
+    assert (student["base"], student["base_source"]) == ("base", "tiny-base")
+    assert "base/model.safetensors" in verify_bundle(tmp_path / "adapter")["files"]
+    export_bundle(str(adapter), str(tiny_nli), tmp_path / "merged", merge=True)
+    assert verify_bundle(tmp_path / "merged")["student"]["merged"]
+
+
 @pytest.fixture(scope="module")
 def student_answers(tiny_student, example_traces) -> dict[str, dict]:
     """Prompt key -> what the tiny student itself answers to that step's prompt: a server

@@ -190,3 +190,43 @@ def test_a_served_student_without_a_readable_tokenizer_is_asked_unchecked(tmp_pa
     )
     assert judge.tokenizer is None and judge.tokens_checked
     assert "the served student's tokens are not checked" in caplog.text
+
+
+def test_an_adapter_with_a_relative_base_loads_from_any_folder(tmp_path, monkeypatch, hub_offline):
+    """`student:/abs/path/student` from another folder: its base `student/tiny-base` is found
+    above the adapter, not asked of the Hub."""
+    from stepgap.student.judge import adapter_base, load_student
+    from tests.fixtures.models import build_tiny_adapter
+
+    adapter = build_tiny_adapter(tmp_path / "project" / "student", "student/tiny-base")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    tokenizer, model = load_student(str(adapter), device="cpu")
+    assert model.config.vocab_size == len(tokenizer)
+    assert adapter_base(adapter) == str(adapter / "tiny-base")
+    assert adapter_base(adapter, "my/base") == "my/base"  # the base given wins
+
+
+def test_a_base_an_adapter_names_but_nobody_has_is_one_line_saying_how_to_give_it(
+    tmp_path, monkeypatch
+):
+    from stepgap.student.judge import ADAPTER_CONFIG, adapter_base
+
+    adapter = tmp_path / "student"
+    adapter.mkdir()
+    config = adapter / ADAPTER_CONFIG
+    for recorded in ("gone/tiny-base/x", str(tmp_path / "gone")):
+        config.write_text(json.dumps({"base_model_name_or_path": recorded}))
+        with pytest.raises(FileNotFoundError) as err:
+            adapter_base(adapter)
+        message = str(err.value)
+        assert f"names its base {recorded}, which is not found" in message
+        assert "--student-base" in message and "\n" not in message
+    # a tiny student's base is a folder it built: `student/tiny-base` found nowhere is no hub id
+    (adapter / "stepgap_student.json").write_text(json.dumps({"base_model": "tiny-random:qwen2"}))
+    config.write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct"}))
+    assert adapter_base(adapter) == "Qwen/Qwen2.5-0.5B-Instruct"  # a hub id stays one
+    config.write_text(json.dumps({"base_model_name_or_path": "student/tiny-base"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="names its base student/tiny-base, which is not"):
+        adapter_base(adapter)

