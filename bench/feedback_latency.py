@@ -90,6 +90,7 @@ class Bench:
         stream.close()
         reached, gaps = sum(c[0] for c in counts), sum(c[1] for c in counts)
         waited = seen["waited"]
+        rewarded = [r for r in seen["rewards"].values() if r is not None]
         out = {
             "seconds_total": round(time.perf_counter() - start, 2),
             "gap_notes_reached": reached,
@@ -100,7 +101,8 @@ class Bench:
                 "p95": round(percentile(waited, 0.95), 3) if waited else 0.0,
             },
             "rollout_s_mean": round(statistics.mean(seen["lengths"].values()), 3),
-            "reward_mean": round(statistics.mean(seen["rewards"].values()), 6),
+            "reward_mean": round(statistics.mean(rewarded), 6) if rewarded else None,
+            "no_reward": len(seen["rewards"]) - len(rewarded),  # a failed step check
             "judge_asked": judge.asked,
             "_rewards": seen["rewards"],
         }
@@ -143,7 +145,7 @@ def print_table(runs: dict, equal: bool) -> None:
         added = 100 * (r["rollout_s_mean"] / base - 1)
         print(f"{mode:<11} {r['gap_notes_reached']:>4}/{r['gap_steps']:<4} {r['share_reached']:>6} "
               f"{w['mean']:>9} {w['p95']:>9} {r['rollout_s_mean']:>9} {added:>6.1f} "
-              f"{r['reward_mean']:>9}")  # fmt: skip
+              f"{str(r['reward_mean']):>9}")  # fmt: skip
     print(f"rewards equal with and without notes: {equal}")
 
 

@@ -258,8 +258,9 @@
       var sum = 0;
       trace.steps.forEach(function (s) { if (s.reward) sum += s.reward.bracket; });
       add(facts, add(el("span", "reward-total"), el("b", null, "reward (" + r.variant + "): "),
-        r.total === null ? "none: " + r.unavailable :
+        r.total === null ? "no reward: " + r.unavailable :
         "R = EM " + num(r.em, 0) + " + " + num(r.lam, 2) + " × " + num(sum, 2) + " = " + num(r.total, 2)));
+      if (r.note) add(facts, el("span", "reward-note muted", r.note));
     }
     sec.appendChild(facts);
     trace.steps.forEach(function (step, position) {

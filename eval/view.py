@@ -45,6 +45,7 @@ def render_view(
     *,
     gold: Gold | None = None,
     rewards: Mapping[str, RewardLine] | None = None,
+    on_failed_check: str = "no_reward",
     title: str = "stepgap view",
     page_size: int = DEFAULT_PAGE_SIZE,
     resamples: int = 2000,
@@ -57,6 +58,7 @@ def render_view(
             checkers,
             gold=gold,
             rewards=rewards,
+            on_failed_check=on_failed_check,
             title=title,
             page_size=page_size,
             resamples=resamples,
@@ -105,6 +107,7 @@ def write_view(
     output: str | Path,
     *,
     rewards: str | Path | None = None,
+    on_failed_check: str = "no_reward",
     gold: str | Path | Sequence[str | Path] | None = None,
     title: str | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
@@ -114,7 +117,8 @@ def write_view(
     """Read traces, verdicts (name -> file), optional rewards and gold; write the HTML page.
 
     `stepgap view`. Bad lines of any file go to `report` (file:line: field: reason) and the
-    rest is shown. Open the written file in any browser; it needs no server or network.
+    rest is shown. A reward with a failed step check is shown as none, and why, unless
+    `on_failed_check="zero"`. Open the written file in any browser; it needs no server or network.
     """
     from stepgap.segment import iter_traces
 
@@ -130,6 +134,7 @@ def write_view(
         checkers,
         gold=gold_labels,
         rewards=reward_lines,
+        on_failed_check=on_failed_check,
         title=title or f"stepgap view: {Path(traces).name}",
         page_size=page_size,
         resamples=resamples,

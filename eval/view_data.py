@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from stepgap.reward_arithmetic import exact_match, final_answer
+from stepgap.options import one_of
+from stepgap.reward_arithmetic import ON_FAILED_CHECK, exact_match, final_answer, no_reward_reason
 from stepgap.schema import LABELS, Snippet, Trace, Verdict
 from stepgap.tree import (
     AccumulatedEvidence,
@@ -50,9 +51,10 @@ class RewardLine(BaseModel):
     variant: str
     lam: float
     em: float
-    reward: float
+    reward: float | None  # null: no reward (`unavailable` says why)
     steps: list[RewardStepLine]
-    unavailable: str | None = None  # why the rollout has no reward (serving, a failed check)
+    failed_checks: int = 0
+    unavailable: str | None = None  # why the trace has no reward (a failed step check)
 
 
 # ------------------------------------------------------------------ the quote, as stage C sees it
@@ -168,11 +170,38 @@ def _group(verdicts: Iterable[Verdict]) -> dict[tuple[str, int], Verdict]:
     return {(v.trace_id, v.step): v for v in verdicts}
 
 
+def _reward_view(line: RewardLine, on_failed_check: str) -> dict[str, Any]:
+    """A trace's reward as the page shows it: with a failed step check, no reward and why
+    (`no_reward`, whatever the file says: a file written with failed checks scored 0 as well),
+    or the number with those steps at 0 (`zero`), noted as such."""
+    one_of("on_failed_check", on_failed_check, ON_FAILED_CHECK)
+    total, unavailable, note = line.reward, line.unavailable, None
+    if on_failed_check == "zero":
+        unavailable = None
+        if total is None:  # the file left it out: the same sum, each failed step at 0
+            total = line.em + line.lam * sum(s.bracket for s in line.steps)
+        if line.failed_checks and line.variant != "search_only":
+            note = f"{line.failed_checks} failed step check(s) scored 0 (--on-failed-check zero)"
+    elif unavailable is None:
+        unavailable = no_reward_reason(line.variant, line.failed_checks, len(line.steps))
+        if unavailable is None and total is None:
+            unavailable = "the reward file gives none"
+    return {
+        "variant": line.variant,
+        "lam": line.lam,
+        "em": line.em,
+        "total": None if unavailable else total,
+        "unavailable": unavailable,
+        "note": note,
+    }
+
+
 def _trace_view(
     trace: Trace,
     checkers: Mapping[str, Mapping[tuple[str, int], Verdict]],
     gold: Gold | None,
     reward: RewardLine | None,
+    on_failed_check: str = "no_reward",
 ) -> dict[str, Any]:
     """One trace as the page draws it: its answer and EM, then each step with one verdict per
     checker (None where a checker has none), its gold label and its reward bracket."""
@@ -221,17 +250,7 @@ def _trace_view(
         "answer": answer,
         "em": exact_match(answer, trace.golden_answers),
         "gold_correct": gold.correct.get(trace.id) if gold else None,
-        "reward": (
-            {
-                "variant": reward.variant,
-                "lam": reward.lam,
-                "em": reward.em,
-                "total": None if reward.unavailable else reward.reward,  # no reward: a failed check
-                "unavailable": reward.unavailable,
-            }
-            if reward
-            else None
-        ),
+        "reward": _reward_view(reward, on_failed_check) if reward else None,
         "labels": sorted(labels),
         "disagree": sum(s["disagree"] for s in view_steps),
         "sources": sources,
@@ -245,11 +264,13 @@ def trace_view(
     *,
     gold: Gold | None = None,
     reward: RewardLine | None = None,
+    on_failed_check: str = "no_reward",
 ) -> dict[str, Any]:
     """One segmented trace as the page draws it (a JSON-ready dict, without the raw response):
     what `stepgap serve` keeps for `GET /view`, so the page of recent traces is cheap to hold
     and to draw. `page_data` puts such dicts on one page."""
-    return _trace_view(trace, {name: _group(vs) for name, vs in checkers.items()}, gold, reward)
+    by_checker = {name: _group(vs) for name, vs in checkers.items()}
+    return _trace_view(trace, by_checker, gold, reward, on_failed_check)
 
 
 def page_data(
@@ -301,6 +322,7 @@ def view_data(
     *,
     gold: Gold | None = None,
     rewards: Mapping[str, RewardLine] | None = None,
+    on_failed_check: str = "no_reward",
     title: str = "stepgap view",
     page_size: int = DEFAULT_PAGE_SIZE,
     resamples: int = 2000,
@@ -310,11 +332,12 @@ def view_data(
     `traces` must be segmented (`iter_traces` does it); `checkers` maps a name to its verdicts
     (one per step; the page shows the checkers side by side in this order); `gold` adds gold
     labels, disagreement marks and the report's figures, computed by `build_report` on the
-    traces of the page; `rewards` maps a trace id to its `stepgap reward` line.
+    traces of the page; `rewards` maps a trace id to its `stepgap reward` line, shown as no
+    reward where a step check failed unless `on_failed_check="zero"` (as `stepgap reward`).
     """
     by_checker = {name: _group(vs) for name, vs in checkers.items()}
     rewards = rewards or {}
-    views = [_trace_view(t, by_checker, gold, rewards.get(t.id)) for t in traces]
+    views = [_trace_view(t, by_checker, gold, rewards.get(t.id), on_failed_check) for t in traces]
     figures = None
     if gold is not None:
         figures = _report_figures(gold, {t.id for t in traces}, by_checker, resamples)

@@ -127,7 +127,9 @@ class RewardResultOut(BaseModel):
     variant: str
     lam: float
     em: float
-    reward: float = Field(description="em + lam * sum(bracket)")
+    reward: float | None = Field(
+        description="em + lam * sum(bracket); null when the rollout has no reward (unavailable)"
+    )
     steps: list[StepRewardOut]
     em_token: int | None = None
     failed_checks: int = Field(description="steps whose check failed: bracket 0 each")
@@ -135,7 +137,7 @@ class RewardResultOut(BaseModel):
     unavailable: str | None = Field(
         None,
         description="why the rollout has no reward (a failed step check, with "
-        "on_failed_check=no_reward): `reward` is then not a typed reward",
+        "on_failed_check=no_reward): `reward` is then null",
     )
 
 

@@ -173,9 +173,11 @@ class ServedInline(InlineChecker):
 
 
 def result_of(data: dict[str, Any]) -> RewardResult:
-    """A `RewardResult` from its JSON form (`/reward`'s `results`)."""
+    """A `RewardResult` from its JSON form (`/reward`'s `results`); one marked `unavailable`
+    has no reward, whatever number a server of an earlier version put beside it."""
     steps = [StepReward(**s) for s in data.get("steps", [])]
-    return RewardResult(**{**data, "steps": steps})
+    reward = None if data.get("unavailable") is not None else data["reward"]
+    return RewardResult(**{**data, "steps": steps, "reward": reward})
 
 
 _CHECKERS: dict[tuple[str | None, str | None], InlineChecker] = {}

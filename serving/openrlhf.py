@@ -20,7 +20,7 @@ from typing import Any
 
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.serving.framework_inputs import golden_list, question_from_prompt
-from stepgap.serving.reward_function import available
+from stepgap.serving.reward_function import RewardUnavailable
 
 
 def openrlhf_batch(
@@ -51,12 +51,36 @@ def openrlhf_batch(
     return responses, questions, [golden_list(g) for g in labels]
 
 
+class UnrewardedBatch(RewardUnavailable):
+    """A batch with rollouts that have no reward. OpenRLHF's protocol has no per-sample "no
+    reward" (its client reads a whole `rewards` list of numbers, one per query, or fails the
+    request), so the batch gets no answer; `detail` names each such rollout (its index in the
+    batch, its trace id, why) and gives the others' rewards, null for those without."""
+
+    def __init__(self, results: Sequence[RewardResult]) -> None:
+        self.rewards = [r.reward for r in results]
+        self.rollouts = [
+            {"index": i, "trace_id": r.trace_id, "reason": r.unavailable}
+            for i, r in enumerate(results)
+            if r.reward is None
+        ]
+        named = "; ".join(f"[{m['index']}] {m['trace_id']}: {m['reason']}" for m in self.rollouts)
+        super().__init__(
+            f"no reward for {len(self.rollouts)} of {len(results)} rollout(s) of the batch, so "
+            f"none is answered (OpenRLHF's reply has no per-rollout null; /reward has): {named}"
+        )
+
+    def detail(self) -> dict[str, Any]:
+        """The JSON `detail` of the server's non-200 answer."""
+        return {"message": str(self), "no_reward": self.rollouts, "rewards": self.rewards}
+
+
 def openrlhf_response(results: Sequence[RewardResult]) -> dict[str, Any]:
-    """What OpenRLHF reads back: `rewards` (and `scores`), and per-sample `extra_logs`. A
-    rollout without a reward raises `RewardUnavailable` (OpenRLHF then gives it none: the
-    server answers it non-200, the in-process function fails)."""
-    for r in results:
-        available(r)
+    """What OpenRLHF reads back: `rewards` (and `scores`), and per-sample `extra_logs`. A batch
+    with a rollout without a reward raises `UnrewardedBatch` (OpenRLHF then gives it none: the
+    server answers it non-200, the in-process function fails), never a number for it."""
+    if any(r.reward is None for r in results):
+        raise UnrewardedBatch(results)
     breakdowns = [r.scalars() for r in results]
     extra = {
         k: [b[k] for b in breakdowns] for k in (breakdowns[0] if breakdowns else {}) if k != "score"

@@ -38,8 +38,8 @@ from .api import (
     rollout_traces,
     segmented_traces,
 )
-from .openrlhf import openrlhf_batch, openrlhf_response
-from .reward_function import RewardOptions, RewardUnavailable
+from .openrlhf import UnrewardedBatch, openrlhf_batch, openrlhf_response
+from .reward_function import RewardOptions
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_WAIT_S = 0.01
@@ -83,8 +83,10 @@ class RewardService:
             answer = await handler(body) if model else await handler()
         except (ValidationError, ValueError) as exc:
             return JSONResponse({"detail": str(exc)}, status_code=422)
-        except RewardUnavailable as exc:  # OpenRLHF's "no reward": it retries, then gives None
-            return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+        except UnrewardedBatch as exc:  # OpenRLHF's "no reward": it retries, then gives None
+            return JSONResponse(
+                {"detail": exc.detail()}, status_code=503, headers={"Retry-After": "1"}
+            )
         return JSONResponse(answer)
 
     @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=DEFAULT_WAIT_S)

@@ -15,12 +15,14 @@ class RecentTraces:
     """The last `keep` checked traces with their verdicts (and rewards, from the reward routes):
     what `GET /view` shows. Each is kept as the page draws it (`stepgap.eval.view_data.trace_view`:
     steps, evidence, verdicts, answer and EM; not the raw response) in a deque of at most `keep`,
-    so a long-running server holds a bounded amount; older traces are dropped as new ones come."""
+    so a long-running server holds a bounded amount; older traces are dropped as new ones come.
+    `on_failed_check` is the server's, so the page shows the rewards it answered."""
 
-    def __init__(self, keep: int = 100) -> None:
+    def __init__(self, keep: int = 100, on_failed_check: str = "no_reward") -> None:
         if keep < 0:
             raise ValueError(f"view_keep must be >= 0, got {keep}")
         self.items: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.on_failed_check = on_failed_check
         self._seq = itertools.count(1)
 
     def add(self, trace: Trace, verdicts: Sequence[Verdict], result: RewardResult | None) -> None:
@@ -39,6 +41,7 @@ class RecentTraces:
                     if result is None
                     else RewardLine.model_validate({**result.as_dict(), "trace_id": tid})
                 ),
+                on_failed_check=self.on_failed_check,
             )
         )
 

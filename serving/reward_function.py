@@ -18,11 +18,18 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from stepgap.io import ErrorReport, check_output
 from stepgap.options import Options, one_of, option
-from stepgap.reward_arithmetic import VARIANTS, RewardResult, Variant, compute_reward
+from stepgap.reward_arithmetic import (
+    ON_FAILED_CHECK,
+    VARIANTS,
+    OnFailedCheck,
+    RewardResult,
+    Variant,
+    compute_reward,
+)
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.checker import StepChecker
@@ -30,17 +37,13 @@ from stepgap.teacher.judges.base import TraceDeadline
 
 log = logging.getLogger(__name__)
 
-# What a trace with a failed step check gets: no reward (the default), or its failed steps 0.
-OnFailedCheck = Literal["no_reward", "zero"]
-ON_FAILED_CHECK: tuple[str, ...] = get_args(OnFailedCheck)
-
-
 REWARD_GROUP = "the reward"
 
 
 @dataclass(frozen=True)
 class RewardFormula(Options):
-    """How verdicts become a number (docs/contract.md, section 4): `stepgap reward`'s options."""
+    """How verdicts become a number (docs/contract.md, section 4): the variant and lambda of
+    `RewardOptions`."""
 
     variant: Variant = option(
         "typed_shape", "the reward variant (docs/contract.md, section 4)", group=REWARD_GROUP
@@ -55,21 +58,28 @@ class RewardFormula(Options):
 
 
 @dataclass(frozen=True)
-class RewardOptions(RewardFormula):
-    """How verdicts become the reward in training: one set of options for `stepgap serve`'s
-    flags, a reward JSON file's keys (veRL, OpenRLHF, Ray Serve) and veRL's `reward_kwargs`."""
+class FailedCheckOptions(Options):
+    """What a trace with a failed step check gets: the one option of `stepgap view` about the
+    reward, and part of `RewardOptions`."""
 
     on_failed_check: OnFailedCheck = option(
         "no_reward",
-        "a rollout with a failed step check (a judge that is down, an answer that cannot be "
-        "parsed) gets no reward (no_reward: TRL None, OpenRLHF a 503, veRL an exception), or is "
-        "scored with that step at 0 (zero: EM alone when every check failed)",
+        "a trace with a failed step check (a judge that was down, an answer that could not be "
+        "parsed) has no reward (no_reward: in training TRL's None, OpenRLHF a 503, veRL an "
+        "exception), or is scored with that step at 0 (zero: EM alone when every check failed)",
         group=REWARD_GROUP,
     )
 
     def __post_init__(self) -> None:
         one_of("on_failed_check", self.on_failed_check, ON_FAILED_CHECK)
         super().__post_init__()
+
+
+@dataclass(frozen=True)
+class RewardOptions(FailedCheckOptions, RewardFormula):
+    """How verdicts become the reward: one set of options for `stepgap reward`'s and `stepgap
+    serve`'s flags, a reward JSON file's keys (veRL, OpenRLHF, Ray Serve) and veRL's
+    `reward_kwargs`."""
 
     def reward(self, checker: StepChecker, tokenizer: Any = None) -> StepGapReward:
         return StepGapReward(
@@ -84,7 +94,7 @@ class RewardUnavailable(RuntimeError):
 
 def available(result: RewardResult) -> float:
     """The reward, or `RewardUnavailable` naming why there is none."""
-    if result.unavailable is not None:
+    if result.reward is None:
         raise RewardUnavailable(f"no reward for rollout {result.trace_id}: {result.unavailable}")
     return result.reward
 
@@ -251,16 +261,17 @@ class StepGapReward:
 
     def result(self, trace: Trace, verdicts: Sequence[Verdict]) -> RewardResult:
         """docs/contract.md section 4 for one checked trace, with this reward's variant, lambda,
-        tokenizer; with a failed check and `on_failed_check="no_reward"`, marked unavailable."""
+        tokenizer; with a failed check and `on_failed_check="no_reward"`, no reward (`reward`
+        None, `unavailable` says why)."""
         result = compute_reward(
-            trace, verdicts, variant=self.variant, lam=self.lam, tokenizer=self.tokenizer
+            trace,
+            verdicts,
+            variant=self.variant,
+            lam=self.lam,
+            tokenizer=self.tokenizer,
+            on_failed_check=self.on_failed_check,
         )
-        if result.failed_checks and self.on_failed_check == "no_reward":
-            first = next(v.error for v in verdicts if v.label is None)
-            result.unavailable = (
-                f"{result.failed_checks} of {len(result.steps)} step check(s) failed "
-                f"(first: {first})"
-            )
+        if result.reward is None:
             self.failures["no_reward"] += 1
         return result
 
@@ -280,8 +291,7 @@ class StepGapReward:
         self, response: str, question: str, golden_answers: Sequence[str] | str
     ) -> float | None:
         """One rollout's reward; None when it has none (a failed check, see `on_failed_check`)."""
-        result = self.score([response], [question], [golden_answers])[0]
-        return None if result.unavailable is not None else result.reward
+        return self.score([response], [question], [golden_answers])[0].reward
 
 
 def default_inflight(reward: StepGapReward) -> int:
@@ -303,13 +313,17 @@ def reward_file(
     variant: str = "typed_shape",
     lam: float = 1.0,
     tokenizer: str | Any = None,
+    on_failed_check: str = "no_reward",
     report: ErrorReport | None = None,
 ) -> int:
     """Rewards for stored traces and their verdicts, one line per trace (`stepgap reward`);
-    returns the lines written. `tokenizer` (hub id, path or tokenizer) adds token spans."""
+    returns the lines written. `tokenizer` (hub id, path or tokenizer) adds token spans. A trace
+    with a failed step check has no reward (`"reward": null`, `unavailable` says why) unless
+    `on_failed_check="zero"`, as in training."""
     from stepgap.io import JsonlWriter, read_models
     from stepgap.segment import iter_traces
 
+    RewardOptions(variant=variant, lam=lam, on_failed_check=on_failed_check)  # checked at once
     check_output(output, input_path, verdicts_path)
     report = report if report is not None else ErrorReport()
     by_trace: dict[str, list[Verdict]] = {}
@@ -330,6 +344,7 @@ def reward_file(
                     variant=variant,
                     lam=lam,
                     tokenizer=tokenizer,
+                    on_failed_check=on_failed_check,
                 )
             except ValueError as exc:
                 report.add(verdicts_path, 0, str(exc), field="step")

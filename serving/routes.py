@@ -35,9 +35,9 @@ from .api import (
 )
 from .batching import Busy, MicroBatcher, usable_seconds
 from .metrics import ServerMetrics
-from .openrlhf import openrlhf_batch, openrlhf_response
+from .openrlhf import UnrewardedBatch, openrlhf_batch, openrlhf_response
 from .recent import RecentTraces
-from .reward_function import RewardUnavailable, StepGapReward, failed_verdicts
+from .reward_function import StepGapReward, failed_verdicts
 from .streaming import StreamingReward
 
 TIMEOUT_HEADER = "X-Stepgap-Timeout"
@@ -254,9 +254,9 @@ async def get_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any]:
     results = await rewards(responses, questions, golden, "get_reward", request)
     try:
         return openrlhf_response(results)
-    except RewardUnavailable as exc:  # OpenRLHF's "no reward": it retries, then gives None
+    except UnrewardedBatch as exc:  # OpenRLHF's "no reward": it retries, then gives None
         state_of(request).metrics.rejected.labels("no_reward").inc()
-        raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
+        raise HTTPException(503, exc.detail(), headers={"Retry-After": "1"}) from None
 
 
 @router.get("/health", response_model=HealthResponse, summary="liveness and queue depth")

@@ -18,8 +18,9 @@ still unanswered just before its deadline gets 503 then. Refusals and drops are 
 `stepgap_rejected{reason}` and `stepgap_traces_dropped{reason}`. An oversized body gets 413.
 
 A rollout with a failed step check has no reward (`StepGapReward.on_failed_check`): `/get_reward`
-answers 503, `/reward` gives `null` and the reason; `/health` says `degraded` while the judge
-fails. At start, `serve` probes the judge and prints what it can answer in a client's time.
+answers its batch 503, its JSON detail naming each such rollout (index in the batch, trace id,
+why); `/reward` gives `null` and the reason; `/health` says `degraded` while the judge fails. At
+start, `serve` probes the judge and prints what it can answer in a client's time.
 
 SIGTERM (`serve`) stops taking requests, answers 503 to the queued and held ones, lets the checks
 in flight finish for up to `grace` seconds, answers 503 to what is left, and exits.
@@ -125,9 +126,9 @@ def create_app(
         if reward.variant != "search_only" and StreamingReward.supports(reward.checker)
         else None
     )
+    recent = RecentTraces(view_keep, reward.on_failed_check)
     state = ServerState(
-        reward, batcher, metrics, inline, RecentTraces(view_keep), client_timeout,
-        max_body_bytes, judge_limit,
+        reward, batcher, metrics, inline, recent, client_timeout, max_body_bytes, judge_limit,
     )  # fmt: skip
 
     @contextlib.asynccontextmanager

@@ -3,7 +3,10 @@ rewards, EM on the final answer, five variants, the dense form. Verdicts in, num
 model is called here (`stepgap.serving.reward_function.StepGapReward` checks the steps first).
 
 A step whose check failed (label null) earns nothing and is treated as no_gap when the next
-step's shaping looks back at it: a checker fault must never be paid or punished as a gap.
+step's shaping looks back at it: a checker fault must never be paid or punished as a gap. A trace
+with such a step has no reward by default (`on_failed_check="no_reward"`, as in training: the
+result's `reward` is None and `unavailable` says why); `on_failed_check="zero"` gives it the
+number those brackets add up to (EM alone when every check failed).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from stepgap.schema import GAP_TYPES, Step, Trace, Verdict
 from stepgap.tags import last_block
@@ -28,6 +31,9 @@ VARIANTS: tuple[str, ...] = (
     "typed_shape",
     "untyped_dense",
 )
+# What a trace with a failed step check gets: no reward (the default), or its failed steps 0.
+OnFailedCheck = Literal["no_reward", "zero"]
+ON_FAILED_CHECK: tuple[str, ...] = get_args(OnFailedCheck)
 BASE = {"no_gap": 0.20, "MB": -0.05, "IE": -0.10, "CC": 0.05}
 SHAPE_RESEARCH, SHAPE_RETRACT, SHAPE_IGNORED, SHAPE_LAZY = 0.10, 0.15, -0.15, -0.05
 # Token F1 strictly above 7/10: a near-duplicate query, or too close to the previous claim to be
@@ -103,27 +109,35 @@ class RewardResult:
     variant: str
     lam: float
     em: float
-    reward: float
+    reward: float | None  # None: no reward (see `unavailable`), never a number passed off as one
     steps: list[StepReward] = field(default_factory=list)
     em_token: int | None = None  # dense form: EM sits on the last response token
     failed_checks: int = 0  # steps whose check failed (an error verdict): each earned bracket 0
     unsegmented: bool = False  # the response could not be segmented: EM alone, no step brackets
     # Why the trace has no reward (a failed check, when failed checks are not scored): `reward`
-    # is then not a typed reward, and the adapters give the trainer's own "no reward" instead.
+    # is then None, and the adapters give the trainer's own "no reward" instead.
     unavailable: str | None = None
 
+    def __post_init__(self) -> None:
+        if (self.reward is None) != (self.unavailable is not None):
+            raise ValueError(
+                f"trace {self.trace_id!r}: a reward is either a number or None with the reason "
+                f"in `unavailable`, got reward={self.reward!r}, unavailable={self.unavailable!r}"
+            )
+
     def scalars(self) -> dict[str, float]:
-        """Score, EM and per-label step rates: what RL frameworks log per sample."""
+        """Score, EM and per-label step rates: what RL frameworks log per sample (without
+        `score` and `dense` when the trace has no reward)."""
         counts = Counter(s.label for s in self.steps)
         n = len(self.steps)
-        out = {
-            "score": self.reward,
-            "em": self.em,
-            "dense": self.reward - self.em,
-            "n_steps": float(n),
-            "failed_checks": float(self.failed_checks),
-            "unsegmented": float(self.unsegmented),
-        }
+        reward = self.reward
+        out: dict[str, float] = {} if reward is None else {"score": reward}
+        out["em"] = self.em
+        if reward is not None:
+            out["dense"] = reward - self.em
+        out["n_steps"] = float(n)
+        out["failed_checks"] = float(self.failed_checks)
+        out["unsegmented"] = float(self.unsegmented)
         for lab in ("no_gap", "CC", "IE", "MB"):
             out[f"rate_{lab}"] = counts.get(lab, 0) / n if n else 0.0
         chances, repaired = self.repairs()
@@ -182,6 +196,18 @@ def _base(label: str | None, variant: str) -> float:
     return BASE[label]
 
 
+def no_reward_reason(
+    variant: str, failed_checks: int, steps: int, first_error: str | None = None
+) -> str | None:
+    """Why a trace has no reward when failed checks are not scored (`on_failed_check=
+    "no_reward"`): how many of its step checks failed, and the first error; None when none
+    failed, or for `search_only`, which reads no check."""
+    if not failed_checks or variant == "search_only":
+        return None
+    reason = f"{failed_checks} of {steps} step check(s) failed"
+    return f"{reason} (first: {first_error})" if first_error else reason
+
+
 def compute_reward(
     trace: Trace,
     verdicts: Sequence[Verdict],
@@ -189,10 +215,16 @@ def compute_reward(
     variant: str = "typed_shape",
     lam: float = 1.0,
     tokenizer: Any = None,
+    on_failed_check: str = "no_reward",
 ) -> RewardResult:
-    """The reward of one segmented trace given its verdicts (one per step, any order)."""
+    """The reward of one segmented trace given its verdicts (one per step, any order). With a
+    failed step check it has none (`reward` None, `unavailable` says why), unless
+    `on_failed_check="zero"`: that step then earns 0."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown reward variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    if on_failed_check not in ON_FAILED_CHECK:
+        shown = ", ".join(ON_FAILED_CHECK)
+        raise ValueError(f"on_failed_check must be one of {shown}, got {on_failed_check!r}")
     steps = trace.steps or []
     by_step = {v.step: v for v in verdicts}
     missing = [s.index for s in steps if s.index not in by_step]
@@ -204,6 +236,33 @@ def compute_reward(
         if tokenizer is not None and trace.response
         else None
     )
+    rows = _step_rewards(steps, by_step, variant, offsets)
+    dense = 0.0 if variant == "search_only" else sum(r.bracket for r in rows)
+    failed = sorted((v for v in by_step.values() if v.label is None), key=lambda v: v.step)
+    reason = None
+    if on_failed_check == "no_reward" and failed:
+        reason = no_reward_reason(variant, len(failed), len(rows), failed[0].error)
+    return RewardResult(
+        failed_checks=len(failed),
+        unsegmented=trace.steps == [],
+        trace_id=trace.id,
+        variant=variant,
+        lam=lam,
+        em=em,
+        reward=None if reason else em + lam * dense,
+        steps=rows,
+        em_token=len(offsets) - 1 if offsets else None,
+        unavailable=reason,
+    )
+
+
+def _step_rewards(
+    steps: Sequence[Step],
+    by_step: dict[int, Verdict],
+    variant: str,
+    offsets: list[tuple[int, int]] | None,
+) -> list[StepReward]:
+    """Each step's base, shaping and bracket, in order (a failed check: 0, read as no_gap)."""
     rows: list[StepReward] = []
     prev_label, prev_claim, queries = "no_gap", "", []
     for step in steps:
@@ -230,18 +289,7 @@ def compute_reward(
         prev_claim = step.claim
         if _searches(step):
             queries.append(step.query or "")
-    dense = 0.0 if variant == "search_only" else sum(r.bracket for r in rows)
-    return RewardResult(
-        failed_checks=sum(1 for v in by_step.values() if v.label is None),
-        unsegmented=trace.steps == [],
-        trace_id=trace.id,
-        variant=variant,
-        lam=lam,
-        em=em,
-        reward=em + lam * dense,
-        steps=rows,
-        em_token=len(offsets) - 1 if offsets else None,
-    )
+    return rows
 
 
 def _token_offsets(text: str, tokenizer: Any) -> list[tuple[int, int]]:

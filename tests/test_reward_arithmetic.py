@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -202,6 +204,28 @@ def test_a_failed_check_earns_nothing_and_shapes_nothing():
     t = trace([search(0, "q1"), search(1, "q2")])
     rows, _ = brackets(t, [None, "no_gap"])
     assert rows == [(0.0, 0.0, 0.0), (0.20, 0.0, 0.20)]
+
+
+def test_a_trace_with_a_failed_check_has_no_reward_unless_zero_is_chosen():
+    """No number passed off as the typed reward: `reward` is None and `unavailable` says how
+    many checks failed and the first error; `on_failed_check="zero"` is the old reading."""
+    steps = [search(0, "q1"), search(1, "q2"), answer(2, "Paris")]
+    t = trace(steps, response="<answer>Paris</answer>")
+    vs = verdicts(["no_gap", None, None])
+    vs[2] = vs[2].model_copy(update={"error": "judge timed out"})
+    r = compute_reward(t, vs[::-1])  # any order: the first failed step's error is named
+    assert r.reward is None and r.failed_checks == 2
+    assert r.unavailable == "2 of 3 step check(s) failed (first: judge failed)"
+    assert r.as_dict()["reward"] is None and "score" not in r.scalars()
+    zero = compute_reward(t, vs, on_failed_check="zero")
+    assert zero.unavailable is None and zero.reward == pytest.approx(1.0 + 0.20)
+    assert compute_reward(t, verdicts([None] * 3), on_failed_check="zero").reward == 1.0
+    # search_only reads no check: a failed one takes nothing away
+    assert compute_reward(t, vs, variant="search_only").reward == 1.0
+    with pytest.raises(ValueError, match="on_failed_check must be one of no_reward, zero"):
+        compute_reward(t, vs, on_failed_check="skip")
+    with pytest.raises(ValueError, match="either a number or None"):
+        dataclasses.replace(r, unavailable=None)
 
 
 def test_a_failed_step_counts_as_no_gap_for_the_next_steps_shaping():

@@ -10,7 +10,7 @@ from typing import Literal
 from stepgap.cli import Command
 from stepgap.cli.options import RayServeOptions, RecordOptions, checker, finish, join_ray
 from stepgap.options import at_least_one, more_than_zero, option
-from stepgap.serving.reward_function import RewardFormula, RewardOptions
+from stepgap.serving.reward_function import RewardOptions
 from stepgap.teacher.build import CheckerConfig
 
 
@@ -22,7 +22,7 @@ class RewardArguments(RecordOptions):
     tokenizer: str | None = option(None, "hub id or path: adds token spans (the dense form)")
 
 
-def reward(args: RewardArguments, options: RewardFormula) -> int:
+def reward(args: RewardArguments, options: RewardOptions) -> int:
     from stepgap.io import ErrorReport
     from stepgap.serving.reward_function import reward_file
 
@@ -34,6 +34,7 @@ def reward(args: RewardArguments, options: RewardFormula) -> int:
         variant=options.variant,
         lam=options.lam,
         tokenizer=args.tokenizer,
+        on_failed_check=options.on_failed_check,
         report=report,
     )
     return finish(args, report, n, f"rewards to {args.output}")
@@ -155,7 +156,7 @@ COMMANDS = [
     Command(
         "reward",
         "typed GRPO rewards (docs/contract.md) for stored traces and verdicts",
-        (RewardArguments, RewardFormula),
+        (RewardArguments, RewardOptions),
         reward,
     ),
     Command(

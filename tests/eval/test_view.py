@@ -266,3 +266,45 @@ def test_the_view_command_writes_the_page_and_prints_its_path(view_inputs, tmp_p
     assert main(["view", str(few), *argv[2:4], "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "StepGap: 20 verdict(s) for no step of" in err and "minus-E: 20 verdict(s)" in err
+
+
+def test_a_trace_with_a_failed_check_is_shown_with_no_reward_and_why(view_inputs, tmp_path):
+    """`stepgap view` reads a failed step check as `stepgap reward` and training do: no reward
+    and why, never an R = ... formula with a number, even from a file written with failed
+    checks scored 0; `--on-failed-check zero` shows the number, noted as that reading."""
+    from stepgap.serving.reward_function import reward_file
+
+    lines = [json.loads(x) for x in view_inputs.verdicts.read_text().splitlines()]
+    for v in lines:
+        if v["trace_id"] == "case4-whiplash" and v["step"] in (0, 2):
+            v.update(label=None, repair=None, error="judge down")
+    verdicts = tmp_path / "failed.jsonl"
+    verdicts.write_text("".join(json.dumps(v) + "\n" for v in lines))
+    rewards = {}
+    for reading in ("no_reward", "zero"):
+        rewards[reading] = tmp_path / f"rewards_{reading}.jsonl"
+        reward_file(view_inputs.traces, verdicts, rewards[reading], on_failed_check=reading)
+    shown = {}
+    for reading, file in [("no_reward", "no_reward"), ("no_reward", "zero"), ("zero", "zero"),
+                          ("zero", "no_reward")]:  # fmt: skip
+        out = tmp_path / f"{reading}-{file}.html"
+        argv = ["view", str(view_inputs.traces), f"--verdicts={verdicts}",
+                f"--reward={rewards[file]}", f"--on-failed-check={reading}", "-o", str(out)]  # fmt: skip
+        assert main(argv) == 0
+        traces = page_data(out.read_text(encoding="utf-8"))["traces"]
+        shown[reading, file] = {t["id"]: t["reward"] for t in traces}
+    why = "2 of 3 step check(s) failed"
+    for file in ("no_reward", "zero"):  # the file's own reason, or the count it records
+        r = shown["no_reward", file]["case4-whiplash"]
+        assert r["total"] is None and r["unavailable"].startswith(why) and r["note"] is None
+    assert shown["no_reward", "no_reward"]["case4-whiplash"]["unavailable"].endswith("judge down)")
+    number = json.loads(
+        next(x for x in rewards["zero"].read_text().splitlines() if "case4-whiplash" in x)
+    )["reward"]
+    for file in ("no_reward", "zero"):  # the same number, from the file or from its brackets
+        r = shown["zero", file]["case4-whiplash"]
+        assert r["total"] == number and r["unavailable"] is None
+        assert r["note"] == "2 failed step check(s) scored 0 (--on-failed-check zero)"
+    for key, by_id in shown.items():  # the other traces are shown alike every way
+        assert by_id["case1-whitehorse"] == shown["no_reward", "no_reward"]["case1-whitehorse"]
+        assert by_id["case1-whitehorse"]["total"] is not None, key

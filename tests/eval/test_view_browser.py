@@ -213,6 +213,37 @@ def test_filters_search_and_gold_disagreements(open_page, view_inputs, tmp_path)
     assert "traces 0–0 of 0 matching (10 in all)" in page.locator(".pager-text").first.inner_text()
 
 
+def test_a_trace_whose_checks_failed_shows_no_reward_and_why(open_page, view_inputs, tmp_path):
+    """Every check of case 1 failed: the page says no reward and why, with no R = ... number;
+    with --on-failed-check zero, the number with each failed step at 0, noted as such."""
+    from stepgap.serving.reward_function import reward_file
+
+    lines = [json.loads(x) for x in view_inputs.verdicts.read_text().splitlines()]
+    for v in lines:
+        if v["trace_id"] == "case1-whitehorse":
+            v.update(label=None, repair=None, error="judge down")
+    verdicts = tmp_path / "failed.jsonl"
+    verdicts.write_text("".join(json.dumps(v) + "\n" for v in lines))
+    reward_file(view_inputs.traces, verdicts, tmp_path / "rewards.jsonl")
+    shown = {}
+    for reading in ("no_reward", "zero"):
+        out = tmp_path / f"{reading}.html"
+        write_view(view_inputs.traces, {"StepGap": verdicts}, out,
+                   rewards=tmp_path / "rewards.jsonl", on_failed_check=reading)  # fmt: skip
+        page = open_page(out)
+        trace = page.locator('section[data-trace-id="case1-whitehorse"]')
+        shown[reading] = (trace.locator(".reward-total").inner_text(),
+                          trace.locator(".reward-note").all_inner_texts())  # fmt: skip
+    total, notes = shown["no_reward"]
+    assert total == (
+        "reward (typed_shape): no reward: 2 of 2 step check(s) failed (first: judge down)"
+    )
+    assert "R =" not in total and notes == []
+    total, notes = shown["zero"]
+    assert total.endswith("R = EM 1 + 1.00 × 0.00 = 1.00")
+    assert notes == ["2 failed step check(s) scored 0 (--on-failed-check zero)"]
+
+
 def test_two_checkers_side_by_side_with_disagreements_marked(open_page, view_inputs, tmp_path):
     out = tmp_path / "two.html"
     write_view(

@@ -1,8 +1,9 @@
 """Rewards inside training never raise: checker faults and unreadable rollouts have a fallback.
 
-The fallback (RELIABILITY.md): a step whose check failed earns bracket 0, a rollout that cannot
-be segmented earns EM alone; both are logged, counted in `StepGapReward.failures`, and reported
-in the scalars every framework logs.
+The fallback (RELIABILITY.md): a step whose check failed earns bracket 0 and its rollout has no
+reward (None, and why) unless `on_failed_check="zero"` scores it; a rollout that cannot be
+segmented earns EM alone; both are logged, counted in `StepGapReward.failures`, and reported in
+the scalars every framework logs.
 """
 
 from __future__ import annotations
@@ -60,8 +61,13 @@ def test_a_checker_exception_gives_bracket_0_for_its_batch_and_is_logged(
         failed = flaky.score(responses, questions, golden)
     for t, r in zip(example_traces, failed, strict=True):
         assert [s.bracket for s in r.steps] == [0.0] * len(t.steps)
-        assert r.failed_checks == len(t.steps) and r.reward == r.em
-        assert r.scalars()["failed_checks"] == len(t.steps)
+        assert r.failed_checks == len(t.steps) and r.reward is None
+        assert r.unavailable == (
+            f"{len(t.steps)} of {len(t.steps)} step check(s) failed "
+            "(first: checker failed: ConnectionError('judge server went away'))"
+        )
+        assert r.scalars()["failed_checks"] == len(t.steps) and "score" not in r.scalars()
+    assert flaky.failures["no_reward"] == len(example_traces)
     assert flaky.failures["failed_checks"] == sum(len(t.steps) for t in example_traces)
     assert "judge server went away" in caplog.text
     # The next batch is scored normally: the fault did not stick.
@@ -70,6 +76,17 @@ def test_a_checker_exception_gives_bracket_0_for_its_batch_and_is_logged(
         [expected_rewards[t.id] for t in example_traces]
     )
     assert all(r.failed_checks == 0 for r in again)
+
+
+def test_on_failed_check_zero_scores_a_failed_step_0_em_alone_when_all_failed(
+    reward, example_traces
+):
+    """The old reading, as an explicit choice: a number, each failed step's bracket 0."""
+    flaky = StepGapReward(FlakyChecker(reward.checker, raise_on_call={1}), on_failed_check="zero")
+    for t, r in zip(example_traces, flaky.score(*_inputs(example_traces)), strict=True):
+        assert r.failed_checks == len(t.steps) and r.unavailable is None
+        assert r.reward == r.em and r.scalars()["score"] == r.em
+    assert flaky.failures["no_reward"] == 0
 
 
 def test_a_step_the_checker_left_out_earns_0_and_the_rest_of_the_batch_is_scored(
@@ -83,6 +100,8 @@ def test_a_step_the_checker_left_out_earns_0_and_the_rest_of_the_batch_is_scored
         and first.steps[-1].bracket == 0.0
         and first.steps[-1].label is None
     )
+    assert first.reward is None
+    assert first.unavailable.endswith("(first: checker gave no verdict for this step)")
     assert [r.reward for r in results[1:]] == pytest.approx(
         [expected_rewards[t.id] for t in example_traces[1:]]
     )
@@ -137,7 +156,7 @@ def test_a_checker_that_fails_every_step_warns_once_at_the_first_batch_with_its_
         for _ in range(3):  # three batches
             if route == "score":
                 results = dead.score(responses, questions, golden)
-                assert all(r.reward == r.em for r in results)
+                assert all(r.reward is None and r.unavailable for r in results)
             else:
                 assert sorted(i for i, _ in dead.check_stream(traces)) == [0, 1, 2]
     loud = [r.getMessage() for r in caplog.records if "every step check failed" in r.getMessage()]

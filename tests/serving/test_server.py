@@ -10,7 +10,9 @@ import pytest
 
 from stepgap.serving import StepGapReward
 from stepgap.serving.remote import RemoteChecker
+from stepgap.serving.reward_function import failed_verdicts
 from stepgap.serving.server import create_app
+from stepgap.teacher.checker import StepChecker
 from tests.fixtures.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -56,6 +58,58 @@ def test_32_concurrent_openrlhf_clients_are_batched_and_match_in_process(
         checked = float(re.search(r"^stepgap_traces_checked_total (\S+)", metrics, re.M).group(1))
         assert len(example_traces) <= checked <= 32
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+class FailsOneQuestion(StepChecker):
+    """A real checker, except that every check of the rollouts asking `question` fails."""
+
+    def __init__(self, checker: StepChecker, question: str) -> None:
+        self.checker, self.question = checker, question
+
+    @property
+    def provenance(self):
+        return self.checker.provenance
+
+    def check(self, traces):
+        out = self.checker.check(traces)
+        return [
+            failed_verdicts(t.id, t.steps, "judge down") if t.question == self.question else vs
+            for t, vs in zip(traces, out, strict=True)
+        ]
+
+
+def test_a_batch_with_an_unrewardable_rollout_is_refused_naming_it(
+    reward, example_traces, expected_rewards
+):
+    """OpenRLHF's answer has no per-rollout "no reward", so /get_reward refuses the batch, its
+    JSON detail naming the rollout (index, trace id, why) and giving the others' rewards, never
+    a number for it; /reward answers the same batch with null for it alone."""
+    traces = example_traces[:3]
+    checker = FailsOneQuestion(reward.checker, traces[1].question)
+    with LiveServer(create_app(StepGapReward(checker), max_wait_ms=1)) as url:
+        body = {
+            "query": [_prompt(t.question) + t.response for t in traces],
+            "prompts": [_prompt(t.question) for t in traces],
+            "labels": [t.golden_answers for t in traces],
+        }
+        r = httpx.post(f"{url}/get_reward", json=body, timeout=60)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        detail = r.json()["detail"]
+        n = len(traces[1].steps)
+        why = f"{n} of {n} step check(s) failed (first: judge down)"
+        assert detail["no_reward"] == [{"index": 1, "trace_id": "get_reward-1", "reason": why}]
+        assert detail["rewards"][1] is None
+        assert detail["rewards"][::2] == pytest.approx(
+            [expected_rewards[t.id] for t in traces[::2]]
+        )
+        assert "no reward for 1 of 3 rollout(s) of the batch" in detail["message"]
+        assert f"[1] get_reward-1: {why}" in detail["message"]
+        answer = httpx.post(f"{url}/reward", json={
+            "responses": [t.response for t in traces], "questions": [t.question for t in traces],
+            "golden_answers": [t.golden_answers for t in traces]}, timeout=60).json()  # fmt: skip
+        assert answer["rewards"] == detail["rewards"]
+        assert answer["results"][1]["reward"] is None and answer["results"][1]["unavailable"] == why
+        assert 'stepgap_rejected_total{reason="no_reward"} 1.0' in httpx.get(f"{url}/metrics").text
 
 
 def test_check_route_and_remote_checker_equal_in_process(reward, example_traces):
