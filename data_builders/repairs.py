@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from stepgap.feedback import instruction_for
 from stepgap.io import ErrorReport, JsonlWriter, read_models, resume_keys
+from stepgap.progress import progress_bar
 from stepgap.schema import GAP_TYPES, Trace, Verdict
 from stepgap.segment import SegmentationError, iter_traces, segment_trace
 from stepgap.teacher.checker import StepChecker
@@ -225,19 +224,23 @@ def repairs_dir(
             summary.skipped += 1
         else:
             gaps.append(gap)
-    with JsonlWriter(out / WORK, append=True) as work:
-        for gap in tqdm(gaps, desc="repairs", unit="trace", disable=not progress):
+    with (
+        progress_bar(len(gaps), "repairs", "trace", enabled=progress) as bar,
+        JsonlWriter(out / WORK, append=True) as work,
+    ):
+        for gap in gaps:
             try:
                 prompt, new = regenerate(gap, policy, retriever, samples, topk)
                 record = repair_record(gap, prompt, new, checker)
             except Exception as exc:  # one trace never loses the others; a rerun retries it
                 summary.failed += 1
                 log.error("repairs: trace %s failed: %s: %s", gap.trace.id, type(exc).__name__, exc)
-                continue
-            work.write(record)
-            summary.traces += 1
-            summary.candidates += samples
-            summary.repaired += sum(c["label"] == "no_gap" for c in record["candidates"])
+            else:
+                work.write(record)
+                summary.traces += 1
+                summary.candidates += samples
+                summary.repaired += sum(c["label"] == "no_gap" for c in record["candidates"])
+            bar.update(1)
     _write_data(out, kept[:limit], by_trace, policy, summary)
     return summary
 

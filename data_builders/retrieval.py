@@ -30,6 +30,7 @@ from typing import Any
 
 from stepgap.io import ErrorReport, JsonlWriter, read_records, refuse_other_format, replacing
 from stepgap.options import Options, option
+from stepgap.progress import progress_bar
 from stepgap.registry import Backend, Registry, options_for
 
 log = logging.getLogger(__name__)
@@ -201,10 +202,10 @@ def build_index(
     batch_size: int = 64,
     device: str | None = None,
     report: ErrorReport | None = None,
-    progress: bool | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Index `corpus` (see `iter_corpus`) into the folder `output`; returns its metadata.
-    `progress`: a bar of documents read and indexed (None: on a terminal only).
+    `progress`: show the documents read and indexed (`stepgap.progress`).
 
     `kind="bm25"` uses the `bm25s` package (English stop words, no stemming); `kind="dense"`
     embeds each document's `contents` with a sentence-transformers model (default: MiniLM from
@@ -217,16 +218,7 @@ def build_index(
     # the kind's library first: a missing `retrieval` extra is said before a corpus is sought
     importlib.import_module("bm25s" if kind == "bm25" else "sentence_transformers")
     out = Path(output)
-    from tqdm.auto import tqdm
-
-    hide = None if progress is None else not progress
-    docs = []
-    for doc in tqdm(
-        iter_corpus(corpus, report), desc="read", unit="doc", disable=hide, dynamic_ncols=True
-    ):
-        if limit is not None and len(docs) >= limit:
-            break
-        docs.append(doc)
+    docs = _read_corpus(corpus, report, limit, progress)
     if not docs:
         raise ValueError(f"{corpus}: no documents to index")
     # built in a folder of its own beside `out`, which becomes `out` once the index is whole
@@ -235,33 +227,15 @@ def build_index(
             for doc in docs:
                 fh.write(doc)
         texts = [d["contents"] for d in docs]
-        bar = tqdm(total=len(texts), desc=f"index ({kind})", unit="doc", disable=hide,
-                   dynamic_ncols=True)  # fmt: skip
-        if kind == "bm25":
-            index = _bm25s().BM25()
-            index.index(_bm25_tokens(texts), show_progress=False)
-            index.save(str(work / "bm25"), show_progress=False)
-            bar.update(len(texts))
-        else:
-            from sentence_transformers import SentenceTransformer
-
-            encoder = SentenceTransformer(_resolve_encoder(model), device=device or "cpu")
-            parts = []
-            step = batch_size * 8  # a few batches between updates of the bar
-            for start in range(0, len(texts), step):
-                part = texts[start : start + step]
-                parts.append(
-                    encoder.encode(
-                        part,
-                        batch_size=batch_size,
-                        normalize_embeddings=True,
-                        show_progress_bar=False,
-                        convert_to_numpy=True,
-                    )
-                )
-                bar.update(len(part))
-            np.save(work / "embeddings.npy", np.concatenate(parts).astype(np.float32))
-        bar.close()
+        with progress_bar(len(texts), f"index ({kind})", "doc", enabled=progress) as bar:
+            if kind == "bm25":
+                index = _bm25s().BM25()
+                index.index(_bm25_tokens(texts), show_progress=False)
+                index.save(str(work / "bm25"), show_progress=False)
+                bar.update(len(texts))
+            else:
+                embeddings = _embed(texts, model, device, batch_size, bar)
+                np.save(work / "embeddings.npy", embeddings)
         from stepgap import __version__
 
         meta = {
@@ -275,6 +249,43 @@ def build_index(
         }
         (work / INDEX_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+def _read_corpus(
+    corpus: str | Path, report: ErrorReport | None, limit: int | None, progress: bool
+) -> list[dict[str, Any]]:
+    """The first `limit` documents of `corpus` (all with None), counted as they are read."""
+    docs: list[dict[str, Any]] = []
+    with progress_bar(None, "read", "doc", enabled=progress) as bar:
+        for doc in iter_corpus(corpus, report):
+            if limit is not None and len(docs) >= limit:
+                break
+            docs.append(doc)
+            bar.update(1)
+    return docs
+
+
+def _embed(texts: list[str], model: str, device: str | None, batch_size: int, bar: Any) -> Any:
+    """The dense index's embeddings of `texts` (float32, normalised), `bar` told as they come."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    encoder = SentenceTransformer(_resolve_encoder(model), device=device or "cpu")
+    parts = []
+    step = batch_size * 8  # a few batches between updates of the bar
+    for start in range(0, len(texts), step):
+        part = texts[start : start + step]
+        parts.append(
+            encoder.encode(
+                part,
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+                convert_to_numpy=True,
+            )
+        )
+        bar.update(len(part))
+    return np.concatenate(parts).astype(np.float32)
 
 
 class LocalIndex(Retriever):

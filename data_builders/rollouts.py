@@ -32,16 +32,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from stepgap.feedback import FeedbackSource, Told
 from stepgap.io import ErrorReport, JsonlWriter, resume_keys
 from stepgap.options import Options
+from stepgap.progress import progress_bar
 
 from .policies import Policy, load_policy
 from .qa import QAItem, iter_questions
@@ -113,42 +112,49 @@ def run_rollouts(
     if n_per_question < 1 or max_turns < 1 or topk < 1:
         raise ValueError("--n-per-question, --max-turns and --topk must be at least 1")
     summary = RolloutSummary()
-    done = finished_ids(output)
-    excluded = set(exclude_ids)
-
-    def pending() -> Iterator[Rollout]:
-        for n, item in enumerate(questions):
-            if limit is not None and n >= limit:
-                return
-            if item.id in excluded:
-                continue
-            summary.questions += 1
-            for k in range(n_per_question):
-                tid = trace_id(item.id, k, n_per_question)
-                if tid in done:
-                    summary.skipped += 1
-                    continue
-                told = None if feedback is None else []
-                yield Rollout(item, k, tid, style.start(item), told=told)
-
-    bar = tqdm(desc="rollouts", unit="trace", disable=not progress, dynamic_ncols=True)
+    jobs = _pending(questions, n_per_question, limit, set(exclude_ids), output, summary)
     notes = Feedback(feedback, feedback_wait)
-    with JsonlWriter(output, append=True) as out, contextlib.closing(notes):
-
-        def advance(wave: list[Rollout]) -> None:
+    with (
+        progress_bar(len(jobs), "rollouts", "trace", enabled=progress) as bar,
+        JsonlWriter(output, append=True) as out,
+        contextlib.closing(notes),
+    ):
+        for start in range(0, len(jobs), wave_size):
+            wave = [
+                Rollout(item, k, tid, style.start(item), told=None if feedback is None else [])
+                for item, k, tid in jobs[start : start + wave_size]
+            ]
             _run_wave(wave, style, policy, retriever, max_turns, topk, summary, out, bar,
                       retriever_name, on_trace, notes)  # fmt: skip
-
-        wave: list[Rollout] = []
-        for r in pending():
-            wave.append(r)
-            if len(wave) == wave_size:
-                advance(wave)
-                wave = []
-        if wave:
-            advance(wave)
-    bar.close()
     return summary
+
+
+def _pending(
+    questions: Iterable[QAItem],
+    n_per_question: int,
+    limit: int | None,
+    excluded: set[str],
+    output: str | Path,
+    summary: RolloutSummary,
+) -> list[tuple[QAItem, int, str]]:
+    """(question, sample, trace id) of every rollout to run: the first `limit` questions but
+    the `excluded`, less the traces already in `output`. Listed before any is run, so the
+    progress has its total; the questions and those skipped are counted in `summary`."""
+    done = finished_ids(output)
+    jobs = []
+    for n, item in enumerate(questions):
+        if limit is not None and n >= limit:
+            break
+        if item.id in excluded:
+            continue
+        summary.questions += 1
+        for k in range(n_per_question):
+            tid = trace_id(item.id, k, n_per_question)
+            if tid in done:
+                summary.skipped += 1
+            else:
+                jobs.append((item, k, tid))
+    return jobs
 
 
 class Feedback:

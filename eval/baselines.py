@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from stepgap.io import ErrorReport, JsonlWriter, check_output
 from stepgap.options import Options, at_least_one, option
+from stepgap.progress import progress_bar
 from stepgap.registry import Backend, Registry
 from stepgap.schema import REPAIRS, NLICall, Snippet, Step, Trace, Verdict
 from stepgap.segment import accumulated_evidence, iter_traces
@@ -39,6 +40,7 @@ _SENTENCE_END = re.compile(
     rf"(?:(?<=[.!?])|(?<=[.!?]{_CLOSE})|(?<=[.!?]{_CLOSE}{_CLOSE}))\s+(?=[A-Z0-9\"'(\[])"
 )
 CHUNK_WORDS = 400  # MiniCheck's chunk size for its encoder checkers (it counts model tokens)
+BATCH_TRACES = 64  # traces a baseline is run on at once, as `stepgap check` batches them
 
 
 def _tokens(text: str) -> set[str]:
@@ -369,11 +371,13 @@ def run_baseline(
     judge_options: Options | Mapping[str, Any] | None = None,
     nli_options: Options | Mapping[str, Any] | None = None,
     report: ErrorReport | None = None,
+    progress: bool = True,
 ) -> int:
     """A baseline's verdicts for every trace of `input_path`, written to `output` (`stepgap
     baseline`); returns the verdicts written. `nli` and `judge` are specs (built with their
     options) or backends; `options` are the baseline's own (`chunk_words` of `minicheck`). What
-    the baseline does not use (an NLI model for `llm-only`) is an error naming it."""
+    the baseline does not use (an NLI model for `llm-only`) is an error naming it. The baseline
+    runs on `BATCH_TRACES` traces at a time, its progress shown unless not `progress`."""
     needs = BASELINES.backend_of(kind).needs
     for need, given, flag in (
         ("judge", judge, "--judge SPEC (openai:MODEL, hf:PATH, ...)"),
@@ -397,11 +401,15 @@ def run_baseline(
     baseline = BASELINES.build(kind, options, judge=judge, nli=nli, tree=tree)
     n = 0
     try:
-        verdicts = baseline(traces)
-        with JsonlWriter(output, input_path) as out:
-            for v in verdicts:
-                out.write(v)
-                n += 1
+        with (
+            progress_bar(sum(len(t.steps or []) for t in traces), kind, enabled=progress) as bar,
+            JsonlWriter(output, input_path) as out,
+        ):
+            for start in range(0, len(traces), BATCH_TRACES):
+                for v in baseline(traces[start : start + BATCH_TRACES]):
+                    out.write(v)
+                    n += 1
+                    bar.update(1)
     finally:
         if built:  # a judge passed in is the caller's to close
             close_judge(judge)  # type: ignore[arg-type]

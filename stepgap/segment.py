@@ -11,6 +11,7 @@ that is not a search call in JSON) makes a response unusable, and that raises
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from stepgap.io import (
 )
 from stepgap.schema import Snippet, Step, Trace
 from stepgap.tags import ACTIONS, EVIDENCE, NOTES, OPEN, TAG, closing, is_note, strip_notes
+
+log = logging.getLogger(__name__)
 
 _DOC_HEAD = re.compile(r"Doc\s*\d+\s*\(\s*Title\s*:\s*", re.IGNORECASE)
 
@@ -254,13 +257,21 @@ def normalize_rollout(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_NO_TAGS = (
+    "has no tags (no <search>, <information>, <think> or <answer>): its whole response was "
+    "read as one inference step"
+)
+
+
 def iter_traces(
     path: str | Path, report: ErrorReport | None = None, *, segment: bool = True
 ) -> Iterator[Trace]:
     """Read traces from a file, segmenting raw ones; bad records are reported and skipped (a
-    file of another format, or of which no trace can be read or segmented, is an error)."""
+    file of another format, or of which no trace can be read or segmented, is an error). A raw
+    response without a single tag is one inference step, which is logged: the first such trace
+    by its id, then how many there were at the end of the file."""
     report = report if report is not None else ErrorReport()
-    before, read, kept = len(report), 0, 0
+    before, read, kept, untagged = len(report), 0, 0, 0
     for lineno, trace in read_models(path, Trace, report, prepare=normalize_rollout):
         read += 1
         if not segment:
@@ -271,8 +282,15 @@ def iter_traces(
         except SegmentationError as exc:
             report.add(path, lineno, f"trace {trace.id!r}: {exc}", field="response")
             continue
+        if trace.steps is None and TAG.search(trace.response or "") is None:
+            untagged += 1
+            if untagged == 1:  # the first at once, the others counted at the end of the file
+                log.warning("%s:%d: trace %r %s", path, lineno, trace.id, _NO_TAGS)
         kept += 1
         yield segmented
+    if untagged > 1:
+        log.warning("%s: %d traces in all have no tags, each read as one inference step",
+                    path, untagged)  # fmt: skip
     if segment and read and not kept:
         raise UnreadableFileError(
             f"{path}: none of its {read} trace(s) has steps; the first: {report.errors[before]}"

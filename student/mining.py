@@ -23,6 +23,7 @@ from typing import Any
 
 from stepgap.data_builders.sft_data import build_sft_dataset, in_eval_split, save_sft_dataset
 from stepgap.io import JsonlWriter, replacing, write_text
+from stepgap.progress import progress_bar
 from stepgap.schema import Trace, Verdict
 from stepgap.teacher.checker import Checker
 from stepgap.teacher.judges.base import JudgeBackend
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 NO_GAP = "no_gap"
 SUMMARY = "summary.json"  # marks a `stepgap mine` folder, which a rerun replaces
+CHECK_BATCH = 64  # pool traces checked at once, as `stepgap check` batches them
 
 
 def nli_decision(path: Sequence[str] | None) -> tuple[str, ...]:
@@ -96,12 +98,21 @@ def compare(
     pool: Sequence[Verdict],
     nli: NLIBackend,
     config: TreeConfig | None = None,
+    *,
+    progress: bool = False,
+    desc: str = "mine",
 ) -> list[Comparison]:
     """The shipped checker (`judge` + `nli` + the tree) over the pool's traces, set against
-    the teacher on every step the teacher labeled."""
+    the teacher on every step the teacher labeled; `CHECK_BATCH` traces at a time, their
+    progress shown (as `desc`) when `progress`."""
     traces = pool_traces(pool)
-    shipped = Checker(judge, nli, config).check(traces)
-    by_key = {(v.trace_id, v.step): v for trace in shipped for v in trace}
+    checker = Checker(judge, nli, config)
+    by_key: dict[tuple[str, int], Verdict] = {}
+    with progress_bar(sum(len(t.steps or []) for t in traces), desc, enabled=progress) as bar:
+        for start in range(0, len(traces), CHECK_BATCH):
+            for verdicts in checker.check(traces[start : start + CHECK_BATCH]):
+                by_key.update({(v.trace_id, v.step): v for v in verdicts})
+                bar.update(len(verdicts))
     return [
         Comparison(v, by_key[(v.trace_id, v.step)])
         for v in pool
@@ -319,20 +330,20 @@ def augment(
     """
     from stepgap.arguments import parse_sets
 
-    from .judge import ADAPTER_CONFIG
+    from .judge import adapter_base
     from .recipe import load_config
     from .trainer import train
 
-    adapter_cfg = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    sets = parse_sets(list(overrides))
     out = Path(mined_dir) / "augmented"
     settings = {
-        "model_name_or_path": adapter_cfg["base_model_name_or_path"],
+        "model_name_or_path": sets.get("model_name_or_path") or adapter_base(adapter),
         "init_adapter": str(adapter),
         "dataset": str(Path(mined_dir) / "sft"),
         "output_dir": str(out),
         "max_steps": max_steps,
         "max_train_examples": None,
-        **parse_sets(list(overrides)),
+        **sets,
     }
     if learning_rate is None:
         learning_rate = augment_learning_rate(config, overrides)
@@ -387,6 +398,7 @@ def mine(
     overrides: Sequence[str] = (),
     judge_options: StudentJudgeOptions | Mapping[str, Any] | None = None,
     report: Any = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Mine hard negatives from a teacher-labeled pool and optionally augment (`stepgap mine`).
 
@@ -398,6 +410,7 @@ def mine(
     / 10 and measures again. Returns the summary also written to `summary.json`. `nli` is a
     spec or a backend (on `device`); `judge_options` are the student judge's
     (`StudentJudgeOptions`, or its fields by name: `student_base`, `judge_device`, ...).
+    The checker's progress is shown unless not `progress`.
     """
     from stepgap.io import ErrorReport, read_models
     from stepgap.teacher.judges import build_judge, close_judge
@@ -421,7 +434,7 @@ def mine(
         nli_backend = load_nli(nli, device=device)
     judge = build_judge(f"student:{student}", options)
     try:
-        comparisons = compare(judge, verdicts, nli_backend, tree)  # type: ignore[arg-type]
+        comparisons = compare(judge, verdicts, nli_backend, tree, progress=progress)  # type: ignore[arg-type]
         features = nli_backend if judge.nli_features else None
         budget = judge.earlier_evidence_chars  # the student's own prompt
     finally:  # on vLLM its engine holds most of the GPU's memory, which the augmentation needs
@@ -446,7 +459,10 @@ def mine(
         )
         augmented = build_judge(f"student:{adapter}", options)
         try:
-            after = compare(augmented, verdicts, nli_backend, tree)  # type: ignore[arg-type]
+            after = compare(
+                augmented, verdicts, nli_backend, tree,  # type: ignore[arg-type]
+                progress=progress, desc="mine (augmented)",
+            )  # fmt: skip
         finally:
             close_judge(augmented)
         summary["augmented_adapter"] = str(adapter)

@@ -9,6 +9,7 @@ are not asked again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from stepgap.io import (
     ErrorReport,
     JsonlWriter,
@@ -28,6 +27,7 @@ from stepgap.io import (
     resume_keys,
     write_text,
 )
+from stepgap.progress import progress_bar
 from stepgap.schema import LABELS, Trace, Verdict
 
 from .checker import StepChecker
@@ -68,23 +68,29 @@ def finished_steps(path: str | Path) -> set[tuple[str, int]]:
     return set(verdict_status(path))
 
 
-def drop_verdicts(path: str | Path, keys: set[tuple[str, int]]) -> int:
-    """Rewrite `path` without the verdicts of `keys` (atomically: a crash leaves the old file or
-    the new one); returns how many lines went. A half-written last line goes too."""
+def drop_superseded(path: str | Path) -> int:
+    """Rewrite `path` keeping only the last verdict of each step (atomically: a crash leaves the
+    old file or the new one); returns how many lines went. A failed verdict asked again is
+    appended after its old line, which this removes once the run ends. A half-written last line
+    goes too."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+    last: dict[tuple[str, int], int] = {}
+    for n, line in enumerate(lines):
+        if line.endswith("\n") and line.strip():
+            rec = json.loads(line)
+            last[(str(rec["trace_id"]), int(rec["step"]))] = n
+    keep = set(last.values())
     dropped = 0
-    with replacing(path) as tmp:
-        with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
-            for line in src:
-                if not line.endswith("\n"):
-                    continue
-                if line.strip():
-                    rec = json.loads(line)
-                    if (str(rec["trace_id"]), int(rec["step"])) in keys:
-                        dropped += 1
-                        continue
-                dst.write(line)
-            dst.flush()
-            os.fsync(dst.fileno())
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as dst:
+        for n, line in enumerate(lines):
+            if not line.endswith("\n"):
+                continue
+            if line.strip() and n not in keep:
+                dropped += 1
+                continue
+            dst.write(line)
+        dst.flush()
+        os.fsync(dst.fileno())
     return dropped
 
 
@@ -176,16 +182,40 @@ def label_traces(
             summary.skipped_traces += 1
         else:
             pending.append(t)
-    if retry:
-        summary.retried = drop_verdicts(output, retry)
+    summary.retried = sum(1 for t in pending for s in t.steps or [] if (t.id, s.index) in retry)
+    if summary.retried:
         log.warning("%s: asking again for %d failed step(s)", output, summary.retried)
+    try:
+        _append_verdicts(pending, checker, output, done, summary, batch_size, fsync, progress)
+    finally:  # a step asked again keeps its old line until its new one is written
+        if retry and Path(output).exists():
+            drop_superseded(output)
+    if summary_path:
+        summary.write(summary_path, checker.judge.meter if checker.judge is not None else None)
+    return summary
 
+
+def _append_verdicts(
+    pending: list[Trace],
+    checker: StepChecker,
+    output: str | Path,
+    done: set[tuple[str, int]],
+    summary: LabelSummary,
+    batch_size: int,
+    fsync: bool,
+    progress: bool,
+) -> None:
+    """Check `pending` and append each step's verdict that is not `done`, trace by trace."""
     meter = checker.judge.meter if checker.judge is not None else None
     total = sum(1 for t in pending for s in t.steps or [] if (t.id, s.index) not in done)
-    bar = tqdm(total=total, desc="label", unit="step", disable=not progress, dynamic_ncols=True)
-    with JsonlWriter(output, append=True, fsync=fsync) as out:
+    stream = checker.check_stream(pending, batch_size=batch_size)
+    with (
+        progress_bar(total, "label", enabled=progress) as bar,
+        JsonlWriter(output, append=True, fsync=fsync) as out,
+        contextlib.closing(stream),  # its judge call ends before an error goes on
+    ):
         # each trace is written as soon as its own judge answers are in and decided
-        for trace, verdicts in checker.check_stream(pending, batch_size=batch_size):
+        for trace, verdicts in stream:
             for v in verdicts:
                 if (trace.id, v.step) in done:
                     continue
@@ -195,10 +225,6 @@ def label_traces(
                 bar.update(1)
             if meter is not None:
                 bar.set_postfix(meter.postfix(), refresh=False)
-    bar.close()
-    if summary_path:
-        summary.write(summary_path, meter)
-    return summary
 
 
 def label_file(
@@ -231,25 +257,21 @@ def check_file(
 
     check_output(output, input_path)  # before any model is asked: the input stays as it is
     traces = list(iter_traces(input_path, report))
-    counts = VerdictCounts()
+    position = {id(t): i for i, t in enumerate(traces)}
+    checked: list[list[Verdict]] = [[] for _ in traces]
+    stream = checker.check_stream(traces, batch_size=batch_size)
     total = sum(len(t.steps or []) for t in traces)
-    bar = tqdm(  # on a terminal only, unless asked for
-        total=total,
-        desc="check",
-        unit="step",
-        disable=None if progress else True,
-        dynamic_ncols=True,
-    )
-    with JsonlWriter(output, input_path) as out:
-        for start in range(0, len(traces), batch_size):
-            for verdicts in checker.check(traces[start : start + batch_size]):
-                for v in verdicts:
-                    out.write(v)
-                    counts.add(v)
-                    bar.update(1)
+    with progress_bar(total, "check", enabled=progress) as bar, contextlib.closing(stream):
+        for trace, verdicts in stream:  # each trace as soon as its own answers are in
+            checked[position[id(trace)]] = verdicts
+            bar.update(len(verdicts))
+    counts = VerdictCounts()
+    with JsonlWriter(output, input_path) as out:  # in the input's order
+        for v in (v for verdicts in checked for v in verdicts):
+            out.write(v)
+            counts.add(v)
         if counts.all_failed:  # an earlier output is worth more than a file of failures
             out.close(failed=True)
-    bar.close()
     return counts
 
 

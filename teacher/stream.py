@@ -180,7 +180,7 @@ class JudgeStream:
         worker = threading.Thread(target=self._work, name="stepgap-judge-stream", daemon=True)
         worker.start()
         calls = 0  # judge calls queued or running
-        finished = False
+        finished = failed = False
         try:
             while not self.stop.is_set():
                 # two calls queued: the judge starts the next one as soon as one returns
@@ -205,10 +205,18 @@ class JudgeStream:
                         for _ in range(min(self.batch_size, len(self.ready)))
                     ]
                     yield from self._decide(batch)
+        except KeyboardInterrupt:  # the command ends the process at once (`stepgap.cli.console`)
+            raise
+        except BaseException:  # an error, or the reader closing the stream
+            failed = True
+            raise
         finally:
             self.stop.set()
             self.chunks.put(None)
-            if finished:
+            if finished or failed:
+                # the judge call in flight ends at its next answer: an error reaches the caller
+                # only once no thread of the stream is left inside a native call (torch's, say),
+                # which would abort the process as it exits
                 worker.join()
 
     def _decide(self, batch: list[_Waiting]) -> Iterator[tuple[Trace, list[Verdict]]]:

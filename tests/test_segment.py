@@ -203,6 +203,25 @@ def test_file_errors_name_the_line_and_the_rest_is_processed(tmp_path):
     assert str(by_line[2]).startswith(f"{path}:2: ")
 
 
+def test_a_response_without_tags_is_one_inference_step_and_says_so_once_per_file(tmp_path, caplog):
+    """Plain text (a policy that ignored the format) is read as one inference step: the first
+    such trace is named at once, the others are counted at the end, not a line for each."""
+    tagged = {"id": "a", "question": "q?", "response": THREE_HOP}
+    plain = [{"id": f"p{i}", "question": "q?", "response": "It is Tokyo."} for i in range(3)]
+    segmented = {"id": "s", "question": "q?", "steps": [{"index": 0, "type": "inference",
+                                                         "claim": "x"}]}  # fmt: skip
+    path = tmp_path / "traces.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [tagged, *plain, segmented]))
+    with caplog.at_level("WARNING", logger="stepgap.segment"):
+        traces = list(iter_traces(path))
+    assert [len(t.steps) for t in traces] == [3, 1, 1, 1, 1]
+    assert traces[1].steps[0].type == "inference" and traces[1].steps[0].claim == "It is Tokyo."
+    first, count = (r.getMessage() for r in caplog.records)
+    assert first.startswith(f"{path}:2: trace 'p0' has no tags")
+    assert "one inference step" in first
+    assert count == f"{path}: 3 traces in all have no tags, each read as one inference step"
+
+
 def test_parquet_rollouts_with_search_r1_columns(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

@@ -87,11 +87,43 @@ MUTATIONS = [
     Mutation(
         "ctrl-c/ends-at-once",
         "stepgap/cli/__init__.py",
-        "        os._exit(130)",
-        "        sys.exit(130)",
+        "        os._exit(status)",
+        "        sys.exit(status)",
         (
             "tests/cli/test_errors.py::"
             "test_after_ctrl_c_the_process_ends_without_the_libraries_exit_handlers",
+        ),
+    ),
+    Mutation(
+        "sigterm/as-ctrl-c",
+        "stepgap/cli/__init__.py",
+        "    signal.signal(signal.SIGTERM, terminated)\n",
+        "",
+        (
+            "tests/cli/test_errors.py::"
+            "test_ctrl_c_or_sigterm_is_one_line_and_the_earlier_output_is_whole",
+        ),
+    ),
+    Mutation(
+        "label/retry-keeps-old-lines",
+        "teacher/label.py",
+        "    try:\n        _append_verdicts(",
+        "    if retry:  # the old lines dropped before the run has succeeded\n"
+        "        Path(output).write_text('')\n"
+        "    try:\n        _append_verdicts(",
+        (
+            "tests/teacher/test_label.py::"
+            "test_a_rerun_that_fails_leaves_the_failed_verdicts_it_was_to_ask_again",
+        ),
+    ),
+    Mutation(
+        "stream/ends-its-judge-call",
+        "teacher/stream.py",
+        "            if finished or failed:",
+        "            if finished:",
+        (
+            "tests/teacher/test_label.py::"
+            "test_an_error_in_the_stream_ends_its_judge_call_before_it_is_raised",
         ),
     ),
     Mutation(
@@ -119,12 +151,14 @@ MUTATIONS = [
     ),
     Mutation(
         "reward/no-fake-reward",
-        "serving/reward_function.py",
-        '        if result.failed_checks and self.on_failed_check == "no_reward":',
-        "        if False:",
+        "stepgap/reward_arithmetic.py",
+        '    if on_failed_check == "no_reward" and failed:',
+        "    if False:",
         (
             "tests/serving/test_server_outage.py::test_a_judge_that_stops_mid_run_then_comes_back",
             "tests/serving/test_server_outage.py::test_the_trainers_own_no_reward",
+            "tests/cli/test_commands.py::"
+            "test_reward_gives_a_trace_with_a_failed_check_no_reward_unless_zero",
         ),
     ),
     Mutation(

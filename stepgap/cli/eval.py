@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stepgap.cli import Command
-from stepgap.cli.options import RecordOptions, finish
+from stepgap.cli.options import ProgressOptions, RecordOptions, finish
 from stepgap.options import at_least_one, option
+from stepgap.serving.reward_function import FailedCheckOptions
 from stepgap.teacher.build import CheckerConfig
 
 
@@ -85,7 +86,7 @@ def evaluate(args: EvalArguments) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BaselineArguments(RecordOptions):
+class BaselineArguments(RecordOptions, ProgressOptions):
     kind: str = option(
         help="nli-only: NLI on (all evidence, claim); minicheck: NLI on sentence chunks of the "
         "evidence, best chunk decides; ner-quote: spaCy NER + token overlap instead of stage C; "
@@ -116,6 +117,7 @@ def baseline(args: BaselineArguments, config: CheckerConfig) -> int:
         tree=config.tree,
         options={"chunk_words": args.chunk_words} if args.chunk_words else None,
         report=report,
+        progress=not args.no_progress,
         **_models(args.kind, config),
     )
     return finish(args, report, n, f"{args.kind} verdicts to {args.output}")
@@ -169,7 +171,7 @@ class ViewArguments(RecordOptions):
         super().__post_init__()
 
 
-def view(args: ViewArguments) -> int:
+def view(args: ViewArguments, reading: FailedCheckOptions) -> int:
     from stepgap.eval.view import parse_named_files, write_view
     from stepgap.io import ErrorReport
 
@@ -179,6 +181,7 @@ def view(args: ViewArguments) -> int:
         parse_named_files(args.verdicts),
         args.output,
         rewards=args.reward,
+        on_failed_check=reading.on_failed_check,
         gold=args.gold,
         title=args.title,
         page_size=args.page_size,
@@ -215,7 +218,7 @@ COMMANDS = [
     Command(
         "view",
         "one offline HTML page of traces and verdicts: paths, quotes, NLI, rewards, gold",
-        (ViewArguments,),
+        (ViewArguments, FailedCheckOptions),
         view,
     ),
 ]

@@ -42,9 +42,11 @@ class RecordOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class ProgressOptions(Options):
-    """A command with a progress bar (its libraries' bars go with it)."""
+    """A command that shows its progress (`stepgap.progress`: a bar on a terminal, a line every
+    30 s in a log); `--no-progress` turns it off, and its libraries' bars with it."""
 
-    no_progress: bool = option(False, "no progress bars")
+    # 30 s: stepgap.progress.LOG_INTERVAL (not imported here: tqdm would load with every parser)
+    no_progress: bool = option(False, "no progress (a bar on a terminal, else a line every 30 s)")
 
 
 def finish(args: RecordOptions, report: Any, done: int, what: str) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from stepgap.cli import Command
-from stepgap.cli.options import RecordOptions, finish
+from stepgap.cli.options import ProgressOptions, RecordOptions, finish
 from stepgap.options import at_least_one, option
 from stepgap.teacher.judges.hf import StudentJudgeOptions
 from stepgap.teacher.nli import NLI_GROUP
@@ -35,7 +35,7 @@ def train_parser(prog: str) -> ArgumentParser:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MineArguments(RecordOptions):
+class MineArguments(RecordOptions, ProgressOptions):
     pool: str = option(
         help="teacher verdicts of a labeled pool (JSONL); traces the student was trained on are "
         "left out",
@@ -117,6 +117,7 @@ def mine(args: MineArguments, judge: StudentJudgeOptions, tree: TreeConfig) -> i
         overrides=args.set,
         judge_options=judge,
         report=report,
+        progress=not args.no_progress,
     )
     print(json.dumps(summary, indent=2))
     return finish(args, report, summary["mined"], f"hard negatives to {args.output}")

@@ -19,10 +19,11 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .base import JudgeStopped
 from .constrained import SchemaConstraint, TokenMasks
 
 CPU_ROWS, GPU_ROWS = 64, 256  # the most rows `auto_batch_size` gives a batch
@@ -221,6 +222,42 @@ DECODINGS = ("loop", "generate", "static")  # GreedyDecoder's ways to decode
 STATIC_WIDTH = 256  # "static" left-pads prompts to a multiple of this many tokens
 
 
+RowDone = Callable[[int, "Decoded"], None]
+"""Told of each row of a batch as it finishes: its index in the batch and its answer."""
+
+
+def _tell_finished(
+    on_row: RowDone | None, rows: Sequence[Decoded], active: Sequence[int], keep: Sequence[int]
+) -> None:
+    """Tell `on_row` of the rows of `active` that this decode step finished (not in `keep`)."""
+    if on_row is None:
+        return
+    going_on = {active[j] for j in keep}
+    for r in active:
+        if r not in going_on:
+            on_row(r, rows[r])
+
+
+class _StopSet:
+    """A stopping criterion of `generate`: every row ends once `stop` is set."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.stop.is_set(), device=input_ids.device)
+
+
+@contextlib.contextmanager
+def _stoppable(stop: threading.Event | None) -> Iterator[None]:
+    """`JudgeStopped` after a `generate` that `stop` ended (its answers are cut, not kept)."""
+    yield
+    if stop is not None and stop.is_set():
+        raise JudgeStopped("the judge call was stopped")
+
+
 def check_decoding(decoding: str) -> str:
     """`decoding` if it is one of `DECODINGS`, else a ValueError naming them."""
     if decoding not in DECODINGS:
@@ -267,17 +304,30 @@ class GreedyDecoder:
         self.stats = stats if stats is not None else DecodeStats()  # the loop's timings
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+        self,
+        prompts: Sequence[Sequence[int]],
+        masks: Sequence[TokenMasks | None],
+        *,
+        stop: threading.Event | None = None,
+        on_row: RowDone | None = None,
     ) -> list[Decoded]:
-        if self.decoding == "generate":  # `generate` as transformers and torch give it
-            return self._decode_plain(prompts, masks)
+        """The answers of a batch. `stop`, set from another thread, ends it between two decode
+        steps (`JudgeStopped`); the loop tells `on_row` of each row as it finishes (the other
+        decodings finish their rows together, at the end)."""
+        if self.decoding != "loop":
+            with _stoppable(stop):
+                if self.decoding == "generate":  # `generate` as transformers and torch give it
+                    return self._decode_plain(prompts, masks, stop=stop)
+                with without_cudnn_attention(self.model.device):
+                    return self._decode_static(prompts, masks, stop)
         with without_cudnn_attention(self.model.device):  # the kernels that suit decode steps
-            if self.decoding == "static":
-                return self._decode_static(prompts, masks)
-            return self._decode_loop(prompts, masks)
+            return self._decode_loop(prompts, masks, stop, on_row)
 
     def _decode_static(
-        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+        self,
+        prompts: Sequence[Sequence[int]],
+        masks: Sequence[TokenMasks | None],
+        stop: threading.Event | None = None,
     ) -> list[Decoded]:
         """`generate` on a static cache, in shapes a compiled decode step can be reused for."""
         n = len(prompts)
@@ -287,6 +337,7 @@ class GreedyDecoder:
             [*prompts, *[prompts[-1]] * fill],
             [*masks, *[masks[-1]] * fill],
             width=-(-longest // STATIC_WIDTH) * STATIC_WIDTH,
+            stop=stop,
             cache_implementation="static",
         )[:n]
 
@@ -312,12 +363,14 @@ class GreedyDecoder:
         prompts: Sequence[Sequence[int]],
         masks: Sequence[TokenMasks | None],
         width: int | None = None,
+        stop: threading.Event | None = None,
         **settings: Any,
     ) -> list[Decoded]:
         """`model.generate` with the schema as a logits processor (the reference path), the
-        prompts left-padded to `width` at least; `settings` go to `generate`."""
+        prompts left-padded to `width` at least; `settings` go to `generate`. `stop` set ends
+        it at the next token (`_stoppable` then raises `JudgeStopped`)."""
         import torch
-        from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         ids, mask = self._left_padded(prompts, width)
         eos = self.tokenizer.eos_token_id
@@ -329,6 +382,7 @@ class GreedyDecoder:
                 max_new_tokens=self.max_new_tokens,
                 do_sample=False,
                 logits_processor=LogitsProcessorList([constraint]),
+                stopping_criteria=StoppingCriteriaList([_StopSet(stop)] if stop else []),
                 return_dict_in_generate=True,
                 eos_token_id=eos,
                 pad_token_id=self.tokenizer.pad_token_id,
@@ -344,7 +398,11 @@ class GreedyDecoder:
         return decoded
 
     def _decode_loop(
-        self, prompts: Sequence[Sequence[int]], masks: Sequence[TokenMasks | None]
+        self,
+        prompts: Sequence[Sequence[int]],
+        masks: Sequence[TokenMasks | None],
+        stop: threading.Event | None = None,
+        on_row: RowDone | None = None,
     ) -> list[Decoded]:
         """Greedy decoding over a KV cache: rows leave the batch when they finish, and the run
         of schema-forced tokens after a chosen token joins that token's forward pass (the
@@ -365,6 +423,8 @@ class GreedyDecoder:
             states = [m.initial() if m is not None else None for m in masks]
             active = list(range(len(prompts)))
             while active:
+                if stop is not None and stop.is_set():
+                    raise JudgeStopped("the judge call was stopped")
                 chosen, picked = self._choose(logits, [masks[r] for r in active],
                                               [states[r] for r in active])  # fmt: skip
                 asked = clock()
@@ -374,6 +434,7 @@ class GreedyDecoder:
                 else:
                     wait_s += clock() - asked
                 keep, chunks = self._advance(rows, masks, states, active, tokens, logprobs)
+                _tell_finished(on_row, rows, active, keep)
                 if not keep:
                     break
                 if len(keep) < len(active):

@@ -61,6 +61,7 @@ from .decoding import (
     Decoded,
     DecodeStats,
     GreedyDecoder,
+    RowDone,
     attend_grouped,
     auto_batch_size,
     check_decoding,
@@ -375,30 +376,58 @@ class HFJudge(JudgeBackend):
         else:
             longest = max((len(p) for p in prompts.values()), default=1)
             size = self.batch_size or self.rows_by_memory(longest)
-        bar = tqdm(total=len(todo), desc=f"{self.name} judge", unit="step", disable=None)
-        for batch in (todo[k : k + size] for k in range(0, len(todo), size)):
-            if stop is not None and stop.is_set():
-                raise JudgeStopped("the judge call was stopped")
-            answers = [requests[i].answer for i in batch]
-            deadlines = [requests[i].deadline for i in batch]
-            decoded = self.generate_ids(
-                [prompts[i] for i in batch], answers, deadlines, stop, rows=size
-            )
-            for i, d in zip(batch, decoded, strict=True):
-                result = (
-                    JudgeResult.failed(d)
-                    if isinstance(d, str)
-                    else self._result(d, len(prompts[i]), requests[i].answer)
-                )
-                if result.judge is not None and self.cache is not None:
-                    self.cache.put(keys[i], self.model_ref, result)
-                if result.judge is None:
-                    self.meter.failed()
-                results[i] = result
-                self._report(requests[i], result)
-            bar.update(len(batch))
-        bar.close()
+        with _judge_bar(len(todo), f"{self.name} judge") as bar:
+
+            def finish(i: int, d: Decoded | str) -> None:
+                results[i] = self._finished(requests[i], keys[i], prompts[i], d)
+                bar.update(1)
+
+            for batch in (todo[k : k + size] for k in range(0, len(todo), size)):
+                if stop is not None and stop.is_set():
+                    raise JudgeStopped("the judge call was stopped")
+                self._judge_batch([prompts[i] for i in batch], [requests[i] for i in batch],
+                                  batch, finish, stop, size)  # fmt: skip
         return results  # type: ignore[return-value]
+
+    def _judge_batch(
+        self,
+        prompts: list[list[int]],
+        requests: list[JudgeRequest],
+        positions: list[int],
+        finish: Callable[[int, Decoded | str], None],
+        stop: threading.Event | None,
+        size: int,
+    ) -> None:
+        """Decode one batch, calling `finish(position, answer)` for each row as soon as it is
+        done (the decoding loop finishes rows one by one; the others all at the end)."""
+        done: set[int] = set()
+
+        def on_row(r: int, d: Decoded) -> None:
+            done.add(r)
+            finish(positions[r], d)
+
+        answers, deadlines = [r.answer for r in requests], [r.deadline for r in requests]
+        decoded = self.generate_ids(prompts, answers, deadlines, stop, rows=size, on_row=on_row)
+        for r, d in enumerate(decoded):
+            if r not in done:
+                finish(positions[r], d)
+
+    def _finished(
+        self, request: JudgeRequest, key: str, prompt: Sequence[int], d: Decoded | str
+    ) -> JudgeResult:
+        """The result of one decoded answer (or why there is none), cached when it is a judge
+        object, counted when it failed, and reported to `on_result` as it comes."""
+        result = (
+            JudgeResult.failed(d)
+            if isinstance(d, str)
+            else self._result(d, len(prompt), request.answer)
+        )
+        if result.judge is not None and self.cache is not None:
+            self.cache.put(key, self.model_ref, result)
+        if result.judge is None:
+            self.meter.failed()
+        self._report(request, result)
+        return result
 
     def rows_by_memory(self, longest_prompt: int) -> int:
         """The batch that fits in memory for prompts of up to `longest_prompt` tokens and
@@ -423,11 +452,13 @@ class HFJudge(JudgeBackend):
         deadlines: Sequence[TraceDeadline | None] | None = None,
         stop: threading.Event | None = None,
         rows: int | None = None,
+        on_row: RowDone | None = None,
     ) -> list[Decoded | str]:
         """Greedy answers of one batch of tokenized prompts, each held to its request's schema;
         on vLLM's async engine, a request whose trace is no longer wanted gets the reason
         instead (aborted in the engine). `rows`: the batch size of the call it is part of (a
-        static cache is made for that many rows, whatever this batch's)."""
+        static cache is made for that many rows, whatever this batch's). `stop` ends the batch
+        between two decode steps; `on_row` hears of each row that finishes before the others."""
         answers = answers if answers is not None else [None] * len(prompts)
         eos = self.tokenizer.eos_token_id
         if self.engine is not None:
@@ -436,7 +467,7 @@ class HFJudge(JudgeBackend):
             ]
             return self.engine.generate(prompts, params, deadlines, stop, eos)
         masks = [self.answer_masks(a) for a in answers]
-        return self.decoder(rows).generate(prompts, masks)  # type: ignore[return-value]
+        return self.decoder(rows).generate(prompts, masks, stop=stop, on_row=on_row)  # type: ignore[return-value]
 
     @property
     def online(self) -> bool:
@@ -484,6 +515,15 @@ class HFJudge(JudgeBackend):
             ]
             conf = {s: p for s, p in stage_confidences(tokens).items() if math.isfinite(p)}
         return JudgeResult(judge=judge, confidences=conf, usage=usage, extra=extra)
+
+
+def _judge_bar(total: int, desc: str) -> tqdm:
+    """The judge's own bar below a command's: on a terminal only, gone when its call ends, and
+    off with the libraries' bars (`--no-progress` turns off the Hub's)."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    hide = True if are_progress_bars_disabled() else None  # None: off unless on a terminal
+    return tqdm(total=total, desc=desc, unit="step", disable=hide, leave=False)
 
 
 def _config(folder: str, revision: str | None) -> Any:

@@ -237,3 +237,40 @@ def test_rollouts_feedback_flags_give_the_loop_the_reward_files_checker(
     finally:
         inline.reset()
         process_reward.reset()
+
+
+def failed_verdicts_file(examples_dir, path: Path, trace_id: str, steps: set[int]) -> Path:
+    """The shipped teacher verdicts with the checks of `steps` of `trace_id` failed."""
+    lines = []
+    for line in (examples_dir / "teacher_verdicts.jsonl").read_text().splitlines():
+        v = json.loads(line)
+        if v["trace_id"] == trace_id and v["step"] in steps:
+            v.update(label=None, repair=None, error="judge down")
+        lines.append(json.dumps(v))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_reward_gives_a_trace_with_a_failed_check_no_reward_unless_zero(tmp_path, examples_dir):
+    """As in training: `"reward": null` and why, never a number that looks typed; `--on-failed-
+    check zero` writes the old reading (the failed steps at 0)."""
+    verdicts = failed_verdicts_file(examples_dir, tmp_path / "v.jsonl", "case4-whiplash", {0, 2})
+    traces = str(examples_dir / "traces.jsonl")
+    rows = {}
+    for reading in ("no_reward", "zero"):
+        out = tmp_path / f"{reading}.jsonl"
+        flag = [] if reading == "no_reward" else ["--on-failed-check", "zero"]
+        assert main(["reward", traces, "--verdicts", str(verdicts), *flag, "-o", str(out)]) == 0
+        rows[reading] = {r["trace_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    failed, zero = rows["no_reward"]["case4-whiplash"], rows["zero"]["case4-whiplash"]
+    assert failed["reward"] is None and failed["failed_checks"] == 2
+    assert failed["unavailable"] == "2 of 3 step check(s) failed (first: judge down)"
+    assert zero["unavailable"] is None
+    assert zero["reward"] == zero["em"] + zero["lam"] * sum(s["bracket"] for s in zero["steps"])
+    assert [s["bracket"] for s in zero["steps"]][::2] == [0.0, 0.0]
+    others = [tid for tid in rows["zero"] if tid != "case4-whiplash"]
+    assert len(others) == 9
+    for tid in others:  # the rest is scored alike both ways
+        assert (
+            rows["no_reward"][tid] == rows["zero"][tid] and rows["zero"][tid]["reward"] is not None
+        )

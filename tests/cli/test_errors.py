@@ -117,7 +117,15 @@ def test_check_that_fails_or_names_its_input_keeps_the_files_as_they_were(tmp_pa
     assert done.returncode == 2 and not (tmp_path / "none.jsonl").exists()
 
 
-def test_ctrl_c_is_one_line_exit_130_and_the_earlier_output_is_whole(fake_openai, tmp_path):
+@pytest.mark.parametrize(
+    ("sent", "status", "said"),
+    [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")],
+)
+def test_ctrl_c_or_sigterm_is_one_line_and_the_earlier_output_is_whole(
+    fake_openai, tmp_path, sent, status, said
+):
+    """SIGTERM (what `timeout`, Slurm and `kill` send) is handled as Ctrl-C is: one line, the
+    partial file removed, the earlier output as it was; 143 (128 + 15) instead of 130."""
     import os
     import signal
     import time
@@ -135,11 +143,13 @@ def test_ctrl_c_is_one_line_exit_130_and_the_earlier_output_is_whole(fake_openai
     while len(fake_openai.events) < 4:  # the hanging request has arrived
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sent))
     err = proc.communicate(timeout=60)[1]
-    assert proc.returncode == 130, err
-    assert "stepgap check: interrupted" in err and "Traceback" not in err, err
+    assert proc.returncode == status, err
+    assert err.strip().splitlines()[-1] == f"stepgap check: {said}", err
+    assert "Traceback" not in err, err
     assert out.read_text() == '{"earlier": "run"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verdicts.jsonl"]  # no .partial left
 
 
 def test_ctrl_c_while_the_options_are_read_is_one_line(monkeypatch, capsys):
@@ -351,9 +361,13 @@ def test_a_misspelt_command_or_choice_says_what_it_was_likely_meant_to_be(tmp_pa
 
 
 def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):
-    """The modules the command line maps to extras are in those extras, and a command whose
-    extra is missing says which one to install (here spaCy, for `baseline ner-quote`)."""
+    """Each extra the command line names for a missing module installs that module: the
+    distribution that provides it here (`importlib.metadata`, not a likeness of names) is one
+    of the extra's requirements; every `stepgap[X]` the package writes names an extra that
+    exists; and a command whose extra is missing says which one to install (here spaCy, for
+    `baseline ner-quote`)."""
     import re
+    from importlib.metadata import packages_distributions
 
     from stepgap.cli import EXTRA_OF_MODULE
 
@@ -362,10 +376,25 @@ def test_every_extra_a_command_may_need_is_named_in_one_line(tmp_path):
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    providers = packages_distributions()
     for module, extra in EXTRA_OF_MODULE.items():
-        names = [re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("-", "_")
-                 for req in extras[extra]]  # fmt: skip
-        assert any(n == module or n.startswith(module + "_") for n in names), (module, extra)
+        required = {
+            canonical(re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0]) for req in extras[extra]
+        }
+        provided = {canonical(d) for d in providers.get(module, [])}
+        assert provided, f"{module} is not installed in the suite's venv"
+        assert provided & required, f"stepgap[{extra}] does not install {module} ({provided})"
+    named = {
+        m.group(1)
+        for path in REPO.glob("[!.]*/**/*.py")
+        if "tests" not in path.parts and "bench" not in path.parts
+        for m in re.finditer(r"stepgap\[([a-z-]+)\]", path.read_text())
+    }
+    assert named and named <= set(extras), named - set(extras)
     code = (
         "import sys; sys.modules['spacy'] = None; from stepgap.cli import main; "
         "sys.exit(main(sys.argv[1:]))"

@@ -48,7 +48,10 @@ def test_bm25_index_of_the_whole_corpus_finds_each_page_by_its_title(tmp_path):
 
 
 @needs_wiki
-def test_dense_minilm_index_finds_each_page_by_its_title(tmp_path, capsys):
+def test_dense_minilm_index_finds_each_page_by_its_title(tmp_path, capsys, monkeypatch):
+    import stepgap.progress
+
+    monkeypatch.setattr(stepgap.progress, "LOG_INTERVAL", 0.0)  # every update a line of the log
     out = tmp_path / "dense"
     meta = build_index(WIKI, out, kind="dense", limit=120, batch_size=8, progress=True)
     bar = capsys.readouterr().err  # our own bar, in steps of a few batches: it moves

@@ -101,6 +101,23 @@ class _Scripted:
         return [Generation(self.turns.pop(0), "eos") for _ in rollouts]
 
 
+def test_the_progress_has_its_total_before_the_first_rollout(wiki_bm25, tmp_path, capsys):
+    """The rollouts to run (less those a resumed output has) are counted before the first
+    wave, so a log shows `0/3 traces` as it starts and the time left as it goes."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"id": i, "question": "Where is the Eiffel Tower",
+                                      "answer": "Paris"}) + "\n" for i in ("x", "y")))  # fmt: skip
+    out = tmp_path / "t.jsonl"
+    out.write_text(json.dumps({"id": "x#0"}) + "\n")  # one of the four already rolled out
+    policy = _Scripted(["<answer> Paris </answer>"] * 3)
+    summary = run_rollouts(iter_questions(qa), policy, LocalIndex(wiki_bm25), out,
+                           n_per_question=2, topk=1)  # fmt: skip
+    assert (summary.questions, summary.skipped, summary.traces) == (2, 1, 3)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rollouts: ")]
+    assert lines[0].startswith("rollouts: 0/3 traces, ")
+    assert lines[-1].startswith("rollouts: 3/3 traces, ")
+
+
 def test_search_r1_loop_cuts_turns_notes_invalid_actions_and_stops_after_max_turns(
     wiki_bm25, tmp_path
 ):

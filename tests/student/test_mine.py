@@ -335,3 +335,35 @@ def test_agreement_rates(pool, nli):
     assert agreement.steps == n and agreement.failed == 1
     assert agreement.judge_json == agreement.label == agreement.path == pytest.approx((n - 2) / n)
     assert agreement.nli_stage == pytest.approx((n - 2) / n)
+
+
+def test_augmenting_an_adapter_that_names_its_base_relatively_trains_on_that_base(
+    tmp_path, monkeypatch
+):
+    """The augmentation continues the adapter on its own base, found from any folder."""
+    import stepgap.student.trainer
+    from stepgap.student.mining import augment
+    from tests.fixtures.models import build_tiny_adapter
+
+    from .conftest import TINY
+
+    adapter = build_tiny_adapter(tmp_path / "project" / "student", "student/tiny-base")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    recipes = []
+    monkeypatch.setattr(stepgap.student.trainer, "train", recipes.append)
+    augment(TINY, adapter, tmp_path / "mined", learning_rate=1e-4)
+    (recipe,) = recipes
+    assert recipe.model_args.model_name_or_path == str(adapter / "tiny-base")
+    assert recipe.script_args.init_adapter == str(adapter)
+
+
+def test_the_shipped_checker_shows_its_progress_over_the_pool(pool, nli, capsys):
+    """`stepgap mine` runs a model over every step of the pool: its progress (a log here) has
+    the pool's steps as total, and `--no-progress` (progress=False) shows none."""
+    compare(ScriptedStudent(pool, {}), pool, nli, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"mine: 0/{len(pool)} steps, ")
+    assert lines[-1].startswith(f"mine: {len(pool)}/{len(pool)} steps, ")
+    compare(ScriptedStudent(pool, {}), pool, nli)
+    assert capsys.readouterr().err == ""

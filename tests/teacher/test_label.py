@@ -435,3 +435,78 @@ def test_check_stream_gives_every_trace_once_with_the_batch_checks_verdicts(
     assert {t.id: [v.model_dump() for v in vs] for t, vs in streamed} == {
         k: [v.model_dump() for v in vs] for k, vs in expected.items()
     }
+
+
+def test_a_rerun_that_fails_leaves_the_failed_verdicts_it_was_to_ask_again(tmp_path, examples_dir):
+    """A resume that ends in an input error (exit 2) leaves its output as it was: the failed
+    verdicts it was asking again are replaced only by their new verdicts, never dropped first."""
+    from stepgap.cli import main
+
+    replay = (examples_dir / "judge_replay.jsonl").read_text().splitlines()
+    last = json.loads(replay[-1])["trace_id"]
+    partial = tmp_path / "partial_replay.jsonl"
+    partial.write_text("".join(x + "\n" for x in replay if json.loads(x)["trace_id"] != last))
+    nli = f"--nli=replay:{examples_dir / 'nli_replay.jsonl'}"
+    out = tmp_path / "v.jsonl"
+    cmd = ["label", str(examples_dir / "traces.jsonl"), "-o", str(out), "--no-progress"]
+    assert main([*cmd, f"--judge=replay:{partial}", nli]) == 0
+    before = out.read_bytes()
+    failed = [v for v in map(json.loads, before.splitlines()) if v["label"] is None]
+    assert failed and {v["trace_id"] for v in failed} == {last}
+    unrelated = tmp_path / "nli_other.jsonl"
+    stored = json.loads((examples_dir / "nli_replay.jsonl").read_text().splitlines()[0])
+    unrelated.write_text(json.dumps({**stored, "premise": "another premise"}) + "\n")
+    judge = f"--judge=replay:{examples_dir / 'judge_replay.jsonl'}"
+    assert main([*cmd, judge, f"--nli=replay:{unrelated}"]) == 2
+    assert out.read_bytes() == before
+    assert main([*cmd, judge, nli]) == 0  # and a rerun that works replaces them, once each
+    after = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(after) == 28 and all(v["label"] is not None for v in after)
+    assert len({(v["trace_id"], v["step"]) for v in after}) == 28
+
+
+class _HeldJudge:
+    """A judge whose second call holds until the stream stops it, then takes a moment to end."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls, self.ended = inner, 0, threading.Event()
+        self.on_result = None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def judge(self, requests, *, stop=None):
+        self.calls += 1
+        if self.calls == 1:
+            return self.inner.judge(requests)
+        stop.wait()
+        time.sleep(0.3)  # the judge's own way out of a call, as a native decode loop has
+        self.ended.set()
+        from stepgap.teacher.judges.base import JudgeStopped
+
+        raise JudgeStopped("stopped")
+
+
+def test_an_error_in_the_stream_ends_its_judge_call_before_it_is_raised(examples_dir):
+    """A thread left inside a judge call (torch's decode loop, say) as the process exits aborts
+    it (`terminate called without an active exception`): the error waits for the call to end."""
+    from stepgap.segment import iter_traces
+    from stepgap.teacher import build_checker
+
+    checker = build_checker(
+        judge=f"replay:{examples_dir / 'judge_replay.jsonl'}",
+        nli=f"replay:{examples_dir / 'nli_replay.jsonl'}",
+    )
+    held = _HeldJudge(checker.judge)
+    checker.judge = held
+
+    def decide(judged):
+        raise ValueError("an NLI replay without this answer")
+
+    checker.decide_judged = decide
+    traces = list(iter_traces(examples_dir / "traces.jsonl"))
+    with pytest.raises(ValueError, match="without this answer"):
+        for _ in checker.check_stream(traces, batch_size=1, chunk_requests=1):
+            pass
+    assert held.ended.is_set()
+    assert not any(t.name == "stepgap-judge-stream" for t in threading.enumerate())

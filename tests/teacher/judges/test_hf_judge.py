@@ -170,9 +170,9 @@ def test_static_cache_decoding_pads_batches_to_few_shapes_and_answers_as_the_loo
     shapes = []
     plain = GreedyDecoder._decode_plain
 
-    def spy(self, prompts, masks, width=None, **settings):
+    def spy(self, prompts, masks, width=None, stop=None, **settings):
         shapes.append((len(prompts), width, settings))
-        return plain(self, prompts, masks, width, **settings)
+        return plain(self, prompts, masks, width, stop, **settings)
 
     monkeypatch.setattr(GreedyDecoder, "_decode_plain", spy)
     judge.decoding = "static"
@@ -215,13 +215,13 @@ def test_the_package_decoders_on_cuda_decode_without_cudnn_attention_and_generat
     enabled = torch.backends.cuda.cudnn_sdp_enabled
     seen: dict[str, bool] = {}
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_loop", lambda self, p, m: seen.setdefault("loop", enabled())
+        GreedyDecoder, "_decode_loop", lambda self, p, m, *a: seen.setdefault("loop", enabled())
     )
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_static", lambda self, p, m: seen.setdefault("static", enabled())
+        GreedyDecoder, "_decode_static", lambda self, p, m, *a: seen.setdefault("static", enabled())
     )
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_plain", lambda self, p, m: seen.setdefault("plain", enabled())
+        GreedyDecoder, "_decode_plain", lambda self, p, m, **k: seen.setdefault("plain", enabled())
     )
     assert enabled()
     cuda = SimpleNamespace(device=torch.device("cuda", 0))
@@ -358,3 +358,46 @@ def test_token_masks_hold_each_states_allowed_tokens_and_its_forced_one():
     for _ in range(2):
         masks.forced(first), masks.mask(first), masks.mask(state), masks.forced(state)
     assert counting.fetched == [first, state]
+
+
+def test_a_local_judge_reports_each_answer_as_its_row_finishes_and_stops_mid_batch(
+    tiny_qwen2, requests_, monkeypatch
+):
+    """A command's progress on a slow local judge moves as each row of a batch finishes, not
+    once the whole batch is done (a CPU batch of 8 answers took 27 minutes); and a stopped
+    call (an error elsewhere, Ctrl-C on a server) ends between two decode steps, not after
+    the batch."""
+    import threading
+
+    from stepgap.teacher.judges.base import JudgeStopped
+    from stepgap.teacher.judges.decoding import GreedyDecoder
+
+    judge = HFJudge(
+        str(tiny_qwen2), HFJudgeOptions(max_string_chars=12, max_tokens=300, judge_batch_size=6)
+    )
+    choose, steps = GreedyDecoder._choose, []
+
+    def counted(self, *args):
+        steps.append(1)
+        return choose(self, *args)
+
+    monkeypatch.setattr(GreedyDecoder, "_choose", counted)
+    judge.cache = None  # every answer decoded here
+    reported_at: list[int] = []
+    judge.on_result = lambda request, result: reported_at.append(len(steps))
+    results = judge.judge(requests_)
+    assert all(r.judge is not None for r in results) and len(reported_at) == 6
+    assert reported_at[0] < len(steps), reported_at  # the first answer came before the last
+    assert len(set(reported_at)) > 1, reported_at
+
+    stop, steps[:] = threading.Event(), []
+
+    def stopping(self, *args):
+        if len(steps) == 3:
+            stop.set()  # as another thread would, mid-batch
+        return counted(self, *args)
+
+    monkeypatch.setattr(GreedyDecoder, "_choose", stopping)
+    with pytest.raises(JudgeStopped):
+        judge.judge(requests_, stop=stop)
+    assert len(steps) == 4  # the step under way ended, no other began
