@@ -31,6 +31,7 @@ from stepgap.progress import progress_bar
 from stepgap.schema import LABELS, Trace, Verdict
 
 from .checker import StepChecker
+from .stream import hearing_answers
 
 log = logging.getLogger(__name__)
 
@@ -257,19 +258,21 @@ def check_file(
 
     check_output(output, input_path)  # before any model is asked: the input stays as it is
     traces = list(iter_traces(input_path, report))
-    position = {id(t): i for i, t in enumerate(traces)}
-    checked: list[list[Verdict]] = [[] for _ in traces]
-    stream = checker.check_stream(traces, batch_size=batch_size)
-    total = sum(len(t.steps or []) for t in traces)
-    with progress_bar(total, "check", enabled=progress) as bar, contextlib.closing(stream):
-        for trace, verdicts in stream:  # each trace as soon as its own answers are in
-            checked[position[id(trace)]] = verdicts
-            bar.update(len(verdicts))
     counts = VerdictCounts()
-    with JsonlWriter(output, input_path) as out:  # in the input's order
-        for v in (v for verdicts in checked for v in verdicts):
-            out.write(v)
-            counts.add(v)
+    total = sum(len(t.steps or []) for t in traces)
+    with (
+        progress_bar(total, "check", enabled=progress) as bar,
+        hearing_answers(checker.judge, lambda request, result: bar.update(1)),
+        JsonlWriter(output, input_path) as out,
+    ):
+        for start in range(0, len(traces), batch_size):
+            for verdicts in checker.check(traces[start : start + batch_size]):
+                for v in verdicts:
+                    out.write(v)
+                    counts.add(v)
+            # the judge's answers moved the count as they came; its cache and a judge that
+            # says nothing of its answers leave the rest to the verdicts
+            bar.update(max(0, counts.verdicts - bar.n))
         if counts.all_failed:  # an earlier output is worth more than a file of failures
             out.close(failed=True)
     return counts

@@ -5,6 +5,7 @@ return value); the reading thread decides the finished traces in NLI batches."""
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import queue
 import threading
@@ -73,6 +74,20 @@ class _ResultHooks:
 
 
 _HOOKS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def hearing_answers(judge: JudgeBackend | None, hook: ResultHook) -> Iterator[bool]:
+    """`hook` hears each answer of `judge` as it comes, beside the streams and the judge's own
+    hook, until the block ends; yields whether there is a judge to hear."""
+    if judge is None:
+        yield False
+        return
+    _ResultHooks.attach(judge, hook)
+    try:
+        yield True
+    finally:
+        _ResultHooks.detach(judge, hook)
 
 
 class JudgeStream:
