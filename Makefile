@@ -98,7 +98,7 @@ test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installe
 # (tests/user_lane.py reads them from README.md, so the two cannot drift), no dev or demo extra,
 # plus the two assets the docs install with --no-deps; then the README's and the docs' commands
 # that need no network, run with that venv's own `stepgap` and `accelerate`.
-.venv-user/.installed: pyproject.toml README.md tests/user_lane.py
+.venv-user/.installed: pyproject.toml README.md
 	rm -rf .venv-user
 	$(PYTHON) tests/user_lane.py install .venv-user
 	touch $@

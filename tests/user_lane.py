@@ -63,6 +63,7 @@ class Lane:
         self.env = {
             **os.environ,
             "OPENAI_API_KEY": "sk-user-lane",
+            "STEPGAP_CACHE": str(work / "judge-cache.sqlite"),  # a fresh judge cache each run
             "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         }
@@ -205,6 +206,7 @@ def run(work: Path, only: list[str]) -> int:
     from stepgap.segment import iter_traces
     from tests.fixtures.openai_server import FakeOpenAI, example_prompt_keys, stored_answers
 
+    work = work.resolve()  # the checks run from several folders
     work.mkdir(parents=True, exist_ok=True)
     prompts = example_prompt_keys(iter_traces(EX / "traces.jsonl"))
     server = FakeOpenAI(answers=stored_answers(prompts, EX / "judge_replay.jsonl")).start()
