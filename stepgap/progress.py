@@ -79,7 +79,7 @@ def progress_bar(
     file = file if file is not None else sys.stderr
     if not enabled or total == 0:
         return tqdm(total=total, disable=True)
-    if getattr(file, "isatty", lambda: False)():
+    if file.isatty():
         return tqdm(total=total, desc=desc, unit=unit, file=file, dynamic_ncols=True)
     return LogLines(
         total=total,

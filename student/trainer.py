@@ -306,8 +306,9 @@ def model_ref(recipe: Recipe) -> str:
 def name_base(model: Any, base: str) -> None:
     """Name `base` as the base of each adapter of `model` (a PeftModel), so that every folder
     it is saved to (`checkpoint-N/`, the output) records it in adapter_config.json, not the
-    folder transformers loaded from (for a GGUF file, a folder that cannot be loaded again)."""
-    for config in getattr(model, "peft_config", {}).values():
+    folder transformers loaded from (for a GGUF file, a folder that cannot be loaded again).
+    The student is always an adapter (the recipe refuses `use_peft: false`)."""
+    for config in model.peft_config.values():
         config.base_model_name_or_path = base
 
 

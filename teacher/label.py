@@ -74,25 +74,26 @@ def drop_superseded(path: str | Path) -> int:
     old file or the new one); returns how many lines went. A failed verdict asked again is
     appended after its old line, which this removes once the run ends. A half-written last line
     goes too."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines(keepends=True)
+    with open(path, "rb") as src:  # lines end at b"\n" alone: a JSON string may hold U+2028
+        lines = list(src)
     last: dict[tuple[str, int], int] = {}
     for n, line in enumerate(lines):
-        if line.endswith("\n") and line.strip():
+        if line.endswith(b"\n") and line.strip():
             rec = json.loads(line)
             last[(str(rec["trace_id"]), int(rec["step"]))] = n
     keep = set(last.values())
-    dropped = 0
-    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as dst:
-        for n, line in enumerate(lines):
-            if not line.endswith("\n"):
-                continue
-            if line.strip() and n not in keep:
-                dropped += 1
-                continue
-            dst.write(line)
+    gone = {
+        n
+        for n, line in enumerate(lines)
+        if not line.endswith(b"\n") or (line.strip() and n not in keep)
+    }
+    if not gone:  # nothing was asked again, or nothing new came: the file stays as it is
+        return 0
+    with replacing(path) as tmp, open(tmp, "wb") as dst:
+        dst.writelines(line for n, line in enumerate(lines) if n not in gone)
         dst.flush()
         os.fsync(dst.fileno())
-    return dropped
+    return sum(1 for n in gone if lines[n].endswith(b"\n"))
 
 
 @dataclass

@@ -77,15 +77,15 @@ _HOOKS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def hearing_answers(judge: JudgeBackend | None, hook: ResultHook) -> Iterator[bool]:
-    """`hook` hears each answer of `judge` as it comes, beside the streams and the judge's own
-    hook, until the block ends; yields whether there is a judge to hear."""
+def hearing_answers(judge: JudgeBackend | None, hook: ResultHook) -> Iterator[None]:
+    """`hook` hears each answer of `judge` (if any) as it comes, beside the streams and the
+    judge's own hook, until the block ends."""
     if judge is None:
-        yield False
+        yield
         return
     _ResultHooks.attach(judge, hook)
     try:
-        yield True
+        yield
     finally:
         _ResultHooks.detach(judge, hook)
 

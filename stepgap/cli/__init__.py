@@ -319,9 +319,10 @@ def run(command: Command, argv: list[str], verbose: int) -> int:
 
 def console() -> None:
     """The `stepgap` console script: `main`, then exit with its status. After Ctrl-C or SIGTERM
-    (status 130 or 143), what was written is already closed, and the process ends at once: the exit handlers
-    of the libraries a command loaded (torch's compiler, ONNX Runtime's and the tokenizers'
-    threads) would otherwise run, or be interrupted, on the way out (an abort, status 134)."""
+    (status 130 or 143), what was written is already closed, and the process ends at once: the
+    exit handlers of the libraries a command loaded (torch's compiler, ONNX Runtime's and the
+    tokenizers' threads) would otherwise run, or be interrupted, on the way out (an abort,
+    status 134)."""
     status = main()
     if status in (130, 143):
         sys.stdout.flush()

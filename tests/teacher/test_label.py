@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stepgap.teacher.label import finished_steps, parse_shard, shard_of
+from stepgap.teacher.label import drop_superseded, finished_steps, parse_shard, shard_of
 from tests.fixtures.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.timeout(180)
@@ -510,3 +510,21 @@ def test_an_error_in_the_stream_ends_its_judge_call_before_it_is_raised(examples
             pass
     assert held.ended.is_set()
     assert not any(t.name == "stepgap-judge-stream" for t in threading.enumerate())
+
+
+def test_superseded_verdicts_go_and_every_other_line_stays_byte_for_byte(tmp_path):
+    """The old line of a step asked again goes, once its new line is written; a file with none
+    is not rewritten; a quote holding U+2028 (a line break to `str.splitlines`, not to JSON
+    Lines) stays one line."""
+
+    def line(step, label, quote=""):
+        return json.dumps({"trace_id": "t", "step": step, "label": label, "q": quote},
+                          ensure_ascii=False) + "\n"  # fmt: skip
+
+    out = tmp_path / "v.jsonl"
+    out.write_text(line(0, "CC", "a\u2028b") + line(1, None), encoding="utf-8")
+    inode = out.stat().st_ino
+    assert drop_superseded(out) == 0 and out.stat().st_ino == inode  # not rewritten
+    out.write_text(out.read_text(encoding="utf-8") + line(1, "MB"), encoding="utf-8")
+    assert drop_superseded(out) == 1
+    assert out.read_text(encoding="utf-8") == line(0, "CC", "a\u2028b") + line(1, "MB")
