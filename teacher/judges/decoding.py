@@ -222,12 +222,16 @@ DECODINGS = ("loop", "generate", "static")  # GreedyDecoder's ways to decode
 STATIC_WIDTH = 256  # "static" left-pads prompts to a multiple of this many tokens
 
 
-RowDone = Callable[[int, "Decoded"], None]
-"""Told of each row of a batch as it finishes: its index in the batch and its answer."""
+RowDone = Callable[[int, "Decoded | str"], None]
+"""Told of each row of a batch once, as it finishes: its index in the batch and its answer (on
+vLLM's async engine, or why there is none)."""
 
 
-def _tell_finished(
-    on_row: RowDone | None, rows: Sequence[Decoded], active: Sequence[int], keep: Sequence[int]
+def tell_finished(
+    on_row: RowDone | None,
+    rows: Sequence[Decoded | str],
+    active: Sequence[int],
+    keep: Sequence[int],
 ) -> None:
     """Tell `on_row` of the rows of `active` that this decode step finished (not in `keep`)."""
     if on_row is None:
@@ -312,16 +316,19 @@ class GreedyDecoder:
         on_row: RowDone | None = None,
     ) -> list[Decoded]:
         """The answers of a batch. `stop`, set from another thread, ends it between two decode
-        steps (`JudgeStopped`); the loop tells `on_row` of each row as it finishes (the other
-        decodings finish their rows together, at the end)."""
-        if self.decoding != "loop":
-            with _stoppable(stop):
-                if self.decoding == "generate":  # `generate` as transformers and torch give it
-                    return self._decode_plain(prompts, masks, stop=stop)
+        steps (`JudgeStopped`); `on_row` is told of each row once, as it finishes (in the loop,
+        one by one; the other decodings finish their rows together, at the end)."""
+        if self.decoding == "loop":
+            with without_cudnn_attention(self.model.device):  # the kernels that suit decode steps
+                return self._decode_loop(prompts, masks, stop, on_row)
+        with _stoppable(stop):
+            if self.decoding == "generate":  # `generate` as transformers and torch give it
+                rows = self._decode_plain(prompts, masks, stop=stop)
+            else:
                 with without_cudnn_attention(self.model.device):
-                    return self._decode_static(prompts, masks, stop)
-        with without_cudnn_attention(self.model.device):  # the kernels that suit decode steps
-            return self._decode_loop(prompts, masks, stop, on_row)
+                    rows = self._decode_static(prompts, masks, stop)
+        tell_finished(on_row, rows, range(len(rows)), [])
+        return rows
 
     def _decode_static(
         self,
@@ -434,7 +441,7 @@ class GreedyDecoder:
                 else:
                     wait_s += clock() - asked
                 keep, chunks = self._advance(rows, masks, states, active, tokens, logprobs)
-                _tell_finished(on_row, rows, active, keep)
+                tell_finished(on_row, rows, active, keep)
                 if not keep:
                     break
                 if len(keep) < len(active):

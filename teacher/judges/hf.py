@@ -65,6 +65,7 @@ from .decoding import (
     attend_grouped,
     auto_batch_size,
     check_decoding,
+    tell_finished,
 )
 from .model_judge import ModelJudgeOptions, with_cache_and_meter
 from .vllm_engine import (
@@ -385,32 +386,15 @@ class HFJudge(JudgeBackend):
             for batch in (todo[k : k + size] for k in range(0, len(todo), size)):
                 if stop is not None and stop.is_set():
                     raise JudgeStopped("the judge call was stopped")
-                self._judge_batch([prompts[i] for i in batch], [requests[i] for i in batch],
-                                  batch, finish, stop, size)  # fmt: skip
+                self.generate_ids(
+                    [prompts[i] for i in batch],
+                    [requests[i].answer for i in batch],
+                    [requests[i].deadline for i in batch],
+                    stop,
+                    rows=size,
+                    on_row=lambda r, d, batch=batch: finish(batch[r], d),  # each row as it ends
+                )
         return results  # type: ignore[return-value]
-
-    def _judge_batch(
-        self,
-        prompts: list[list[int]],
-        requests: list[JudgeRequest],
-        positions: list[int],
-        finish: Callable[[int, Decoded | str], None],
-        stop: threading.Event | None,
-        size: int,
-    ) -> None:
-        """Decode one batch, calling `finish(position, answer)` for each row as soon as it is
-        done (the decoding loop finishes rows one by one; the others all at the end)."""
-        done: set[int] = set()
-
-        def on_row(r: int, d: Decoded) -> None:
-            done.add(r)
-            finish(positions[r], d)
-
-        answers, deadlines = [r.answer for r in requests], [r.deadline for r in requests]
-        decoded = self.generate_ids(prompts, answers, deadlines, stop, rows=size, on_row=on_row)
-        for r, d in enumerate(decoded):
-            if r not in done:
-                finish(positions[r], d)
 
     def _finished(
         self, request: JudgeRequest, key: str, prompt: Sequence[int], d: Decoded | str
@@ -458,14 +442,16 @@ class HFJudge(JudgeBackend):
         on vLLM's async engine, a request whose trace is no longer wanted gets the reason
         instead (aborted in the engine). `rows`: the batch size of the call it is part of (a
         static cache is made for that many rows, whatever this batch's). `stop` ends the batch
-        between two decode steps; `on_row` hears of each row that finishes before the others."""
+        between two decode steps; `on_row` is told of each row once, as it finishes."""
         answers = answers if answers is not None else [None] * len(prompts)
         eos = self.tokenizer.eos_token_id
         if self.engine is not None:
             params = [
                 sampling_params(self.max_new_tokens, self.answer_regex(a), eos) for a in answers
             ]
-            return self.engine.generate(prompts, params, deadlines, stop, eos)
+            decoded = self.engine.generate(prompts, params, deadlines, stop, eos)
+            tell_finished(on_row, decoded, range(len(decoded)), [])
+            return decoded
         masks = [self.answer_masks(a) for a in answers]
         return self.decoder(rows).generate(prompts, masks, stop=stop, on_row=on_row)  # type: ignore[return-value]
 

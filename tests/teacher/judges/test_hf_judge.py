@@ -215,13 +215,17 @@ def test_the_package_decoders_on_cuda_decode_without_cudnn_attention_and_generat
     enabled = torch.backends.cuda.cudnn_sdp_enabled
     seen: dict[str, bool] = {}
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_loop", lambda self, p, m, *a: seen.setdefault("loop", enabled())
+        GreedyDecoder, "_decode_loop", lambda self, p, m, *a: [seen.setdefault("loop", enabled())]
     )
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_static", lambda self, p, m, *a: seen.setdefault("static", enabled())
+        GreedyDecoder,
+        "_decode_static",
+        lambda self, p, m, *a: [seen.setdefault("static", enabled())],
     )
     monkeypatch.setattr(
-        GreedyDecoder, "_decode_plain", lambda self, p, m, **k: seen.setdefault("plain", enabled())
+        GreedyDecoder,
+        "_decode_plain",
+        lambda self, p, m, **k: [seen.setdefault("plain", enabled())],
     )
     assert enabled()
     cuda = SimpleNamespace(device=torch.device("cuda", 0))
