@@ -231,6 +231,28 @@ class OpenRLHFResponse(BaseModel):
     extra_logs: dict[str, list[float]]
 
 
+class SlimeRequest(BaseModel):
+    """slime's `remote_rm` payload (`--rm-type remote_rm --rm-url .../remote_rm`): one sample's
+    prompt (its text, or chat messages), its response and its label (the golden answers: a
+    string, a list, or Search-R1's `{"ground_truth": {"target": [...]}}`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "prompt": f"Question: {_QUESTION}\n",
+                    "response": _RESPONSE,
+                    "label": {"ground_truth": {"target": ["Damien Chazelle"]}},
+                }
+            ]
+        }
+    )
+
+    prompt: str | list[dict[str, Any]]
+    response: str
+    label: Any = None
+
+
 class HealthResponse(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={

@@ -222,14 +222,16 @@ class MicroBatcher:
         traces: Sequence[Trace],
         until_gone: Callable[[], Awaitable[None]] | None = None,
         timeout: float | None = None,
+        known_wait: float | None = None,
     ) -> list[list[Verdict]] | None:
         """Verdicts per trace, or None when the client hung up first (`until_gone` returns an
         awaitable that finishes when it does). Raises `Busy` when they cannot come back within
-        `timeout` seconds (default `client_timeout`): at once for a client that gave its own
-        `timeout` (it can act on a refusal: another replica, Retry-After) or with
-        `when_overloaded="refuse"`, else once the request has been held as long as its deadline
-        allows (see `_admit`)."""
-        budget = self.client_timeout if timeout is None else timeout
+        `timeout` seconds (default `client_timeout`, or `known_wait` where the route knows its
+        client waits less: slime's 120 s): at once for a client that gave its own `timeout` (it
+        can act on a refusal: another replica, Retry-After) or with `when_overloaded="refuse"`,
+        else once the request has been held as long as its deadline allows (see `_admit`)."""
+        budget = self.client_timeout if known_wait is None else min(self.client_timeout, known_wait)
+        budget = budget if timeout is None else timeout
         if self.closing:
             raise Busy("shutdown", "the server is shutting down")
         # a client that gave its own timeout can act on a refusal: it is never held

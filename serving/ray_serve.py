@@ -1,11 +1,11 @@
 """The reward service as a Ray Serve application: the routes of `stepgap serve` (`/check`,
-`/reward`, OpenRLHF's `/get_reward`, `/health`) on replicas that Ray places, restarts and scales.
+`/reward`, OpenRLHF's `/get_reward`, slime's `/remote_rm`, `/health`) on replicas that Ray places, restarts and scales.
 
 Each replica builds one checker from a `CheckerConfig` (sent as data, so the judge's API key
 stays in the environment of the replica's process). Concurrent requests to a replica are
 micro-batched by `@serve.batch` into one checker call; a checker fault becomes error verdicts
 (counted in `/health`'s `failed_checks`), never a 500: their rollouts get no reward (`null` on
-`/reward`, 503 on `/get_reward`) unless `on_failed_check` is `zero`. Ray Serve's proxy
+`/reward`, 503 on `/get_reward` and `/remote_rm`) unless `on_failed_check` is `zero`. Ray Serve's proxy
 spreads requests over the replicas and replaces one that dies; a request that was on it gets a
 5xx, which `RemoteChecker` and OpenRLHF's client retry.
 
@@ -34,12 +34,14 @@ from .api import (
     JudgeHealth,
     OpenRLHFRequest,
     RewardRequest,
+    SlimeRequest,
     reward_response,
     rollout_traces,
     segmented_traces,
 )
 from .openrlhf import UnrewardedBatch, openrlhf_batch, openrlhf_response
-from .reward_function import RewardOptions
+from .reward_function import RewardOptions, RewardUnavailable
+from .slime import slime_answer, slime_inputs
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_WAIT_S = 0.01
@@ -70,6 +72,7 @@ class RewardService:
             ("POST", "/check"): (CheckRequest, self.check),
             ("POST", "/reward"): (RewardRequest, self.reward_route),
             ("POST", "/get_reward"): (OpenRLHFRequest, self.get_reward),
+            ("POST", "/remote_rm"): (SlimeRequest, self.remote_rm),
             ("GET", "/health"): (None, self.health),
         }
 
@@ -87,6 +90,8 @@ class RewardService:
             return JSONResponse(
                 {"detail": exc.detail()}, status_code=503, headers={"Retry-After": "1"}
             )
+        except RewardUnavailable as exc:  # slime's: it retries a non-2xx answer, then fails
+            return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse(answer)
 
     @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=DEFAULT_WAIT_S)
@@ -122,6 +127,11 @@ class RewardService:
     async def get_reward(self, body: OpenRLHFRequest) -> dict[str, Any]:
         responses, questions, golden = openrlhf_batch(body.query, body.prompts, body.labels)
         return openrlhf_response(await self._rewards(responses, questions, golden, "get_reward"))
+
+    async def remote_rm(self, body: SlimeRequest) -> float:
+        inputs = slime_inputs(body.prompt, body.response, body.label)
+        (result,) = await self._rewards(*([x] for x in inputs), "remote_rm")
+        return slime_answer(result)
 
     async def health(self) -> dict[str, Any]:
         return HealthResponse(

@@ -27,6 +27,7 @@ from .api import (
     OpenRLHFResponse,
     RewardRequest,
     RewardResponse,
+    SlimeRequest,
     StepsRequest,
     StepsResponse,
     reward_response,
@@ -37,7 +38,8 @@ from .batching import Busy, MicroBatcher, usable_seconds
 from .metrics import ServerMetrics
 from .openrlhf import UnrewardedBatch, openrlhf_batch, openrlhf_response
 from .recent import RecentTraces
-from .reward_function import StepGapReward, failed_verdicts
+from .reward_function import RewardUnavailable, StepGapReward, failed_verdicts
+from .slime import SLIME_SECONDS, slime_answer, slime_inputs
 from .streaming import StreamingReward
 
 TIMEOUT_HEADER = "X-Stepgap-Timeout"
@@ -99,14 +101,17 @@ def timeout_of(request: Any) -> float | None:
     return seconds
 
 
-async def checked(traces: list[Trace], route: str, request: Request) -> list[list[Verdict]]:
-    """The traces' verdicts through the batcher, under the request's deadline: 503 with
-    Retry-After when they cannot come in time, 499 when the client left."""
+async def checked(
+    traces: list[Trace], route: str, request: Request, known_wait: float | None = None
+) -> list[list[Verdict]]:
+    """The traces' verdicts through the batcher, under the request's deadline (its header, else
+    `known_wait` where the route knows its client's, else the server's `--client-timeout`): 503
+    with Retry-After when they cannot come in time, 499 when the client left."""
     state = state_of(request)
     state.metrics.requests.labels(route).inc()
     try:
         verdicts = await state.batcher.submit(
-            traces, lambda: until_disconnected(request), timeout_of(request)
+            traces, lambda: until_disconnected(request), timeout_of(request), known_wait
         )
         if verdicts is not None:
             state.batcher.health.observe(verdicts)
@@ -124,9 +129,14 @@ async def checked(traces: list[Trace], route: str, request: Request) -> list[lis
 
 
 async def rewards(
-    responses: list[str], questions: list[str], golden: list[Any], route: str, request: Request
+    responses: list[str],
+    questions: list[str],
+    golden: list[Any],
+    route: str,
+    request: Request,
+    known_wait: float | None = None,
 ) -> list[Any]:
-    """The rollouts' rewards: segmented, checked through the batcher, scored."""
+    """The rollouts' rewards: segmented, checked through the batcher (`checked`), scored."""
     state = state_of(request)
     reward = state.reward
     try:
@@ -135,7 +145,7 @@ async def rewards(
         raise HTTPException(422, str(exc)) from None
     if reward.variant == "search_only":
         return reward.score_traces(traces)
-    verdicts = await checked(traces, route, request)
+    verdicts = await checked(traces, route, request, known_wait)
     results = [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
     for t, vs, r in zip(traces, verdicts, results, strict=True):
         state.recent.add(t, vs, r)
@@ -257,6 +267,24 @@ async def get_reward(body: OpenRLHFRequest, request: Request) -> dict[str, Any]:
     except UnrewardedBatch as exc:  # OpenRLHF's "no reward": it retries, then gives None
         state_of(request).metrics.rejected.labels("no_reward").inc()
         raise HTTPException(503, exc.detail(), headers={"Retry-After": "1"}) from None
+
+
+@router.post(
+    "/remote_rm",
+    response_model=float,
+    summary="slime's remote reward protocol (--rm-type remote_rm)",
+)
+async def remote_rm(body: SlimeRequest, request: Request) -> Any:
+    try:
+        response, question, golden = slime_inputs(body.prompt, body.response, body.label)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    (result,) = await rewards([response], [question], [golden], "remote_rm", request, SLIME_SECONDS)
+    try:
+        return slime_answer(result)
+    except RewardUnavailable as exc:  # slime retries a non-2xx answer, then fails the rollout
+        state_of(request).metrics.rejected.labels("no_reward").inc()
+        raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
 
 
 @router.get("/health", response_model=HealthResponse, summary="liveness and queue depth")

@@ -20,35 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import uuid4
 
 from stepgap.data_builders.retrieval import search_passages, tool_retriever
 from stepgap.feedback import Told, check_mode, feedback_counts
-from stepgap.reward_arithmetic import RewardResult
 
 from .framework_inputs import golden_list, question_from_prompt, text_of
 from .inline import InlineChecker, inline_checker
 from .reward_function import StepGapReward
-
-
-def _rates(results: Sequence[RewardResult]) -> dict[str, float]:
-    counts = Counter(s.label for r in results for s in r.steps)
-    total = sum(counts.values())
-    rates = {
-        f"stepgap/rate_{lab}": (counts.get(lab, 0) / total if total else 0.0)
-        for lab in ("no_gap", "CC", "IE", "MB")
-    }
-    n = len(results)
-    rates["stepgap/failed_checks"] = sum(r.failed_checks for r in results) / total if total else 0.0
-    rates["stepgap/unsegmented"] = sum(r.unsegmented for r in results) / n if n else 0.0
-    rates["stepgap/em"] = sum(r.em for r in results) / n if n else 0.0
-    repairs = [r.repairs() for r in results]  # (steps after a gap, those that repaired it)
-    chances = sum(c for c, _ in repairs)
-    rates["stepgap/repair_rate"] = sum(m for _, m in repairs) / chances if chances else 0.0
-    return rates
+from .training_logs import reward_logs
 
 
 def _feedback(environments: Sequence[Any] | None) -> dict[str, float]:
@@ -79,7 +61,10 @@ def _score(
     results = reward.score(responses, list(questions), golden)
     log_metric = kwargs.get("log_metric")
     if callable(log_metric):
-        for name, value in {**_rates(results), **_feedback(kwargs.get("environments"))}.items():
+        for name, value in {
+            **reward_logs(results),
+            **_feedback(kwargs.get("environments")),
+        }.items():
             log_metric(name, value)
     # TRL's own "no reward": a None leaves the completion out of its group's baseline
     return [None if r.unavailable is not None else r.reward for r in results]

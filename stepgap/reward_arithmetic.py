@@ -152,6 +152,26 @@ class RewardResult:
         after_gap = [s for prev, s in pairs if prev.label in GAP_TYPES]
         return len(after_gap), sum(s.shape_case in (1, 2) for s in after_gap)
 
+    def split_at(self, ends: Sequence[int]) -> list[float]:
+        """The reward cut into pieces at character positions of the response (each turn's end,
+        in order): piece i holds lambda * bracket of every step whose span ends at or before
+        `ends[i]` and after `ends[i - 1]`, and the last piece also holds EM and the steps past
+        the last end or without a span. The pieces add up to `reward`: the dense form by turn
+        (SkyRL's per-turn rewards, a per-step reward)."""
+        if self.reward is None:
+            raise ValueError(f"trace {self.trace_id!r} has no reward: {self.unavailable}")
+        if not ends:
+            raise ValueError("split_at needs at least one end")
+        if any(b < a for a, b in zip(ends, ends[1:], strict=False)):
+            raise ValueError(f"the ends must be in order, got {list(ends)}")
+        pieces = [0.0] * len(ends)
+        for step in self.steps:
+            end = step.span[1] if step.span else None
+            at = len(ends) - 1 if end is None else min(bisect.bisect_left(ends, end), len(ends) - 1)
+            pieces[at] += self.lam * step.bracket
+        pieces[-1] += self.em
+        return pieces
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for s in d["steps"]:

@@ -277,3 +277,24 @@ def test_dense_form_token_spans_cover_each_step(examples_dir):
         text = tok.decode(ids[first:last])
         start, end = step.span
         assert t.response[start:end].strip()[:20] in text
+
+
+def test_split_at_puts_each_steps_share_on_the_turn_that_holds_it():
+    """Turns end at characters 10, 30 and 35 of the response: a step ending at 10 is the first
+    turn's, one ending at 25 the second's, one past the last end and one without a span the
+    last turn's; EM is on the last turn. The pieces add up to the reward."""
+    steps = [search(0, "q1"), search(1, "q2"), answer(2, "Paris"), search(3, "q3")]
+    for step, span in zip(steps, [(0, 10), (12, 25), (26, 40), None], strict=True):
+        step.span = list(span) if span else None
+    t = trace(steps, response="<answer>Paris</answer>")
+    r = compute_reward(t, verdicts(["IE", "no_gap", "no_gap", "MB"]), lam=0.5)
+    b = [s.bracket for s in r.steps]
+    pieces = r.split_at([10, 30, 35])
+    assert pieces == pytest.approx([0.5 * b[0], 0.5 * b[1], 0.5 * (b[2] + b[3]) + r.em])
+    assert sum(pieces) == pytest.approx(r.reward, abs=1e-12)
+    assert r.split_at([100]) == pytest.approx([r.reward])
+    with pytest.raises(ValueError, match="in order"):
+        r.split_at([30, 10])
+    failed = compute_reward(t, verdicts(["IE", None, "no_gap", "MB"]))
+    with pytest.raises(ValueError, match="has no reward"):
+        failed.split_at([10, 30])

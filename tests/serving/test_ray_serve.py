@@ -101,6 +101,11 @@ def test_two_replicas_on_two_nodes_give_the_in_process_rewards(
     assert httpx.get(f"{serve_url}/health").json()["failed_checks"] == 0
     bad = httpx.post(f"{serve_url}/reward", json={**body, "questions": body["questions"][:1]})
     assert bad.status_code == 422 and "one of each per rollout" in bad.text
+    t = example_traces[0]  # slime's remote_rm payload: one sample, a number back
+    slime = {"prompt": f"Question: {t.question}\n", "response": t.response,
+             "label": {"ground_truth": {"target": t.golden_answers}}}  # fmt: skip
+    got = httpx.post(f"{serve_url}/remote_rm", json=slime, timeout=120).json()
+    assert got == pytest.approx(expected_rewards[t.id], abs=1e-9)
 
 
 def test_openrlhfs_client_gets_its_rewards_from_the_serve_url(

@@ -134,6 +134,8 @@ def test_trl_logs_the_failure_rates(reward, example_traces):
     assert len(out) == len(responses) + 1 and out[-1] == 0.0
     assert logged["stepgap/failed_checks"] == 1.0
     assert logged["stepgap/unsegmented"] == pytest.approx(1 / (len(responses) + 1))
+    unrewarded = sum(o is None for o in out)
+    assert unrewarded and logged["stepgap/no_reward"] == pytest.approx(unrewarded / len(out))
 
 
 @pytest.mark.parametrize("route", ["score", "check_stream"])
