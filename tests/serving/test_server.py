@@ -243,3 +243,19 @@ def test_serve_refuses_a_replay_judge(examples_dir, capsys):
     assert main(["serve", f"--judge=replay:{examples_dir / 'judge_replay.jsonl'}",
                  f"--nli=replay:{examples_dir / 'nli_replay.jsonl'}"]) == 2  # fmt: skip
     assert "a replay judge answers by trace id" in capsys.readouterr().err
+
+
+def test_trls_reward_function_through_stepgap_serve_gives_the_in_process_rewards(
+    served, example_traces, expected_rewards
+):
+    """TRL's reward function over a `stepgap serve` URL (`RemoteChecker`): the rewards of the
+    stored verdicts, as TRL passes its columns (prompts, completions, golden_answers)."""
+    from stepgap.serving.trl import stepgap_reward_func
+
+    func = stepgap_reward_func(StepGapReward(RemoteChecker(served)))
+    got = func(
+        prompts=[_prompt(t.question) for t in example_traces],
+        completions=[[{"role": "assistant", "content": t.response}] for t in example_traces],
+        golden_answers=[t.golden_answers for t in example_traces],
+    )
+    assert got == pytest.approx([expected_rewards[t.id] for t in example_traces], abs=1e-9)
