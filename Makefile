@@ -33,10 +33,11 @@ $(VENV)/.installed: pyproject.toml
 # The peers' own code for the interop tests (tests/serving/test_interop_*.py) in the suite's
 # venv: veRL and OpenRLHF without their dependencies (their transformers windows exclude the
 # suite's; `make test-peers` runs them inside those), beside the light modules their reward
-# paths import (the `interop` extra).
+# paths import (the `interop` extra); skyrl-gym, whose imports (pandas, requests, omegaconf)
+# the suite has, without the func_timeout it declares and never imports.
 $(VENV)/.interop: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -c $(VENV)/pins.txt -e ".[$(EXTRAS),interop,ray]"
-	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2 skyrl-gym==0.4.0
 	touch $@
 
 install: $(VENV)/.installed
@@ -107,7 +108,8 @@ test-peers: $(PEER_VENVS)
 	$(ONE_THREAD) .venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \
 	  tests/serving/test_interop_openrlhf_agent.py
 	$(ONE_THREAD) .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
-	$(ONE_THREAD) .venv-verifiers/bin/python -m pytest -q tests/serving/test_interop_verifiers.py
+	STEPGAP_PEER=verifiers $(ONE_THREAD) .venv-verifiers/bin/python -m pytest -q \
+	  tests/serving/test_interop_verifiers.py
 
 # The user's environment (CI's third lane): a venv made from exactly the README's install lines
 # (tests/user_lane.py reads them from README.md, so the two cannot drift), no dev or demo extra,
