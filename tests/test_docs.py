@@ -203,3 +203,26 @@ def test_the_site_builds_strictly_offline(tmp_path):
     index = (tmp_path / "site" / "index.html").read_text()
     assert 'href="cli.html"' in index and 'href="getting-started.html"' in index
     assert "stepgap serve" in (tmp_path / "site" / "cli.html").read_text()
+
+
+def test_every_cell_of_the_trainers_table_names_a_test_that_exists():
+    """docs/rl/index.md: each trainer's row has a cell per column, and each test a cell names
+    (`FILE::NAME`, or `::NAME` after a FILE in the same cell) is a test function of that file."""
+    import re
+
+    rows = [line for line in (DOCS / "rl" / "index.md").read_text().splitlines()
+            if line.startswith("| [")]  # fmt: skip
+    assert len(rows) == 7, rows
+    named = 0
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 6 and all(cells), row
+        for cell in cells[1:]:
+            file = None
+            for ref_file, name in re.findall(r"`(test_\w+\.py)?::(test_\w+)`", cell):
+                file = ref_file or file
+                assert file, cell
+                source = (REPO / "tests" / "serving" / file).read_text()
+                assert f"def {name}(" in source, f"{file}::{name}"
+                named += 1
+    assert named >= 28
