@@ -87,6 +87,23 @@ def resolve_dtype(dtype: str | None, device: str):  # -> torch.dtype
         raise ValueError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16") from None
 
 
+def check_pair_markers(tokenizer: object, ref: str) -> None:
+    """A cross-encoder reads a pair as it was trained to: with its class and separator tokens.
+    transformers 5.3 loads DeBERTa-v3's tokenizer without them (a pair comes out as the two
+    texts run together), and every NLI score would then be wrong without a word: refuse it."""
+    import transformers
+
+    ids = tokenizer("premise", "hypothesis")["input_ids"]
+    marks = {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id}
+    missing = [f"[{name.upper()}]" for name, i in marks.items() if i is not None and i not in ids]
+    if missing:
+        raise ValueError(
+            f"{ref}: transformers {transformers.__version__} encodes an NLI pair without "
+            f"{' and '.join(missing)}, so every score would be wrong; use the transformers "
+            "stepgap requires (pip install -U 'transformers>=5.5.3')"
+        )
+
+
 class HFNLI(NLIBackend):
     """A cross-encoder by hub id or local path; batched and length-sorted.
 
@@ -160,6 +177,7 @@ class HFNLI(NLIBackend):
 
         with explain_load_errors(ref, "NLI tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(ref, **kwargs)
+        check_pair_markers(self.tokenizer, ref)
         self._specials = special_token_pattern(self.tokenizer)
         self._nfkc = lacks_sentencepiece_normalization(self.tokenizer)
         self._tokenizer_lock = threading.Lock()

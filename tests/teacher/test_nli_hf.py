@@ -240,3 +240,23 @@ def test_a_device_torch_cannot_use_is_one_line_before_any_load(monkeypatch, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("stepgap check: error: cannot place the judge model on 'cuda': ")
     assert "Traceback" not in "\n".join(err) and not (tmp_path / "v.jsonl").exists()
+
+
+def test_a_tokenizer_that_drops_the_pairs_markers_is_refused(tiny_nli, monkeypatch):
+    """transformers 5.3 loads DeBERTa-v3's tokenizer without the post-processor that adds
+    [CLS] and [SEP] around a pair: every NLI score would be wrong without a word. The same
+    tokenizer stripped of it here is refused when loading, in one line."""
+    import transformers
+    from tokenizers import processors
+
+    load = transformers.AutoTokenizer.from_pretrained
+
+    def without_markers(*args, **kwargs):
+        tokenizer = load(*args, **kwargs)
+        tokenizer.backend_tokenizer.post_processor = processors.ByteLevel()  # adds nothing
+        return tokenizer
+
+    HFNLI(str(tiny_nli))  # the real one loads
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", without_markers)
+    with pytest.raises(ValueError, match=r"encodes an NLI pair without \[CLS\] and \[SEP\]"):
+        HFNLI(str(tiny_nli))
