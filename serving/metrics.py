@@ -3,8 +3,10 @@ sizes, and gauges read off the batcher, the judge's limit and an in-process engi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from stepgap.reward_arithmetic import RewardResult
 from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .batching import MicroBatcher
@@ -43,6 +45,23 @@ class ServerMetrics:
             registry=registry,
         )
         self.traces = Counter("stepgap_traces_checked", "traces checked", registry=registry)
+        self.steps = Counter(
+            "stepgap_steps",
+            "steps of the rewarded rollouts by label (failed: its check failed); a label's rate "
+            "is its share of the sum",
+            ["label"],
+            registry=registry,
+        )
+        self.repair_chances = Counter(
+            "stepgap_repair_chances",
+            "steps of rewarded rollouts that follow a gap",
+            registry=registry,
+        )
+        self.repairs = Counter(
+            "stepgap_repairs",
+            "steps that follow a gap and made its repair (the repair rate: over repair_chances)",
+            registry=registry,
+        )
         self.batch_size = Histogram(
             "stepgap_batch_size",
             "traces per checker call",
@@ -54,6 +73,16 @@ class ServerMetrics:
         """A checker call of `traces` traces started."""
         self.batch_size.observe(traces)
         self.traces.inc(traces)
+
+    def on_results(self, results: Sequence[RewardResult]) -> None:
+        """Rollouts scored: their steps by label, their repairs, those with a failed check."""
+        for r in results:
+            for step in r.steps:
+                self.steps.labels(step.label or "failed").inc()
+            chances, made = r.repairs()
+            self.repair_chances.inc(chances)
+            self.repairs.inc(made)
+        self.failed_traces.inc(sum(r.failed_checks > 0 for r in results))
 
     def on_drop(self, reason: str, traces: int) -> None:
         """`traces` traces' request ended before they were checked (`client_gone`,

@@ -149,7 +149,7 @@ async def rewards(
     results = [reward.result(t, v) for t, v in zip(traces, verdicts, strict=True)]
     for t, vs, r in zip(traces, verdicts, results, strict=True):
         state.recent.add(t, vs, r)
-    state.metrics.failed_traces.inc(sum(r.failed_checks > 0 for r in results))
+    state.metrics.on_results(results)
     return results
 
 
@@ -188,7 +188,7 @@ async def finalized(body: RewardRequest, request: Request) -> list[Any]:
     results = work.result()
     for t, r in zip(traces, results, strict=True):
         state.recent.add(t, [], r)
-    metrics.failed_traces.inc(sum(r.failed_checks > 0 for r in results))
+    metrics.on_results(results)
     return results
 
 

@@ -10,6 +10,7 @@ answered within slime's wait, must get an answer slime retries, never a number.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from types import SimpleNamespace
 
@@ -65,6 +66,12 @@ def test_slimes_remote_rm_payload_gets_the_typed_reward(served, example_traces, 
     assert got == pytest.approx(expected_rewards[example_traces[0].id], abs=1e-9)
     no_label = httpx.post(f"{served}/remote_rm", json={**body, "label": None}, timeout=60)
     assert no_label.status_code == 422 and "--label-key" in no_label.text
+    # slime's logs of the typed reward: the server's steps by label and its repairs
+    metrics = httpx.get(f"{served}/metrics").text
+    by_label = dict(re.findall(r'^stepgap_steps_total\{label="(\w+)"\} (\S+)', metrics, re.M))
+    steps = sum(len(t.steps) for t in example_traces) + len(example_traces[0].steps)
+    assert sum(float(v) for v in by_label.values()) == steps and "failed" not in by_label
+    assert float(by_label["CC"]) > 0 and re.search(r"^stepgap_repair_chances_total \S+", metrics, re.M)
 
 
 def test_a_failed_check_is_retried_by_slime_and_never_a_number(reward, example_traces):
@@ -82,6 +89,7 @@ def test_a_failed_check_is_retried_by_slime_and_never_a_number(reward, example_t
         assert raised.value.status == 503
         metrics = httpx.get(f"{url}/metrics").text
         assert 'stepgap_rejected_total{reason="no_reward"} 4.0' in metrics
+        assert f'stepgap_steps_total{{label="failed"}} {4.0 * n}' in metrics
 
 
 def test_a_sample_that_cannot_be_checked_in_slimes_wait_is_answered_503_before_it(
