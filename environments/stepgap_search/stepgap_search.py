@@ -5,28 +5,7 @@ verifiers imports a taskset id as a top-level module (`vf-eval stepgap-search` i
 re-exports them from `stepgap.serving.verifiers_env`, where they are written and documented.
 """
 
-from stepgap.serving.verifiers_env import (
-    StepgapSearchConfig,
-    StepgapSearchData,
-    StepgapSearchEnv,
-    StepgapSearchEnvConfig,
-    StepgapSearchHarness,
-    StepgapSearchHarnessConfig,
-    StepgapSearchTask,
-    StepgapSearchTaskConfig,
-    StepgapSearchTaskset,
-    load_environment,
-)
+from stepgap.serving import verifiers_env
+from stepgap.serving.verifiers_env import *  # noqa: F403
 
-__all__ = [
-    "StepgapSearchConfig",
-    "StepgapSearchData",
-    "StepgapSearchEnv",
-    "StepgapSearchEnvConfig",
-    "StepgapSearchHarness",
-    "StepgapSearchHarnessConfig",
-    "StepgapSearchTask",
-    "StepgapSearchTaskConfig",
-    "StepgapSearchTaskset",
-    "load_environment",
-]
+__all__ = list(verifiers_env.__all__)

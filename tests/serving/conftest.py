@@ -8,6 +8,7 @@ the reward computed from the example's stored verdicts.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -64,6 +65,19 @@ def chat_prompt(question: str) -> str:
 
 
 # --------------------------------------------------------------- rollouts checked as they run
+@pytest.fixture(scope="module")
+def scripts(example_traces) -> list[dict]:
+    """A scripted Search-R1 policy's turns: each example trace's text up to each `</search>`
+    and to its `</answer>` (four traces with a search and an answer)."""
+    out = []
+    for t in example_traces:
+        model_text = re.sub(r"\s*<information>.*?</information>\s*", "\n", t.response, flags=re.S)
+        turns = [m.group(0) for m in re.finditer(r".*?</(search|answer)>", model_text, re.S)]
+        if turns and turns[-1].endswith("</answer>") and len(turns) >= 2:
+            out.append({"trace": t, "turns": turns})
+    return out[:4]
+
+
 @pytest.fixture(scope="module")
 def retriever_url(example_traces, tmp_path_factory):
     """`stepgap retrieval serve` over a BM25 index of the example traces' evidence: a search

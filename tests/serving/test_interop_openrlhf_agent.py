@@ -60,18 +60,6 @@ def prompt_of(question: str) -> str:
     return f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def scripts(example_traces) -> list[dict]:
-    """Each example trace's turns: its text up to each `</search>` and to its `</answer>`."""
-    out = []
-    for t in example_traces:
-        model_text = re.sub(r"\s*<information>.*?</information>\s*", "\n", t.response, flags=re.S)
-        turns = [m.group(0) for m in re.finditer(r".*?</(search|answer)>", model_text, re.S)]
-        if turns and turns[-1].endswith("</answer>") and len(turns) >= 2:
-            out.append({"trace": t, "turns": turns})
-    return out[:4]
-
-
 class ScriptedEngine:
     """vLLM's engine for a scripted policy: the next turn of the rollout (by its question and
     the search results it has had), after `TURN_SECONDS`; it checks the turns stop as

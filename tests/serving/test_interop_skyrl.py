@@ -36,18 +36,6 @@ TURN_SECONDS = 0.2
 SYSTEM = "You are a helpful and harmless assistant."  # SkyRL's searchr1_dataset.py
 
 
-@pytest.fixture(scope="module")
-def scripts(example_traces) -> list[dict]:
-    """Each example trace's turns: its text up to each `</search>` and to its `</answer>`."""
-    out = []
-    for t in example_traces:
-        model_text = re.sub(r"\s*<information>.*?</information>\s*", "\n", t.response, flags=re.S)
-        turns = [m.group(0) for m in re.finditer(r".*?</(search|answer)>", model_text, re.S)]
-        if turns and turns[-1].endswith("</answer>") and len(turns) >= 2:
-            out.append({"trace": t, "turns": turns})
-    return out[:4]
-
-
 @dataclass
 class Episode:
     question: str
