@@ -144,7 +144,8 @@ class Lane:
                      "--bundle", str(self.work / "bundle"), "--no-progress", cwd=self.work)  # fmt: skip
 
     def serve_bundle(self) -> None:
-        """README step 3: `stepgap serve --bundle` and OpenRLHF's `/get_reward` call."""
+        """README step 3: `stepgap serve --bundle`, OpenRLHF's `/get_reward` call and slime's
+        `/remote_rm` payload."""
         port = free_port()
         cmd = [str(self.bin / "stepgap"), "serve", "--bundle", str(self.work / "bundle"),
                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
@@ -164,6 +165,16 @@ class Lane:
                 assert isinstance(answer["rewards"][0], float), answer
             else:  # a failed check of the tiny student: no reward, and why, never a number
                 assert status == 503 and "rewards" not in answer, (status, answer)
+            # README step 3's slime line: its remote_rm payload, one sample, the same answer
+            slime = {"prompt": prompt, "response": trace["response"],
+                     "label": {"ground_truth": {"target": trace["golden_answers"]}}}  # fmt: skip
+            again, reward = post(url + "/remote_rm", slime)
+            print(again, json.dumps(reward)[:500], flush=True)
+            assert again == status, (again, reward)
+            if status == 200:
+                assert reward == answer["rewards"][0], (reward, answer)
+            else:
+                assert "step check(s) failed" in reward["detail"], reward
         finally:
             proc.terminate()
             proc.wait(timeout=60)
