@@ -124,7 +124,9 @@ PEER_VENVS := .venv-verl/.installed .venv-openrlhf/.installed .venv-vllm/.instal
   .venv-verifiers/.installed .venv-areal/.installed
 peer-venvs: $(PEER_VENVS)
 
-test-peers: $(PEER_VENVS)
+# AReaL's tests serve the checker from the suite's venv, as its docs say to (stepgap serve in a venv
+# of its own): hence `install`.
+test-peers: install $(PEER_VENVS)
 	$(ONE_THREAD) .venv-verl/bin/python -m pytest -q tests/serving/test_interop_verl.py \
 	  tests/serving/test_interop_verl_agent.py
 	$(ONE_THREAD) .venv-openrlhf/bin/python -m pytest -q tests/serving/test_interop_openrlhf.py \

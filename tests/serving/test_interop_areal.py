@@ -1,21 +1,26 @@
 """The reward through AReaL 1.0.4's own code: its `AsyncRewardWrapper` (a process pool, a
 timeout that it turns into a reward of 0) and its `RLVRWorkflow` over `stepgap.serving.areal`,
 against a live `stepgap serve` with the suite's judge. AReaL's pins (transformers <=5.3, torch
-<2.11) keep it out of the suite's venv: `make test-peers` runs this file in `.venv-areal`.
+<2.11) keep it out of the suite's venv: `make test-peers` runs this file in `.venv-areal`, and
+the server whose NLI model it needs in stepgap's own venv, as the docs say to run it.
 Rewards must equal `StepGapReward.score` on the same texts; a failed or late check must raise,
 never come back as 0."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 from stepgap.serving import areal as adapter
 from stepgap.serving.reward_function import RewardUnavailable
-from tests.fixtures.live_server import LiveServer
+from tests.fixtures.live_server import StepgapServe
 from tests.fixtures.peers import import_peer
 from tests.serving.conftest import chat_prompt
 
@@ -35,14 +40,45 @@ def fresh_pools():
     adapter._PACED.clear()
 
 
-@pytest.fixture
-def probed(inline_reward):
-    """A live `stepgap serve` whose judge answers any prompt, the probe rollout of a pace check
-    too (`any_judge_server`), with the tiny NLI."""
-    from stepgap.serving.server import create_app
+# stepgap's own venv (`make install`), where `stepgap serve` runs beside AReaL's, as the docs
+# say: AReaL's transformers (5.3) loads DeBERTa's tokenizer without [CLS]/[SEP], and stepgap
+# refuses an NLI model there.
+OWN_VENV = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
 
-    with LiveServer(create_app(inline_reward, max_batch=16, max_wait_ms=5)) as url:
-        yield url
+
+@pytest.fixture(scope="module")
+def own_venv_nli(tmp_path_factory) -> Path:
+    """The tiny NLI stand-in, built in stepgap's own venv."""
+    if not OWN_VENV.exists():
+        pytest.fail(f"stepgap's own venv is missing ({OWN_VENV}): `make install` builds it")
+    folder = tmp_path_factory.mktemp("nli")
+    build = (
+        f"from tests.fixtures.models import build_deberta_nli; build_deberta_nli({str(folder)!r})"
+    )
+    subprocess.run([str(OWN_VENV), "-c", build], cwd=OWN_VENV.parents[2], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)  # fmt: skip
+    return folder
+
+
+@pytest.fixture
+def probed(own_venv_nli, any_judge_server, tmp_path):
+    """A `stepgap serve` in stepgap's own venv whose judge answers any prompt, the probe
+    rollout of a pace check too (`any_judge_server`), with the tiny NLI."""
+    args = ["--judge", "openai:gpt-4.1-mini", "--base-url", any_judge_server.base_url,
+            "--no-cache", "--max-retries", "0", "--nli", str(own_venv_nli),
+            "--max-batch", "16", "--max-wait-ms", "5"]  # fmt: skip
+    with StepgapServe(args, tmp_path / "serve.log", python=OWN_VENV) as server:
+        yield server.url
+
+
+def served_results(url: str, texts, traces) -> list[dict]:
+    """`StepGapReward.score`'s results for `texts` (the traces' questions and golden answers),
+    as the server's `/reward` gives them."""
+    body = {"responses": list(texts), "questions": [t.question for t in traces],
+            "golden_answers": [t.golden_answers for t in traces]}  # fmt: skip
+    answer = httpx.post(f"{url}/reward", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["results"]
 
 
 def rows(traces) -> list[tuple[str, str, dict]]:
@@ -111,13 +147,13 @@ def test_a_failed_check_raises_through_areal_never_zero(served, fake_openai, exa
 
 
 def test_a_server_too_slow_for_the_timeout_is_refused_in_one_line(
-    probed, any_judge_server, example_traces
+    probed, any_judge_server, example_traces, monkeypatch
 ):
     """A judge of 1 s a request against an AReaL timeout of 2 s: at the start (a probe rollout),
     and at the first call in a worker once the server's /metrics has measured that pace, one
     line naming AsyncRewardWrapper's timeout_seconds to set, with the value the pace needs; a
     check within that timeout passes."""
-    any_judge_server.latency = 1.0
+    monkeypatch.setattr(any_judge_server, "latency", 1.0)
     slow = adapter.AReaLReward(url=probed, areal_timeout=2.0)
     with pytest.raises(adapter.ServerTooSlow) as refused:
         slow.check_pace()
@@ -215,7 +251,7 @@ def rollout_stats() -> dict[str, float]:
 
 
 def test_areal_rlvr_workflows_reward_each_episode_and_log_its_labels(
-    probed, inline_reward, example_traces, tokenizer, monkeypatch
+    probed, example_traces, tokenizer, monkeypatch
 ):
     """AReaL's own RLVRWorkflow over the function by name, and StepGapRLVRWorkflow (its pace
     checked at the start with a probe rollout, its logs in AReaL's rollout stats): each
@@ -233,10 +269,8 @@ def test_areal_rlvr_workflows_reward_each_episode_and_log_its_labels(
         tokenizer.decode(tokenizer(t.response, add_special_tokens=False)["input_ids"])
         for t in example_traces
     ]
-    results = inline_reward.score(
-        texts, [t.question for t in example_traces], [t.golden_answers for t in example_traces]
-    )
-    expected = torch.tensor([r.reward for r in results], dtype=torch.float32)
+    results = served_results(probed, texts, example_traces)
+    expected = torch.tensor([r["reward"] for r in results], dtype=torch.float32)
     monkeypatch.setenv("STEPGAP_REWARD_URL", probed)
     gconfig = GenerationHyperparameters(max_new_tokens=64)
     rollout_stats()  # start from empty stats
@@ -255,7 +289,9 @@ def test_areal_rlvr_workflows_reward_each_episode_and_log_its_labels(
         got = episodes(workflow, tokenizer, example_traces)
         assert torch.equal(torch.cat([g["rewards"] for g in got]), expected), got
     stats = rollout_stats()
-    assert stats["rollout/stepgap/em"] == pytest.approx(sum(r.em for r in results) / len(results))
+    assert stats["rollout/stepgap/em"] == pytest.approx(
+        sum(r["em"] for r in results) / len(results)
+    )
     assert stats["rollout/stepgap/no_reward"] == 0.0
     assert {"rollout/stepgap/rate_IE", "rollout/stepgap/repair_rate"} <= set(stats)
 
@@ -284,7 +320,7 @@ def test_areal_workflow_drops_a_rollout_whose_check_failed(
     assert rollout_stats()["rollout/stepgap/no_reward"] == 1.0
 
 
-def test_the_example_scores_a_jsonl_through_areals_wrapper(probed, inline_reward, example_traces):
+def test_the_example_scores_a_jsonl_through_areals_wrapper(probed, example_traces):
     """examples/areal_reward.py against a live `stepgap serve`: its pace check passes, and each
     row's printed reward is `StepGapReward.score`'s."""
     import json
@@ -302,25 +338,21 @@ def test_the_example_scores_a_jsonl_through_areals_wrapper(probed, inline_reward
     # AReaL logs to stdout too: the example's lines are the JSON ones
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     traces = example_traces[:2]
-    expected = inline_reward.score(
-        [t.response for t in traces],
-        [t.question for t in traces],
-        [t.golden_answers for t in traces],
-    )
+    expected = served_results(probed, [t.response for t in traces], traces)
     assert [line["id"] for line in lines[:2]] == [t.id for t in traces]
     assert (
-        max(abs(line["reward"] - r.reward) for line, r in zip(lines[:2], expected, strict=True))
+        max(abs(line["reward"] - r["reward"]) for line, r in zip(lines[:2], expected, strict=True))
         <= 1e-9
     )
     assert lines[2]["rewarded"] == 2 and "stepgap/repair_rate" in lines[2]
 
 
 def test_a_checker_in_areals_process_is_refused_on_transformers_5_3(
-    tmp_path, fake_openai, tiny_nli, monkeypatch
+    tmp_path, fake_openai, monkeypatch
 ):
     """AReaL 1.0.4 caps transformers at 5.3.0, whose DeBERTa tokenizer loads without [CLS] and
     [SEP]: a reward config (the NLI in AReaL's process) is refused in one line naming the
-    server path; a newer transformers builds it."""
+    server path."""
     import json
     from importlib.metadata import version
 
@@ -331,15 +363,18 @@ def test_a_checker_in_areals_process_is_refused_on_transformers_5_3(
     config = tmp_path / "reward.json"
     config.write_text(
         json.dumps(
-            {"judge": "openai:gpt-4.1-mini", "base_url": fake_openai.base_url, "nli": str(tiny_nli)}
+            {
+                "judge": "openai:gpt-4.1-mini",
+                "base_url": fake_openai.base_url,
+                "nli": str(tmp_path / "nli"),
+            }
         )  # fmt: skip
     )
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     process_reward.reset()
     try:
         if Version(version("transformers")) >= Version("5.4"):
-            assert adapter.AReaLReward(config=str(config)).reward() is not None
-            return
+            pytest.skip("this venv's transformers reads DeBERTa's tokenizer right")
         with pytest.raises(RuntimeError, match=r"transformers>=5\.4 .*STEPGAP_REWARD_URL") as e:
             adapter.AReaLReward(config=str(config)).reward()
         assert "\n" not in str(e.value)
