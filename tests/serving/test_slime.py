@@ -71,7 +71,9 @@ def test_slimes_remote_rm_payload_gets_the_typed_reward(served, example_traces, 
     by_label = dict(re.findall(r'^stepgap_steps_total\{label="(\w+)"\} (\S+)', metrics, re.M))
     steps = sum(len(t.steps) for t in example_traces) + len(example_traces[0].steps)
     assert sum(float(v) for v in by_label.values()) == steps and "failed" not in by_label
-    assert float(by_label["CC"]) > 0 and re.search(r"^stepgap_repair_chances_total \S+", metrics, re.M)
+    assert float(by_label["CC"]) > 0 and re.search(
+        r"^stepgap_repair_chances_total \S+", metrics, re.M
+    )
 
 
 def test_a_failed_check_is_retried_by_slime_and_never_a_number(reward, example_traces):
