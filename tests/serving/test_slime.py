@@ -164,3 +164,25 @@ def test_the_remote_rm_route_is_documented_with_a_valid_example(reward):
         example = api.SlimeRequest.model_config["json_schema_extra"]["examples"][0]
         r = client.post("/remote_rm", json=example)
         assert r.status_code == 200 and isinstance(r.json(), float), r.text
+
+
+def test_the_example_scores_rollouts_as_slimes_client_does(served, expected_rewards):
+    """examples/slime_remote_rm.py against a live `stepgap serve`: each row's reward is the
+    stored verdicts' reward; `--help` says what to start first."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "slime_remote_rm.py"
+    shown = subprocess.run([sys.executable, str(example), "--help"], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert "stepgap serve --judge" in shown and "--rm-url" in shown
+    out = subprocess.run(
+        [sys.executable, str(example), "--rm-url", f"{served}/remote_rm", "--limit", "3"],
+        capture_output=True, text=True, check=True, timeout=240,
+    ).stdout.splitlines()  # fmt: skip
+    rows = [json.loads(line) for line in out]
+    assert rows[-1] == {"rewarded": 3, "of": 3}
+    for row in rows[:3]:
+        assert row["reward"] == pytest.approx(expected_rewards[row["id"]], abs=1e-9), row
