@@ -159,6 +159,22 @@ def tiny_student(tmp_path_factory, examples_dir) -> tuple[Path, dict]:
     return out, train(cfg)
 
 
+@pytest.fixture(scope="session")
+def tiny_prm(tmp_path_factory, pool) -> Path:
+    """A tiny random-weight PRM folder (`student/prm.py`'s `tiny_prm_base`, its format written),
+    untrained: for what needs a PRM's shape, not its labels (export, loading, serving)."""
+    from stepgap.student.mining import pool_traces
+    from stepgap.student.prm import PRMFormat, step_text, tiny_prm_base
+
+    traces = pool_traces(pool)
+    texts = [t.question for t in traces] + [
+        " ".join(step_text(s)) for t in traces for s in t.steps or []
+    ]
+    path = tiny_prm_base(tmp_path_factory.mktemp("tiny-prm"), texts)
+    PRMFormat().write(path)
+    return path
+
+
 @pytest.fixture
 def fake_openai(example_answers) -> Iterator[FakeOpenAI]:
     server = FakeOpenAI(answers=dict(example_answers)).start()
