@@ -40,21 +40,36 @@ def _num(x: float | None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: its header, then one section per part of the report."""
-    checkers = report["checkers"]
+    """The report as Markdown: its header, one section per part of the gold figures, then the
+    agreement with the teacher. A report made without gold has that last section alone."""
     b = report["bootstrap"]
+    if "checkers" in report:
+        scope = f"{report['n_steps']} gold steps in {report['n_traces']} traces."
+    else:
+        scope = "No gold labels: agreement with the teacher only, which is not quality."
     lines = [
         "# stepgap evaluation report",
         "",
-        f"{report['n_steps']} gold steps in {report['n_traces']} traces. Percentages, except "
-        f"kappa; CIs over {b['resamples']} resamples (unit: {b['unit']}, seed {b['seed']}).",
+        f"{scope} Percentages, except kappa; CIs over {b['resamples']} resamples "
+        f"(unit: {b['unit']}, seed {b['seed']}).",
         "",
         DEFINITIONS,
         "",
     ]
-    for section in SECTIONS:
-        lines += section(checkers)
+    if "checkers" in report:
+        for section in SECTIONS:
+            lines += section(report["checkers"])
+    if "teacher_agreement" in report:
+        lines += _teacher(report["teacher_agreement"], gold="checkers" in report)
     return "\n".join(lines) + "\n"
+
+
+def _kappa(c: dict[str, Any]) -> str:
+    """Kappa (not a percentage) with its CI."""
+    kappa = _num(c["kappa"])
+    if c["ci"].get("kappa") and None not in c["ci"]["kappa"]:
+        kappa += f" [{_num(c['ci']['kappa'][0])}, {_num(c['ci']['kappa'][1])}]"
+    return kappa
 
 
 def _variants(checkers: dict[str, Any]) -> list[str]:
@@ -74,9 +89,7 @@ def _variants(checkers: dict[str, Any]) -> list[str]:
                 f"{c['error_steps']} |"
             )
             continue
-        kappa = _num(c["kappa"])
-        if c["ci"].get("kappa") and None not in c["ci"]["kappa"]:
-            kappa += f" [{_num(c['ci']['kappa'][0])}, {_num(c['ci']['kappa'][1])}]"
+        kappa = _kappa(c)
         lines.append(
             f"| {name} | {_with_ci(c, 'sF1')} | {_with_ci(c, 'BA')} | "
             f"{_pct(c['typed_accuracy'])} | {_pct(c['typed_macro_f1'])} | {_with_ci(c, 'QF1')} | "
@@ -174,22 +187,45 @@ def _answer_gap(checkers: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _silver(checkers: dict[str, Any]) -> list[str]:
-    """Agreement with the silver reference, for the variants that have it."""
-    silver = {n: c["silver"] for n, c in checkers.items() if c.get("silver")}
-    if not silver:
-        return []
+FIDELITY = (
+    "These figures measure fidelity to the teacher, not quality: a checker can agree with the "
+    "teacher and both be wrong ({where}). They are the gold figures' metrics with the teacher's "
+    "labels in place of gold, on the steps both labelled; **firing stage**: share of those steps "
+    "whose tree path ends at the teacher's stage (path[-1]); **full path**: share whose whole "
+    "path is the teacher's."
+)
+
+
+def _teacher(agreement: dict[str, Any], *, gold: bool) -> list[str]:
+    """Each checker's agreement with the teacher, with the sentence that says what it is not."""
+    where = "the gold figures above measure quality" if gold else "gold labels measure quality"
     lines = [
-        "## Agreement with the silver reference",
+        f"## Agreement with the teacher ({agreement['teacher']})",
         "",
-        "| checker | binary F1 | typed macro F1 | steps |",
-        "|---|---|---|---|",
+        FIDELITY.format(where=where),
+        "",
+        "| checker | sF1 | BA | kappa | sP | sR | typed acc | kappa CC | kappa IE | kappa MB "
+        "| firing stage | full path | steps | missing | errors | teacher errors |",
+        "|---|" + "---|" * 15,
     ]
-    for name, s in silver.items():
+    notes = []
+    for name, c in agreement["checkers"].items():
+        counts = f"{c['n_scored']} | {c['missing_steps']} | {c['error_steps']} | "
+        counts += f"{c['teacher_error_steps']} |"
+        if not c["n_scored"]:
+            lines.append(f"| {name} | nothing to compare |" + " |" * 10 + f" {counts}")
+            continue
+        kt = c["kappa_per_type"]
         lines.append(
-            f"| {name} | {_pct(s['binary_f1'])} | {_pct(s['typed_macro_f1'])} | {s['n']} |"
+            f"| {name} | {_with_ci(c, 'sF1')} | {_with_ci(c, 'BA')} | {_kappa(c)} | "
+            f"{_with_ci(c, 'sP')} | {_with_ci(c, 'sR')} | {_with_ci(c, 'typed_accuracy')} | "
+            + " | ".join(_num(kt[t]) for t in GAP_TYPES)
+            + f" | {_with_ci(c, 'firing_stage_agreement')} | {_pct(c['full_path_agreement'])} | "
+            + counts
         )
-    return lines + [""]
+        if c["path_note"]:
+            notes.append(f"- {name}: {c['path_note']}.")
+    return lines + (["", *notes] if notes else []) + [""]
 
 
 def _sweep(checkers: dict[str, Any]) -> list[str]:
@@ -214,4 +250,4 @@ def _sweep(checkers: dict[str, Any]) -> list[str]:
 
 
 # The report's sections, in order
-SECTIONS = (_variants, _provenance, _distribution, _first_gap, _answer_gap, _silver, _sweep)
+SECTIONS = (_variants, _provenance, _distribution, _first_gap, _answer_gap, _sweep)

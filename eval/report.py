@@ -23,19 +23,22 @@ from stepgap.metrics import (
     answer_gap_table,
     balanced_accuracy_from_counts,
     binary_counts,
-    binary_f1,
+    binary_statistics,
     bootstrap_ci,
+    bootstrap_cis,
+    bootstrap_units,
     distribution,
     first_gap_types,
     flag_everything_q_f1,
     health_issues,
     is_healthy,
-    kappa_from_counts,
     q_f1,
     step_metrics,
     typed_macro_f1,
 )
 from stepgap.schema import GAP_TYPES, GapLabel
+
+from .agreement import agreement_with
 
 REPORT_JSON = "report.json"  # marks an evaluation folder, which a rerun replaces
 SWEEP_THRESHOLDS = tuple(round(0.3 + 0.05 * i, 2) for i in range(13))  # 0.30 .. 0.90
@@ -52,6 +55,7 @@ class PredStep(BaseModel):
     confidence: float | None = None
     error: str | None = None
     checker: dict[str, Any] | None = None  # which models decided it (Verdict.checker)
+    path: list[str] | None = None  # the tree's decision path; a PRM's is its firing stage alone
 
 
 @dataclass
@@ -156,7 +160,6 @@ def evaluate_checker(
     resamples: int = 2000,
     seed: int = 0,
     unit: Literal["step", "trace"] = "step",
-    silver: Sequence[PredStep] | None = None,
 ) -> dict[str, Any]:
     """Every figure of the report for one checker (its counts alone when nothing is scored)."""
     by_key = _unique_by_step(preds)
@@ -188,31 +191,10 @@ def evaluate_checker(
     out["QF1_flag_everything"] = flag_everything_q_f1(wrong_rate) if correct else float("nan")
 
     # Bootstrap: step metrics over steps (or whole traces), Q-F1 always over traces.
-    gg, pp = g != "no_gap", p != "no_gap"
-    trace_of = np.array([k[0] for k in scored], dtype=object)
-    traces = sorted(set(trace_of))
-    rows_of = {t: np.flatnonzero(trace_of == t) for t in traces}
-
-    def rows(idx: np.ndarray) -> np.ndarray:
-        if unit == "step":
-            return idx
-        return np.concatenate([rows_of[traces[i]] for i in idx])
-
-    def counts(idx: np.ndarray) -> tuple[int, int, int, int]:
-        r = rows(idx)
-        return binary_counts(gg[r], pp[r])
-
-    n_units = len(scored) if unit == "step" else len(traces)
-    stats = {
-        "sP": lambda i: (lambda tp, fp, fn, tn: tp / (tp + fp) if tp + fp else float("nan"))(*counts(i)),
-        "sR": lambda i: (lambda tp, fp, fn, tn: tp / (tp + fn) if tp + fn else float("nan"))(*counts(i)),
-        "sF1": lambda i: (lambda tp, fp, fn, tn: 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan"))(*counts(i)),
-        "BA": lambda i: balanced_accuracy_from_counts(*counts(i)),
-        "kappa": lambda i: kappa_from_counts(*counts(i)),
-    }  # fmt: skip
-    ci = {
-        m: _ci(bootstrap_ci(f, n_units, resamples=resamples, seed=seed)) for m, f in stats.items()
-    }
+    n_units, rows = bootstrap_units([k[0] for k in scored], unit)
+    ci = bootstrap_cis(
+        binary_statistics(g != "no_gap", p != "no_gap", rows), n_units, resamples, seed
+    )
     if correct:
         tids = sorted(correct)
 
@@ -239,8 +221,6 @@ def evaluate_checker(
     out["n_scored"] = len(scored)
     out["provenance"] = provenance_of(by_key.values())
     out["threshold_sweep"] = threshold_sweep(g, [by_key[k] for k in scored])
-    if silver is not None:
-        out["silver"] = silver_agreement(by_key, silver)
     return out
 
 
@@ -316,52 +296,34 @@ def threshold_sweep(
     return rows
 
 
-def silver_agreement(
-    by_key: Mapping[tuple[str, int], PredStep], silver: Sequence[PredStep]
-) -> dict[str, float | int]:
-    """Binary F1 and typed macro F1 of this checker against a reference checker's verdicts."""
-    ref = {(s.trace_id, s.step): s.label for s in silver if s.label is not None}
-    keys = [k for k in sorted(ref) if k in by_key and by_key[k].label is not None]
-    if not keys:
-        return {"binary_f1": float("nan"), "typed_macro_f1": float("nan"), "n": 0}
-    g = [ref[k] for k in keys]
-    p = [by_key[k].label for k in keys]
-    return {
-        "binary_f1": binary_f1([x != "no_gap" for x in g], [x != "no_gap" for x in p]),
-        "typed_macro_f1": typed_macro_f1(g, p),
-        "n": len(keys),
-    }
-
-
 def build_report(
-    gold: Gold,
+    gold: Gold | None,
     checkers: Mapping[str, Sequence[PredStep]],
     *,
     resamples: int = 2000,
     seed: int = 0,
     unit: Literal["step", "trace"] = "step",
-    silver: str | None = None,
+    teacher: str | None = None,
 ) -> dict[str, Any]:
-    """`report.json`: every figure for every checker; `silver` names the reference checker."""
-    reference = checkers.get(silver) if silver else None
-    if silver and reference is None:
-        raise ValueError(f"--silver {silver!r} is not one of the --pred names")
-    report = {
-        "n_steps": len(gold.steps),
-        "n_traces": len({t for t, _ in gold.steps}),
-        "bootstrap": {"resamples": resamples, "seed": seed, "unit": unit, "level": 0.95},
-        "checkers": {
-            name: evaluate_checker(
-                gold,
-                preds,
-                resamples=resamples,
-                seed=seed,
-                unit=unit,
-                silver=reference if name != silver else None,
-            )
-            for name, preds in checkers.items()
-        },
-    }
+    """`report.json`: every figure for every checker against `gold`, and with `teacher` (one of
+    the checkers' names) the others' agreement with it, which needs no gold: `gold` may be None
+    then, and the report has no gold figures at all."""
+    if gold is None and teacher is None:
+        raise ValueError("give gold labels, a teacher to measure agreement with, or both")
+    bootstrap: dict[str, Any] = {"resamples": resamples, "seed": seed, "unit": unit}
+    # first, so a wrong teacher name fails before any gold figure is computed
+    agreement = None if teacher is None else agreement_with(teacher, checkers, **bootstrap)
+    report: dict[str, Any] = {}
+    if gold is not None:
+        report["n_steps"] = len(gold.steps)
+        report["n_traces"] = len({t for t, _ in gold.steps})
+    report["bootstrap"] = {**bootstrap, "level": 0.95}
+    if gold is not None:
+        report["checkers"] = {
+            name: evaluate_checker(gold, preds, **bootstrap) for name, preds in checkers.items()
+        }
+    if agreement is not None:
+        report["teacher_agreement"] = agreement
     return _nan_to_none(report)
 
 
@@ -374,30 +336,31 @@ class Evaluation:
 
 
 def evaluate(
-    gold: str | Path | Sequence[str | Path],
+    gold: str | Path | Sequence[str | Path] | None,
     predictions: Mapping[str, str | Path],
     output: str | Path,
     *,
     resamples: int = 2000,
     seed: int = 0,
     unit: Literal["step", "trace"] = "step",
-    silver: str | None = None,
+    teacher: str | None = None,
     plots: bool = True,
     report: ErrorReport | None = None,
 ) -> Evaluation:
     """Score checkers against gold labels and write `report.json`, `report.md` and the plots.
 
-    `gold`: one file or several (step labels and trace correctness); `predictions`: checker
-    name -> verdicts file; `silver`: the name of the checker to use as silver reference.
-    Unreadable lines of any file go to `report`.
+    `gold`: one file or several (step labels and trace correctness), or None with `teacher`;
+    `predictions`: checker name -> verdicts file; `teacher`: the name of the checker the others'
+    agreement is measured against (fidelity to it, not quality). Unreadable lines of any file
+    go to `report`. Without gold there are no gold figures and no plots.
     """
     from .markdown import render_markdown
 
-    gold_files = [gold] if isinstance(gold, str | Path) else list(gold)
-    gold_labels = load_gold(gold_files, report)
+    gold_files = [] if gold is None else [gold] if isinstance(gold, str | Path) else list(gold)
+    gold_labels = load_gold(gold_files, report) if gold_files else None
     checkers = {name: load_predictions(path, report) for name, path in predictions.items()}
     result = build_report(
-        gold_labels, checkers, resamples=resamples, seed=seed, unit=unit, silver=silver
+        gold_labels, checkers, resamples=resamples, seed=seed, unit=unit, teacher=teacher
     )
     # the folder is replaced whole once every file is written, so an earlier report survives a
     # failure and never mixes with this one
@@ -406,7 +369,7 @@ def evaluate(
         (work / REPORT_JSON).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         (work / "report.md").write_text(render_markdown(result), encoding="utf-8")
         names = [REPORT_JSON, "report.md"]
-        if plots:
+        if plots and gold_labels is not None:
             from .plots import write_plots
 
             names += [p.name for p in write_plots(result, work)]

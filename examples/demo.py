@@ -162,7 +162,7 @@ def evaluate(title: str, student: bool = False) -> None:
         f"--pred=NLI-only-standin={OUT / 'baseline_nli_only.jsonl'}",
         f"--pred=NER-Quote-standin={OUT / 'baseline_ner_quote.jsonl'}",
         *extra,
-        "--silver=StepGap",
+        "--teacher=StepGap",
         "-o",
         str(OUT / "report"),
     )

@@ -20,6 +20,10 @@ def _div(num: float, den: float) -> float:
     return float(num) / float(den) if den else 0.0
 
 
+def _nan_div(num: float, den: float) -> float:
+    return float(num) / float(den) if den else float("nan")
+
+
 def binary_counts(gold_gap: np.ndarray, pred_gap: np.ndarray) -> tuple[int, int, int, int]:
     """(TP, FP, FN, TN) with gap as the positive class."""
     tp = int(np.sum(gold_gap & pred_gap))
@@ -149,13 +153,59 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def bootstrap_units(
+    trace_of: Sequence[str], unit: str
+) -> tuple[int, Callable[[np.ndarray], np.ndarray]]:
+    """What the bootstrap resamples: `unit="step"` each scored step, `"trace"` whole traces (a
+    trace's steps are not independent). Returns the number of units and the function from
+    resampled unit indices to the rows (steps) they stand for."""
+    if unit == "step":
+        return len(trace_of), lambda idx: idx
+    of = np.asarray(trace_of, dtype=object)
+    traces = sorted(set(trace_of))
+    rows_of = [np.flatnonzero(of == t) for t in traces]
+    return len(traces), lambda idx: np.concatenate([rows_of[i] for i in idx])
+
+
+def binary_statistics(
+    ref_gap: np.ndarray, pred_gap: np.ndarray, rows: Callable[[np.ndarray], np.ndarray]
+) -> dict[str, Callable[[np.ndarray], float]]:
+    """sP, sR, sF1, BA and kappa of gap vs no gap as functions of resampled unit indices, for
+    `bootstrap_ci`; a rate with no step to divide by is nan (left out of the interval)."""
+
+    def counts(idx: np.ndarray) -> tuple[int, int, int, int]:
+        r = rows(idx)
+        return binary_counts(ref_gap[r], pred_gap[r])
+
+    return {
+        "sP": lambda i: (lambda tp, fp, fn, tn: _nan_div(tp, tp + fp))(*counts(i)),
+        "sR": lambda i: (lambda tp, fp, fn, tn: _nan_div(tp, tp + fn))(*counts(i)),
+        "sF1": lambda i: (lambda tp, fp, fn, tn: _nan_div(2 * tp, 2 * tp + fp + fn))(*counts(i)),
+        "BA": lambda i: balanced_accuracy_from_counts(*counts(i)),
+        "kappa": lambda i: kappa_from_counts(*counts(i)),
+    }
+
+
+def bootstrap_cis(
+    statistics: Mapping[str, Callable[[np.ndarray], float]],
+    n_units: int,
+    resamples: int,
+    seed: int,
+) -> dict[str, list[float]]:
+    """`bootstrap_ci` of each statistic, on the same seed (so the same resamples)."""
+    return {
+        name: [float(v) for v in bootstrap_ci(f, n_units, resamples=resamples, seed=seed)]
+        for name, f in statistics.items()
+    }
+
+
 def binary_f1(gold: Sequence[bool], pred: Sequence[bool]) -> float:
     tp, fp, fn, _ = binary_counts(np.asarray(gold, bool), np.asarray(pred, bool))
     return _div(2 * tp, 2 * tp + fp + fn)
 
 
 def typed_macro_f1(gold: Sequence[str], pred: Sequence[str]) -> float:
-    """Macro F1 over CC, IE and MB (each one against the rest): silver agreement on types."""
+    """Macro F1 over CC, IE and MB (each one against the rest): whether the gap type is right."""
     g = np.asarray(gold, dtype=object)
     p = np.asarray(pred, dtype=object)
     return float(np.mean([binary_f1(g == t, p == t) for t in GAP_TYPES]))

@@ -106,7 +106,7 @@ def test_distribution_health_and_first_gap():
     assert fg == pytest.approx({"CC": 0, "IE": 1 / 3, "MB": 1 / 3, "none": 1 / 3})
 
 
-def test_silver_agreement_and_counts():
+def test_typed_macro_f1_and_counts():
     assert binary_counts(np.array([1, 1, 0, 0], bool), np.array([1, 0, 1, 0], bool)) == (1, 1, 1, 1)
     gold = ["CC", "IE", "MB", "IE", "no_gap"]
     pred = ["CC", "IE", "IE", "IE", "no_gap"]

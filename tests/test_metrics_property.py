@@ -106,9 +106,15 @@ PREDS = st.lists(PRED, max_size=20, unique_by=_key)
 )
 def test_the_report_never_raises_and_keeps_every_checker(gold_steps, correct, a, b, unit):
     gold = Gold(steps=dict(gold_steps), correct=dict(correct))
-    report = build_report(gold, {"a": a, "b": b}, resamples=20, unit=unit, silver="b")
+    report = build_report(gold, {"a": a, "b": b}, resamples=20, unit=unit, teacher="b")
     json.dumps(report, allow_nan=False)  # strict JSON: no NaN left in report.json
     assert set(report["checkers"]) == {"a", "b"}
+    agreement = report["teacher_agreement"]["checkers"]
+    assert set(agreement) == {"a"}  # the teacher has no row of agreement with itself
+    figures = agreement["a"]
+    assert figures["n_scored"] + figures["missing_steps"] + figures["error_steps"] <= len(b)
+    for low, high in (ci for ci in figures["ci"].values() if None not in ci):
+        assert low <= high
     md = render_markdown(report)
     for name, preds in (("a", a), ("b", b)):
         figures = report["checkers"][name]

@@ -28,8 +28,10 @@ def _named_files(specs: list[str]) -> dict[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalArguments(RecordOptions):
-    gold: list[str] = option(
-        help="gold step labels and trace correctness (one file or two; repeatable)",
+    gold: list[str] | None = option(
+        None,
+        "gold step labels and trace correctness (one file or two; repeatable); may be left "
+        "out with --teacher, and the report then has the agreement with the teacher alone",
         metavar="FILE",
     )
     pred: list[str] = option(help="a checker's verdicts (repeatable)", metavar="NAME=FILE")
@@ -37,7 +39,13 @@ class EvalArguments(RecordOptions):
     resamples: int = option(2000, "bootstrap resamples")
     seed: int = option(0, "bootstrap seed")
     unit: Literal["step", "trace"] = option("step", "bootstrap unit")
-    silver: str | None = option(None, "a --pred checker to use as silver reference", metavar="NAME")
+    teacher: str | None = option(
+        None,
+        "a --pred checker: every other one's agreement with its labels, firing stages and paths "
+        "(fidelity to the teacher, not quality; --silver is its older name)",
+        metavar="NAME",
+        aliases=["--silver"],
+    )
     no_plots: bool = option(False, "skip the PNG plots")
 
     def __post_init__(self) -> None:
@@ -49,8 +57,10 @@ def evaluate(args: EvalArguments) -> int:
     from stepgap.eval import evaluate as run_evaluation
     from stepgap.io import ErrorReport
 
+    if not args.gold and args.teacher is None:  # here, so --print-config works without them
+        raise ValueError("give --gold FILE, --teacher NAME (agreement with it alone) or both")
     report = ErrorReport()
-    plots = not args.no_plots
+    plots = not args.no_plots and bool(args.gold)  # the plots draw the gold figures
     if plots:
         try:
             import matplotlib  # noqa: F401  (the `plots` extra)
@@ -68,11 +78,11 @@ def evaluate(args: EvalArguments) -> int:
         resamples=args.resamples,
         seed=args.seed,
         unit=args.unit,
-        silver=args.silver,
+        teacher=args.teacher,
         plots=plots,
         report=report,
     )
-    for name, c in result.report["checkers"].items():
+    for name, c in result.report.get("checkers", {}).items():
         if not c["scored"]:
             print(f"stepgap: {name}: {c['note']}; its row holds counts only", file=sys.stderr)
         if c["missing_steps"] or c["error_steps"]:
@@ -132,6 +142,11 @@ def _models(kind: str, config: CheckerConfig) -> dict[str, Any]:
 
         needs = BASELINES.backend_of(kind).needs
         bundled = load_checker(config)
+        if bundled.judge is None:
+            raise ValueError(
+                f"--bundle {config.bundle} is a PRM's: a baseline takes a judge or an NLI model, "
+                "and a PRM has neither"
+            )
         return {
             "judge": bundled.judge if "judge" in needs else None,
             "nli": bundled.nli if "nli" in needs else None,
@@ -211,7 +226,8 @@ COMMANDS = [
     ),
     Command(
         "eval",
-        "score checkers against gold labels: report.json, report.md and PNG plots",
+        "score checkers against gold labels, and their agreement with a teacher: report.json, "
+        "report.md and PNG plots",
         (EvalArguments,),
         evaluate,
     ),

@@ -58,7 +58,7 @@ def test_eval_writes_report_markdown_and_png_plots(example_verdicts, examples_di
         "eval", "--gold", str(examples_dir / "gold_steps.jsonl"),
         "--gold", str(examples_dir / "gold_traces.jsonl"),
         "--pred", f"StepGap={d / 'stepgap.jsonl'}", "--pred", f"minus-E={d / 'minusE.jsonl'}",
-        "--pred", f"flag-all={d / 'flag.jsonl'}", "--silver", "StepGap", "--resamples", "300",
+        "--pred", f"flag-all={d / 'flag.jsonl'}", "--teacher", "StepGap", "--resamples", "300",
         "-o", str(out),
     ])  # fmt: skip
     assert rc == 0
@@ -77,9 +77,12 @@ def test_eval_writes_report_markdown_and_png_plots(example_verdicts, examples_di
     assert flag["sR"] == 1.0 and flag["BA"] == 0.5 and not flag["healthy"]
     assert flag["QF1"] == pytest.approx(flag["QF1_flag_everything"])
     assert sum(flag["answer_gap"].values()) == 10
-    assert report["checkers"]["minus-E"]["silver"]["n"] == 28
+    agreement = report["teacher_agreement"]
+    assert set(agreement["checkers"]) == {"minus-E", "flag-all"}  # the teacher has no row
+    assert agreement["teacher"] == "StepGap" and agreement["checkers"]["minus-E"]["n_scored"] == 28
     md = (out / "report.md").read_text()
     assert "| flag-all |" in md and "DEGENERATE" in md and "wrong answer" in md
+    assert "## Agreement with the teacher (StepGap)" in md and "the gold figures above" in md
     for name in ("label_distribution.png", "ci_forest.png", "threshold_sweep.png"):
         with Image.open(out / name) as img:
             assert img.format == "PNG" and img.size[0] > 300 and img.size[1] > 200
