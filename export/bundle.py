@@ -1,4 +1,5 @@
-"""One offline bundle: the student (merged or adapter), the ONNX NLI model, a checksummed manifest.
+"""One offline bundle: the student (merged or adapter), the ONNX NLI model, a checksummed manifest;
+or a PRM's bundle, the student alone.
 
     BUNDLE/
       manifest.json    format and stepgap versions, sources, thresholds, prompt version,
@@ -6,6 +7,12 @@
       student/         merged safetensors shards + tokenizer and chat template, or the adapter
       nli/             model.onnx (+ model_quantized.onnx, model_fp16.onnx), tokenizer, config,
                        parity_reference.json (the probe pairs' fp32 PyTorch probabilities)
+
+A PRM (`student/prm.py`, a folder with `stepgap_prm.json`) labels every step itself: its bundle
+has no `nli/` and no tree, and `student/` holds the PRM as ONNX (model.onnx, model_quantized.onnx
+for int8), its tokenizer, config, `stepgap_prm.json` and parity_reference.json (the probe
+traces and the PyTorch probabilities at their markers). The manifest's `student.kind` says which
+(`"prm"`, or `"generative"`; a manifest without it is a generative student's).
 
 Loading verifies every checksum first and refuses pickled weights, so a bundle copied to a
 cluster either loads exactly what was exported or names the file that changed.
@@ -19,7 +26,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,12 +34,16 @@ from typing import Any
 from stepgap import __version__
 from stepgap.hub_access import CARD
 from stepgap.io import replacing
+from stepgap.student.prm import PRM_KIND, PRM_META
+from stepgap.tree import TreeConfig
 
 from .onnx_nli import ExportError, check_parity, export_onnx
+from .onnx_prm import check_prm_parity, export_prm_onnx, probe_traces
 from .serving_recipe import RECIPE, SERVED_NAME, serving_recipe
 
 log = logging.getLogger(__name__)
 
+GENERATIVE = "generative"  # a bundle's `student.kind` for the judge student (PRM_KIND: a PRM)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARITY_REFERENCE = "parity_reference.json"  # in nli/, checksummed like every file
@@ -125,7 +136,9 @@ def _export_student(
     out.mkdir(parents=True)
     adapter = is_adapter(student)
     merged = merge or not adapter
-    info: dict[str, Any] = {"path": "student", "merged": merged, "source": display_ref(student)}
+    info: dict[str, Any] = {
+        "path": "student", "kind": GENERATIVE, "merged": merged, "source": display_ref(student),
+    }  # fmt: skip
     if merged:
         tokenizer, model = load_student(student, base, device="cpu", dtype=dtype)
         tokenizer.padding_side = "left"
@@ -160,7 +173,7 @@ def _export_student(
 
 def export_bundle(
     student: str,
-    nli: str,
+    nli: str | None,
     out_dir: str | Path,
     *,
     base: str | None = None,
@@ -178,8 +191,10 @@ def export_bundle(
     eval_checker: str | None = None,
     overwrite: bool = False,
     base_revision: str | None = None,
+    prm_quantize: str | None = None,
 ) -> Path:
-    """The offline bundle of a student and an NLI model (`stepgap export`).
+    """The offline bundle of a student and an NLI model (`stepgap export`); of a PRM alone when
+    `student` is a PRM's folder (`export_prm_bundle`, which `prm_quantize` is for).
 
     The NLI model is exported to ONNX and checked against PyTorch on a probe set (built-in
     pairs, `probe`, and every NLI pair stored in the `probe_verdicts` file) before anything is
@@ -194,9 +209,7 @@ def export_bundle(
     failed parity check or a crash never leaves a half bundle that looks whole."""
     from stepgap.models import display_ref, stand_in_note
     from stepgap.teacher.prompt import PROMPT_VERSION
-    from stepgap.tree import TreeConfig
 
-    probe = [*probe, *probe_pairs(probe_verdicts)] if probe_verdicts else list(probe)
     if eval_report:
         eval_summary = summarize_eval_report(eval_report, eval_checker)
     out = Path(out_dir)
@@ -204,6 +217,22 @@ def export_bundle(
         raise FileExistsError(
             f"{out} exists: replace it with --overwrite (overwrite=True in Python)"
         )
+    if is_prm(student):
+        given = {
+            "nli": nli, "base": base, "merge": merge, "dtype": dtype, "nli_quantize": nli_quantize,
+            "nli_fp16": nli_fp16, "probe": list(probe), "base_revision": base_revision,
+            "tree": (tree or {}) != asdict(TreeConfig()) and tree,
+        }  # fmt: skip
+        return export_prm_bundle(
+            student, out, refused=[k for k, v in given.items() if v], prm_quantize=prm_quantize,
+            probe_verdicts=probe_verdicts, parity_floor=parity_floor, parity_atol=parity_atol,
+            eval_summary=eval_summary,
+        )  # fmt: skip
+    if nli is None:
+        raise ValueError(f"{student}: a student judge's bundle needs its NLI model (--nli)")
+    if prm_quantize is not None:
+        raise ValueError(f"{student} is not a PRM (no {PRM_META}): --prm-quantize is for a PRM")
+    probe = [*probe, *probe_pairs(probe_verdicts)] if probe_verdicts else list(probe)
     if nli_quantize not in (None, "int8"):
         raise ValueError(f"--nli-quantize supports int8, not {nli_quantize!r}")
     with replacing(out, folder=True, owned_by=MANIFEST) as work:
@@ -251,6 +280,80 @@ def export_bundle(
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     return out
+
+
+def is_prm(student: str | Path) -> bool:
+    """Whether `student` is a PRM's folder (its `PRM_META` beside the weights)."""
+    return (Path(student) / PRM_META).is_file()
+
+
+def export_prm_bundle(
+    prm: str | Path,
+    out: Path,
+    *,
+    refused: Sequence[str] = (),
+    prm_quantize: str | None = None,
+    probe_verdicts: str | Path | None = None,
+    parity_floor: float = 0.99,
+    parity_atol: float = 1e-3,
+    eval_summary: dict[str, Any] | None = None,
+) -> Path:
+    """The bundle of a PRM: `student/` is its ONNX graph (+ int8 with `prm_quantize="int8"`),
+    checked against PyTorch at the markers of the probe traces (those of `probe_verdicts`, else
+    built-in ones) before anything is written. `refused`: the generative bundle's options that
+    were given, each an error (a PRM has no NLI model, no base and no tree)."""
+    from stepgap.models import display_ref, stand_in_note
+    from stepgap.teacher.prompt import PROMPT_VERSION
+
+    if refused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in refused)
+        raise ValueError(
+            f"{display_ref(prm)} is a PRM (it has {PRM_META}): it labels every step itself, "
+            f"with no NLI model, base or tree; drop {flags}"
+        )
+    if prm_quantize not in (None, "int8"):
+        raise ValueError(f"--prm-quantize supports int8, not {prm_quantize!r}")
+    precisions = ["int8"] if prm_quantize == "int8" else []
+    probe = probe_traces(probe_verdicts)
+    with replacing(out, folder=True, owned_by=MANIFEST) as work:
+        onnx_dir = export_prm_onnx(prm, work / "student", int8=bool(precisions))
+        parity = check_prm_parity(
+            prm, onnx_dir, precisions, probe=probe, atol=parity_atol, floor=parity_floor
+        )
+        (onnx_dir / PARITY_REFERENCE).write_text(
+            json.dumps(parity.reference(), ensure_ascii=False), encoding="utf-8"
+        )
+        _scrub_local_paths(work)
+        config = json.loads((onnx_dir / "config.json").read_text())
+        student = {
+            "path": "student", "kind": PRM_KIND, "source": display_ref(prm),
+            "note": stand_in_note(config), "precisions": ["fp32", *precisions],
+            "default_precision": precisions[0] if precisions else "fp32",
+            "format": json.loads((onnx_dir / PRM_META).read_text())["format"],
+            "parity": {**parity.as_dict(), "reference": f"student/{PARITY_REFERENCE}"},
+        }  # fmt: skip
+        (work / MANIFEST).write_text(
+            json.dumps(_manifest(work, PROMPT_VERSION, student, eval_summary), indent=2),
+            encoding="utf-8",
+        )
+    return out
+
+
+def _manifest(
+    work: Path, prompt_version: str, student: dict[str, Any], eval_summary: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A PRM bundle's manifest: the student, its figures and every file's sha256."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "stepgap_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "prompt_version": prompt_version,
+        "student": student,
+        "eval": eval_summary,
+        "files": {
+            str(p.relative_to(work)): sha256_file(p) for p in sorted(work.rglob("*")) if p.is_file()
+        },
+    }
 
 
 _PATH_KEYS = ("_name_or_path", "name_or_path", "base_model_name_or_path")
@@ -342,23 +445,33 @@ class Bundle:
 
     root: Path
     manifest: dict[str, Any]
-    nli_dir: Path
-    nli_precision: str  # the precision chosen at export (`--nli-quantize`)
-    parity_reference: dict[str, Any] | None  # probe pairs and PyTorch probabilities, if recorded
+    nli_dir: Path | None  # None for a PRM's bundle
+    nli_precision: str | None  # the precision chosen at export (`--nli-quantize`)
+    # probe pairs (a PRM: traces) and PyTorch probabilities, if recorded
+    parity_reference: dict[str, Any] | None
     parity_atol: float | None
     parity_floor: float | None
     student_dir: Path
     student_base: str | None  # None for a merged student; a folder inside, or a pinned hub id
     student_base_revision: str | None
-    tree: dict[str, Any]  # the TreeConfig fields the teacher decided with
+    tree: dict[str, Any]  # the TreeConfig fields the teacher decided with ({} for a PRM)
     origin: dict[str, Any] | None = None  # a bundle from the Hub: its id, revision and commit
+    kind: str = GENERATIVE  # the student's kind: PRM_KIND or GENERATIVE
+    student_precision: str | None = None  # a PRM's ONNX graph chosen at export
+
+    @property
+    def is_prm(self) -> bool:
+        return self.kind == PRM_KIND
 
 
 def read_bundle(path: str | Path) -> Bundle:
     """Verify every checksum (`verify_bundle`), then read where each part is."""
     root = Path(path)
     manifest = verify_bundle(root)
-    nli, student = manifest["nli"], manifest["student"]
+    student = manifest["student"]
+    if student.get("kind", GENERATIVE) == PRM_KIND:
+        return _read_prm_bundle(root, manifest)
+    nli = manifest["nli"]
     parity = nli.get("parity") or {}
     reference = None
     if parity.get("reference"):
@@ -379,6 +492,18 @@ def read_bundle(path: str | Path) -> Bundle:
         student_base_revision=student.get("base_revision"),
         tree=manifest["tree"],
     )
+
+
+def _read_prm_bundle(root: Path, manifest: dict[str, Any]) -> Bundle:
+    student = manifest["student"]
+    parity = student["parity"]
+    reference = json.loads((root / parity["reference"]).read_text(encoding="utf-8"))
+    return Bundle(
+        root=root, manifest=manifest, nli_dir=None, nli_precision=None,
+        parity_reference=reference, parity_atol=parity["atol"], parity_floor=parity["floor"],
+        student_dir=root / student["path"], student_base=None, student_base_revision=None,
+        tree={}, kind=PRM_KIND, student_precision=student["default_precision"],
+    )  # fmt: skip
 
 
 def verify_bundle(path: str | Path) -> dict[str, Any]:

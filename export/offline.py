@@ -7,6 +7,9 @@ the ONNX NLI model on the chosen execution providers and re-runs the bundle's pa
 loads the student (safetensors only, no remote code), and runs them through the same decision
 tree as the teacher with the thresholds recorded at export.
 
+A PRM's bundle (`student.kind` "prm") gives a `BundledPRMChecker` instead: the PRM's ONNX graph
+on ONNX Runtime, its parity probe re-run there, no judge, no NLI model and no tree.
+
 `load_checker` is what the command line and a reward worker build from a `CheckerConfig`: a
 bundle's offline checker, or the hybrid checker of its judge and NLI specs (`build_checker`),
 with the student's `student:PATH` judge among the specs.
@@ -15,6 +18,7 @@ with the student's `student:PATH` judge among the specs.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -24,8 +28,9 @@ from typing import Any
 
 # importing the student's judge registers `student:PATH` among the judges load_checker builds
 from stepgap.student.judge import ServedStudentJudge, StudentJudge, student_meta
+from stepgap.student.prm import ONNXPRM, PRM_KIND, PRMChecker, PRMFormat
 from stepgap.teacher.build import CheckerConfig
-from stepgap.teacher.checker import Checker
+from stepgap.teacher.checker import Checker, StepChecker
 from stepgap.teacher.judges import JudgeBackend
 from stepgap.teacher.judges.hf import StudentJudgeOptions
 from stepgap.teacher.judges.model_judge import with_cache_and_meter
@@ -33,9 +38,10 @@ from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
 from stepgap.teacher.nli.onnx import ONNXNLI, ONNXNLIOptions, parse_providers
 from stepgap.tree import TreeConfig
 
-from .bundle import Bundle, BundleError, read_bundle
+from .bundle import GENERATIVE, MANIFEST, Bundle, BundleError, read_bundle
 from .onnx_nli import ParityError, served_parity
-from .pull import locate_bundle
+from .onnx_prm import served_prm_parity
+from .pull import BundleSource, locate_bundle
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +71,13 @@ class OfflineChecker(Checker):
     @classmethod
     def from_bundle(
         cls,
-        path: str | Path,
+        path: str | Path | Bundle,
         judge_options: StudentJudgeOptions | None = None,
         nli_options: ONNXNLIOptions | None = None,
         *,
         online: bool = False,
         served_judge: Callable[[Bundle], JudgeBackend] | None = None,
-    ) -> OfflineChecker:
+    ) -> StepChecker:
         """`judge_options`: the student's (its device, dtype, batch, answer budget, engine;
         `student_base` moves the base the bundle names); it keeps no answer cache. `online`:
         the student on vLLM's async engine, for a server. `nli_options`: which ONNX graph
@@ -82,8 +88,18 @@ class OfflineChecker(Checker):
         the student loads: probabilities off the recorded PyTorch ones raise BundleError.
         `served_judge(bundle)`: the bundle's student as served elsewhere (an OpenAI-compatible
         engine: `served_student`), used instead of loading the student here. `path` is the
-        bundle's folder, or its Hub id (`USER/NAME[@REVISION]`; a folder of that name wins)."""
-        bundle = open_bundle(path)
+        bundle's folder, or its Hub id (`USER/NAME[@REVISION]`; a folder of that name wins), or
+        a `Bundle` opened already.
+
+        A PRM's bundle gives a `BundledPRMChecker` (`bundle_prm`): `nli_options` then choose
+        its ONNX graph and providers, and a judge option or `served_judge` is an error."""
+        bundle = path if isinstance(path, Bundle) else open_bundle(path)
+        if bundle.is_prm:
+            if judge_options is not None or served_judge is not None or online:
+                raise ValueError(
+                    f"{bundle.root}: a PRM bundle has no judge; judge options do not apply to it"
+                )
+            return bundle_prm(bundle, nli_options)
         nli, served = bundle_nli(bundle, nli_options)
         judge: JudgeBackend
         if served_judge is not None:
@@ -104,7 +120,7 @@ class OfflineChecker(Checker):
     @classmethod
     def from_pretrained(
         cls, id_or_path: str | Path, *, revision: str | None = None, **options: Any
-    ) -> OfflineChecker:
+    ) -> StepChecker:
         """`from_bundle` by a Hub id and a revision, as transformers loads a model:
         `OfflineChecker.from_pretrained("user/name", revision="v1")` (a folder of that name
         wins, and its revision is not asked). `options` are `from_bundle`'s."""
@@ -119,12 +135,77 @@ class OfflineChecker(Checker):
         return models if self.origin is None else {**models, "bundle": self.origin}
 
 
+class BundledPRMChecker(PRMChecker):
+    """A PRM bundle's checker: its ONNX PRM, with the manifest, the parity probe as re-run at
+    load, and for a bundle from the Hub, the commit it came from (in every verdict)."""
+
+    manifest: dict[str, Any]
+    prm_parity: dict[str, Any]
+    origin: dict[str, Any] | None = None
+
+    @property
+    def provenance(self) -> dict[str, object]:
+        models = super().provenance
+        return models if self.origin is None else {**models, "bundle": self.origin}
+
+
+def bundle_prm(bundle: Bundle, options: ONNXNLIOptions | None = None) -> BundledPRMChecker:
+    """A PRM bundle's checker on the graph (`nli_precision`, default the bundle's) and ONNX
+    Runtime providers (`nli_provider`) `options` ask for, after its parity probe is re-run
+    there: probabilities off the recorded PyTorch ones raise BundleError."""
+    from stepgap.models import load_tokenizer
+
+    options = options or ONNXNLIOptions()
+    if options.device is not None:
+        raise ValueError("--device does not apply to a PRM bundle: choose --nli-provider")
+    precisions = bundle.manifest["student"]["precisions"]
+    precision = options.nli_precision or bundle.student_precision or "fp32"
+    if precision not in precisions:
+        raise BundleError(
+            f"{bundle.root}: the PRM bundle has {', '.join(precisions)} graphs, not {precision}"
+        )
+    runner = ONNXPRM(bundle.student_dir, precision, parse_providers(options.nli_provider))
+    checker = BundledPRMChecker(
+        runner, load_tokenizer(str(bundle.student_dir)), PRMFormat.read(bundle.student_dir)
+    )
+    try:
+        checker.prm_parity = served_prm_parity(
+            runner,
+            checker.encoder,
+            bundle.parity_reference or {},
+            atol=bundle.parity_atol,
+            floor=bundle.parity_floor,
+        )
+    except (ParityError, KeyError) as exc:
+        raise BundleError(f"{bundle.root}: {exc}") from None
+    log.info("%s: PRM parity holds on %s (%s)", bundle.root, runner.provider, precision)
+    checker.manifest = bundle.manifest
+    checker.origin = bundle.origin
+    return checker
+
+
 def open_bundle(path: str | Path) -> Bundle:
     """A bundle (a folder, or a Hub id fetched into the cache first), every checksum verified,
     with the Hub client switched offline."""
-    source = locate_bundle(path)
+    return _opened(locate_bundle(path))
+
+
+def _opened(source: BundleSource) -> Bundle:
     go_offline()
     return replace(read_bundle(source.path), origin=source.provenance())
+
+
+def located(ref: str | Path) -> str | Path | Bundle:
+    """A bundle fetched from the Hub, or a PRM's, opened (every checksum verified); a local
+    generative bundle's folder as it is, for `from_bundle` to open once its options are read.
+    Its manifest's `student.kind` is peeked at first, unverified: verifying comes next."""
+    source = locate_bundle(ref)
+    try:
+        manifest = json.loads((source.path / MANIFEST).read_text(encoding="utf-8"))
+        kind = manifest["student"].get("kind", GENERATIVE)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        kind = GENERATIVE  # read_bundle names what is wrong with it
+    return _opened(source) if kind == PRM_KIND or source.repo_id else ref
 
 
 def student_options(bundle: Bundle, options: StudentJudgeOptions | None) -> StudentJudgeOptions:
@@ -140,6 +221,8 @@ def bundle_nli(
     """The bundle's ONNX NLI model on the graph and providers `options` ask for, and its
     parity probe as re-run there (None for a bundle that records none): probabilities off the
     recorded PyTorch ones raise BundleError."""
+    if bundle.nli_dir is None:
+        raise ValueError(f"{bundle.root}: a PRM bundle has no NLI model (nor a judge student)")
     options = options or ONNXNLIOptions()
     nli = ONNXNLI(
         bundle.nli_dir,
@@ -191,18 +274,37 @@ def served_student(bundle: Bundle, name: str, options: OpenAIJudgeOptions) -> Ju
     )
 
 
-def load_checker(config: CheckerConfig, *, online: bool = False) -> Checker:
+# What a PRM bundle's configuration may set: which ONNX graph, on which providers.
+PRM_OPTIONS = ("bundle", "nli_precision", "nli_provider")
+
+
+def load_checker(config: CheckerConfig, *, online: bool = False) -> StepChecker:
     """The checker `config` describes: the offline checker of its bundle, or else the hybrid
     checker of its judge and NLI specs (`CheckerConfig.build`); `online`: for a server (a local
     judge on vLLM runs its async engine). With a bundle, `judge="openai:NAME"` asks the bundle's
     student served by an OpenAI-compatible engine at `base_url` instead of loading it here; the
     bundle still gives the schema, prompt version, NLI model and thresholds. The other judge
     options go to the bundle's student (`StudentJudgeOptions`); one it does not take is an
-    error naming its flag."""
+    error naming its flag. A PRM's bundle takes `nli_precision` and `nli_provider` (its ONNX
+    graph's) and nothing else: any other option set is an error naming its flag."""
     if not config.bundle:
         return config.build(online=online)
     if config.nli:
-        raise ValueError("--bundle brings its own NLI model; drop --nli")
+        raise ValueError("--bundle brings its own model; drop --nli")
+    bundle = located(config.bundle)
+    if isinstance(bundle, Bundle) and bundle.is_prm:
+        from stepgap.registry import flag
+
+        for name in config.changed():
+            if name not in PRM_OPTIONS:
+                raise ValueError(
+                    f"option {name} ({flag(name)}) does not apply to the PRM of --bundle "
+                    f"{config.bundle}: it has no judge, NLI model or tree; it takes "
+                    "--nli-precision and --nli-provider (its ONNX graph's)"
+                )
+        return bundle_prm(
+            bundle, config.nli_options(ONNXNLI, f"the PRM of --bundle {config.bundle}")
+        )  # type: ignore[arg-type]
     what = f"the judge of --bundle {config.bundle}"
     nli_options = config.nli_options(ONNXNLI, f"the NLI model of --bundle {config.bundle}")
     if config.judge is None:
@@ -212,7 +314,7 @@ def load_checker(config: CheckerConfig, *, online: bool = False) -> Checker:
             )
         options = config.judge_options(StudentJudge, what)
         return OfflineChecker.from_bundle(
-            config.bundle,
+            bundle,
             options,
             nli_options,
             online=online,  # type: ignore[arg-type]
@@ -225,7 +327,7 @@ def load_checker(config: CheckerConfig, *, online: bool = False) -> Checker:
         )
     options = config.judge_options(OpenAIJudge, f"the judge {config.judge}")
     return OfflineChecker.from_bundle(
-        config.bundle,
+        bundle,
         nli_options=nli_options,  # type: ignore[arg-type]
         served_judge=functools.partial(served_student, name=name, options=options),
     )

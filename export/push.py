@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from stepgap.hub_access import CARD, LICENSE, TEMPLATE, require_hub, upload_errors
+from stepgap.student.prm import PRM_KIND
 
 from .bundle import MANIFEST, verify_bundle
 
@@ -34,11 +35,13 @@ METRICS = {
 def card_metadata(manifest: dict[str, Any], repo_id: str | None = None) -> dict[str, Any]:
     """YAML front matter: license, base_model, tags, pipeline tag, and metrics if evaluated."""
     student = manifest["student"]
+    prm = student.get("kind") == PRM_KIND
     meta: dict[str, Any] = {
         "license": LICENSE,
         "library_name": "stepgap",
-        "pipeline_tag": "text-generation",
-        "tags": ["stepgap", "process-reward", "search-agent", "rag", "nli", "onnx", "grpo"],
+        "pipeline_tag": "token-classification" if prm else "text-generation",
+        "tags": ["stepgap", "process-reward", "search-agent", "rag", "onnx", "grpo"]
+        + (["prm"] if prm else ["nli"]),
     }
     if student.get("base_revision"):  # a hub base (a bundled one has no id to link to)
         meta["base_model"] = student["base"]
@@ -83,7 +86,7 @@ def _eval_table(summary: dict[str, Any] | None, manifest: dict[str, Any]) -> str
     )
     notes = list(summary.get("notes") or [])
     notes += [f"this bundle's {part}: {manifest[part]['note']}" for part in ("student", "nli")
-              if manifest[part].get("note")]  # fmt: skip
+              if (manifest.get(part) or {}).get("note")]  # fmt: skip
     warning = ""
     if notes:
         warning = (
@@ -93,15 +96,61 @@ def _eval_table(summary: dict[str, Any] | None, manifest: dict[str, Any]) -> str
     return head + "| metric | value |\n| --- | --- |\n" + "\n".join(rows) + warning
 
 
-def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
-    student, nli = manifest["student"], manifest["nli"]
-    if student["merged"]:
-        kind = "merged into its base"
-    elif student.get("base_revision"):
-        kind = f"LoRA adapter on `{student['base']}` at revision `{student['base_revision']}`"
-    else:
-        kind = f"LoRA adapter on `{student.get('base_source')}` (carried in `{student['base']}`)"
-    usage = (
+PRM_CARD = """---
+$metadata
+---
+
+# $title
+
+A **stepgap** PRM: a token-classification model that reads a search agent's whole segmented
+trace once, with a marker after each step, and predicts at each marker the step's label, no-gap,
+**CC** (contradicted claim; repair: retract), **IE** (irrelevant evidence; repair: re-search) or
+**MB** (missing bridge; repair: bridging search), and the stage of the teacher's decision tree
+that fired. It was distilled from the hybrid checker (an LLM judge and an NLI model behind a
+decision tree) and runs offline with neither: its verdicts carry the label, its repair, the
+firing stage (a path of one step) and the label's probability, never a judge's quote or reasons.
+A step whose marker falls past the model's window of $max_length tokens is a failed check,
+never a guess.
+
+## What is in this bundle
+
+| part | source |
+| --- | --- |
+| PRM (label and firing-stage heads), ONNX | $student |
+| stepgap | $stepgap_version |
+
+Every file is listed with its sha256 in `manifest.json`; loading fails, naming the file, if
+one was altered, and re-runs the parity probe on the execution provider that will serve.
+
+## Evaluation
+
+$eval_table
+
+## Usage
+
+$usage
+"""
+
+
+def render_prm_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
+    """The card of a PRM's bundle: what it labels and keeps, its graphs and parity."""
+    student = manifest["student"]
+    parity = student["parity"].get("label_agreement_with_fp32")
+    return Template(PRM_CARD).safe_substitute(
+        metadata=yaml.safe_dump(card_metadata(manifest, repo_id), sort_keys=False).strip(),
+        title=repo_id or "stepgap PRM",
+        student=f"`{student['source']}` ({', '.join(student['precisions'])}; parity: "
+        f"{json.dumps(parity) if parity else 'fp32 only'})"
+        + (f". **{student['note']}**" if student.get("note") else ""),
+        max_length=student["format"]["max_length"],
+        stepgap_version=manifest["stepgap_version"],
+        eval_table=_eval_table(manifest.get("eval"), manifest),
+        usage=_usage(repo_id),
+    )
+
+
+def _usage(repo_id: str | None) -> str:
+    return (
         "```bash\n"
         f"hf download {repo_id or 'USER/NAME'} --local-dir bundle\n"
         "stepgap check traces.jsonl --bundle bundle -o verdicts.jsonl\n"
@@ -113,6 +162,19 @@ def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
         'reward = StepGapReward(OfflineChecker.from_bundle("bundle"))\n'
         "```"
     )
+
+
+def render_card(manifest: dict[str, Any], repo_id: str | None = None) -> str:
+    if manifest["student"].get("kind") == PRM_KIND:
+        return render_prm_card(manifest, repo_id)
+    student, nli = manifest["student"], manifest["nli"]
+    if student["merged"]:
+        kind = "merged into its base"
+    elif student.get("base_revision"):
+        kind = f"LoRA adapter on `{student['base']}` at revision `{student['base_revision']}`"
+    else:
+        kind = f"LoRA adapter on `{student.get('base_source')}` (carried in `{student['base']}`)"
+    usage = _usage(repo_id)
     template = re.sub(r"<!--.*?-->\n*", "", TEMPLATE.read_text(encoding="utf-8"), flags=re.S)
     return Template(template).safe_substitute(
         metadata=yaml.safe_dump(card_metadata(manifest, repo_id), sort_keys=False).strip(),

@@ -179,8 +179,11 @@ def probe_capacity(
     from concurrent.futures import TimeoutError as Waited
 
     from stepgap.segment import segment_trace
+    from stepgap.student.prm import PRMChecker
 
     trace = segment_trace(PROBE)
+    if isinstance(reward.checker, PRMChecker):
+        return probe_prm(reward.checker, trace, client_timeout)
     if not isinstance(reward.checker, Checker):  # a remote checker: its servers probe theirs
         return "the checker is remote; its servers report their own judges"
     ask = reward.checker.judge_traces
@@ -212,6 +215,23 @@ def probe_capacity(
         f"a probe of {len(verdicts)} steps took {seconds:.1f} s ({how}): about {steps} steps, "
         f"or {steps // ROLLOUT_STEPS} rollouts of {ROLLOUT_STEPS}, are answered within the "
         f"{client_timeout:g} s a client waits; more are held, then answered 503"
+    )
+
+
+def probe_prm(checker: Any, trace: Trace, client_timeout: float) -> str:
+    """A PRM has no judge to wait for: one forward pass over `trace` says what a step costs.
+    A PRM that cannot run it is named (every request would fail the same way)."""
+    started = time.monotonic()
+    try:
+        verdicts = checker.check([trace])[0]
+    except Exception as exc:  # noqa: BLE001 - reported, as a judge's failure is
+        return f"the PRM ({checker.runner.name}) failed a probe trace: {type(exc).__name__}: {exc}"
+    seconds = time.monotonic() - started
+    steps = int(0.8 * usable_seconds(client_timeout) * len(verdicts) / max(seconds, 1e-6))
+    return (
+        f"a PRM checker ({checker.runner.name}; no judge, no NLI model): a probe trace of "
+        f"{len(verdicts)} steps took {seconds:.2f} s in one forward pass; about {steps} steps "
+        f"are answered within the {client_timeout:g} s a client waits"
     )
 
 

@@ -83,6 +83,13 @@ class StreamingReward:
         forget_after: float = 1800.0,
     ) -> None:
         checker = reward.checker
+        from stepgap.student.prm import PRMChecker
+
+        if isinstance(checker, PRMChecker):
+            raise TypeError(
+                "a PRM checker reads whole traces in one forward pass: it checks no step while "
+                "the rollout runs; score the finished rollout (/reward) instead"
+            )
         if not isinstance(checker, Checker):
             raise TypeError(
                 f"{type(checker).__name__} cannot check steps one by one: inline checking needs "

@@ -15,7 +15,9 @@ from stepgap.tree import TreeConfig
 
 @dataclass(frozen=True, kw_only=True)
 class ExportArguments:
-    student: str = option(help="trained adapter or merged", metavar="PATH")
+    student: str = option(
+        help="trained adapter or merged, or a PRM (its folder has stepgap_prm.json)", metavar="PATH"
+    )
     base: str | None = option(
         None, "the adapter's base (default: its config)", metavar="ID_OR_PATH"
     )
@@ -24,17 +26,22 @@ class ExportArguments:
         "a hub base's commit (default: the one in the local cache); local bases are copied in",
         metavar="COMMIT",
     )
-    nli: str = option(help="NLI cross-encoder", metavar="ID_OR_PATH")
+    nli: str | None = option(None, "NLI cross-encoder (not for a PRM)", metavar="ID_OR_PATH")
     output: str = option(help="bundle folder", metavar="BUNDLE", aliases=["-o"])
     merge: bool = option(False, "merge the LoRA into the base weights")
     dtype: str | None = option(None, "merged weights dtype (float32, bfloat16; default float32)")
     nli_quantize: Literal["int8"] | None = option(None, "add a dynamic int8 graph (CPU)")
     nli_fp16: bool = option(False, "add an fp16 graph (GPU)")
+    prm_quantize: Literal["int8"] | None = option(
+        None, "a PRM: add a dynamic int8 graph (CPU), which the bundle then serves by default"
+    )
     parity_floor: float = option(
         0.99, "least label agreement of int8/fp16 with fp32 on the probe set"
     )
     probe_verdicts: str | None = option(
-        None, "verdicts whose NLI pairs join the parity probe set", metavar="FILE"
+        None,
+        "verdicts whose NLI pairs join the parity probe set (a PRM: whose traces are its probe)",
+        metavar="FILE",
     )
     eval_report: str | None = option(None, "stepgap eval report.json for the card", metavar="JSON")
     eval_checker: str | None = option(
@@ -68,9 +75,14 @@ def export(args: ExportArguments, tree: TreeConfig) -> int:
         eval_checker=args.eval_checker,
         overwrite=args.overwrite,
         base_revision=args.base_revision,
+        prm_quantize=args.prm_quantize,
     )
     manifest = json.loads((out / "manifest.json").read_text())
-    print(json.dumps({"bundle": str(out), "nli_parity": manifest["nli"]["parity"]}, indent=2))
+    if "nli" in manifest:
+        summary = {"bundle": str(out), "nli_parity": manifest["nli"]["parity"]}
+    else:
+        summary = {"bundle": str(out), "prm_parity": manifest["student"]["parity"]}
+    print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -108,7 +120,8 @@ def push(args: PushArguments) -> int:
 COMMANDS = [
     Command(
         "export",
-        "one offline bundle: student (merged or adapter) + ONNX NLI + checksummed manifest",
+        "one offline bundle: student (merged or adapter) + ONNX NLI, or an ONNX PRM, + "
+        "checksummed manifest",
         (ExportArguments, TreeConfig),
         export,
     ),
