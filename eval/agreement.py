@@ -14,7 +14,7 @@ firing stage (`path[-1]`) and how often the whole path is the teacher's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -26,8 +26,15 @@ from stepgap.metrics import (
 )
 from stepgap.schema import GAP_TYPES
 
-if TYPE_CHECKING:
-    from .report import PredStep
+
+class PredStep(Protocol):
+    """What a step's prediction gives the agreement figures (`report.PredStep` is one)."""
+
+    trace_id: str
+    step: int
+    label: str | None
+    path: list[str] | None
+
 
 Key = tuple[str, int]
 SINGLE_TOKEN_NOTE = (

@@ -10,6 +10,11 @@ The pool is held out: traces the student was trained on are left out (the adapte
 them). Mined steps are split by trace into a training half and a held-out half; a short
 augmentation run continues from the adapter on the training half, an order of magnitude below
 the distillation learning rate, and the same pool is measured again.
+
+A PRM folder (`stepgap_prm.json`) is mined the same way with the PRM as the checker (no judge,
+no NLI): a step is mined where its label or its firing stage (the last token of the teacher's
+path) differs; the mined steps are written as verdicts a `kind: prm` recipe trains on, and the
+augmentation continues the PRM from its folder.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ from stepgap.data_builders.sft_data import build_sft_dataset, in_eval_split, sav
 from stepgap.io import JsonlWriter, replacing, write_text
 from stepgap.progress import progress_bar
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.checker import Checker
+from stepgap.teacher.checker import Checker, StepChecker
 from stepgap.teacher.judges.base import JudgeBackend
 from stepgap.teacher.judges.hf import StudentJudgeOptions
 from stepgap.teacher.nli.base import NLIBackend
 from stepgap.teacher.relabel import group_by_trace
 from stepgap.tree import TreeConfig
+
+from .prm import PRM_KIND, PRM_META
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,9 @@ class Comparison:
             return "label"
         return None
 
+    def same_path(self) -> bool:
+        return self.student_path == list(self.teacher.path)
+
     def short_circuit(self) -> bool:
         """The student's quote let the claim through (stage C found it, the tree said no-gap)
         where the teacher, with its own quote and NLI, found a gap."""
@@ -78,6 +88,23 @@ class Comparison:
             and self.student_label == NO_GAP
             and self.teacher.label not in (None, NO_GAP)
         )
+
+
+class PRMComparison(Comparison):
+    """A step set against a PRM's verdict: its path is the firing stage alone, so the stage is
+    compared with the last token of the teacher's path."""
+
+    def differs(self) -> str | None:
+        if self.student.label is None:
+            return f"student failed: {self.student.error}"
+        if not self.same_path():
+            return "stage"
+        if self.student_label != self.teacher.label:
+            return "label"
+        return None
+
+    def same_path(self) -> bool:
+        return bool(self.teacher.path) and self.student_path[-1:] == self.teacher.path[-1:]
 
 
 def pool_traces(pool: Sequence[Verdict]) -> list[Trace]:
@@ -105,8 +132,20 @@ def compare(
     """The shipped checker (`judge` + `nli` + the tree) over the pool's traces, set against
     the teacher on every step the teacher labeled; `CHECK_BATCH` traces at a time, their
     progress shown (as `desc`) when `progress`."""
+    return compare_with(Checker(judge, nli, config), pool, progress=progress, desc=desc)
+
+
+def compare_with(
+    checker: StepChecker,
+    pool: Sequence[Verdict],
+    *,
+    progress: bool = False,
+    desc: str = "mine",
+    kind: type[Comparison] = Comparison,
+) -> list[Comparison]:
+    """Any checker (the judge's with the tree, or a PRM) over the pool's traces, set against the
+    teacher on every step the teacher labeled (as `kind` compares them)."""
     traces = pool_traces(pool)
-    checker = Checker(judge, nli, config)
     by_key: dict[tuple[str, int], Verdict] = {}
     with progress_bar(sum(len(t.steps or []) for t in traces), desc, enabled=progress) as bar:
         for start in range(0, len(traces), CHECK_BATCH):
@@ -114,7 +153,7 @@ def compare(
                 by_key.update({(v.trace_id, v.step): v for v in verdicts})
                 bar.update(len(verdicts))
     return [
-        Comparison(v, by_key[(v.trace_id, v.step)])
+        kind(v, by_key[(v.trace_id, v.step)])
         for v in pool
         if v.label is not None and (v.trace_id, v.step) in by_key
     ]
@@ -150,7 +189,7 @@ class Agreement:
     steps: int = 0
     failed: int = 0  # no verdict (no schema-valid judge answer, or an NLI failure)
     judge_json: float | None = None  # the judge's decisions and quote equal (what the tree reads)
-    path: float | None = None  # the tree's path equal
+    path: float | None = None  # the tree's path equal (for a PRM: the firing stage)
     nli_stage: float | None = None  # stage D/E part of the path equal
     label: float | None = None  # the shipped label equal
 
@@ -167,7 +206,7 @@ class Agreement:
             steps=n,
             failed=sum(c.student.label is None for c in comparisons),
             judge_json=rate(sum(_same_decisions(c) for c in comparisons)),
-            path=rate(sum(c.student_path == list(c.teacher.path) for c in comparisons)),
+            path=rate(sum(c.same_path() for c in comparisons)),
             nli_stage=rate(
                 sum(
                     c.student.label is not None
@@ -254,14 +293,50 @@ def write_mined(
     out_dir: str | Path,
     nli: NLIBackend | None = None,
     earlier_evidence_chars: int | None = None,
+    *,
+    prm: bool = False,
 ) -> Path:
     """hard_negatives.jsonl (with reasons), sft/ (train = mined half, test = held-out half),
     and summary.json; the SFT examples are the student's own prompts (its NLI features and
-    evidence budget) over the pool's whole traces. An earlier output in `out_dir` is replaced
-    whole once all three are written."""
+    evidence budget) over the pool's whole traces. For a PRM (`prm`), prm/verdicts.jsonl in
+    place of sft/ (see `write_prm_verdicts`). An earlier output in `out_dir` is replaced whole
+    once all three are written."""
     with replacing(out_dir, folder=True, owned_by=SUMMARY) as work:
-        _write_mined(result, pool, work, nli, earlier_evidence_chars)
+        if prm:
+            _write_hard_negatives(result, work)
+            write_prm_verdicts(result, pool, work / PRM_DATA)
+            (work / SUMMARY).write_text(json.dumps(result.summary(), indent=2), encoding="utf-8")
+        else:
+            _write_mined(result, pool, work, nli, earlier_evidence_chars)
     return Path(out_dir)
+
+
+PRM_DATA = "prm"  # under a PRM's mined folder: the verdicts a `kind: prm` recipe trains on
+CONTEXT = "context: not a mined step"  # the error of the unlabelled steps around mined ones
+
+
+def write_prm_verdicts(result: MineResult, pool: Sequence[Verdict], folder: Path) -> None:
+    """`folder/verdicts.jsonl`: the whole traces of the mined training half (a PRM reads whole
+    traces), the mined steps with the teacher's verdicts and every other step without a label
+    (`CONTEXT`), so that continuing a PRM trains on the mined steps only."""
+    keep = {(v.trace_id, v.step) for v in result.train}
+    traces = {v.trace_id for v in result.train}
+    folder.mkdir(parents=True, exist_ok=True)
+    with JsonlWriter(folder / "verdicts.jsonl") as f:
+        for v in pool:
+            if v.trace_id not in traces:
+                continue
+            if (v.trace_id, v.step) not in keep:
+                v = v.model_copy(update={"label": None, "repair": None, "error": CONTEXT})
+            f.write(json.loads(v.model_dump_json()))
+
+
+def _write_hard_negatives(result: MineResult, out: Path) -> None:
+    held = {(v.trace_id, v.step) for v in result.held_out}
+    with JsonlWriter(out / "hard_negatives.jsonl") as f:
+        for v, reason in result.mined:
+            split = "held_out" if (v.trace_id, v.step) in held else "train"
+            f.write({**json.loads(v.model_dump_json()), "mined_reason": reason, "split": split})
 
 
 def _write_mined(
@@ -272,10 +347,7 @@ def _write_mined(
     earlier_evidence_chars: int | None,
 ) -> None:
     held = {(v.trace_id, v.step) for v in result.held_out}
-    with JsonlWriter(out / "hard_negatives.jsonl") as f:
-        for v, reason in result.mined:
-            split = "held_out" if (v.trace_id, v.step) in held else "train"
-            f.write({**json.loads(v.model_dump_json()), "mined_reason": reason, "split": split})
+    _write_hard_negatives(result, out)
     keep = {(v.trace_id, v.step) for v, _ in result.mined}
     context = [
         v if (v.trace_id, v.step) in keep else v.model_copy(update={"label": None, "judge": None})
@@ -320,8 +392,10 @@ def augment(
     max_steps: int = 200,
     learning_rate: float | None = None,
     overrides: Sequence[str] = (),
+    prm: bool = False,
 ) -> Path:
     """Continue training `adapter` on the mined half (`mined_dir/sft`); returns the new adapter.
+    With `prm`, `adapter` is a PRM folder, continued whole on `mined_dir/prm`.
 
     The recipe gives everything else (LoRA shape, batch, precision); the base is the adapter's own.
     `learning_rate` defaults to the recipe's own divided by `AUGMENT_LR_DIVISOR`: the paper
@@ -336,19 +410,37 @@ def augment(
 
     sets = parse_sets(list(overrides))
     out = Path(mined_dir) / "augmented"
-    settings = {
-        "model_name_or_path": sets.get("model_name_or_path") or adapter_base(adapter),
-        "init_adapter": str(adapter),
-        "dataset": str(Path(mined_dir) / "sft"),
-        "output_dir": str(out),
-        "max_steps": max_steps,
-        "max_train_examples": None,
-        **sets,
-    }
+    settings: dict[str, Any] = {"output_dir": str(out), "max_steps": max_steps,
+                                "max_train_examples": None}  # fmt: skip
+    if prm:  # the PRM folder is the base; every mined trace trains (the held-out half is apart)
+        settings |= {"model_name_or_path": str(adapter), "kind": PRM_KIND, "eval_fraction": 0.0,
+                     "dataset": str(Path(mined_dir) / PRM_DATA)}  # fmt: skip
+    else:
+        settings |= {
+            "model_name_or_path": sets.get("model_name_or_path") or adapter_base(adapter),
+            "init_adapter": str(adapter),
+            "dataset": str(Path(mined_dir) / "sft"),
+        }
+    settings |= sets
     if learning_rate is None:
         learning_rate = augment_learning_rate(config, overrides)
     train(load_config(config, {**settings, "learning_rate": learning_rate}))
     return out
+
+
+def is_prm(folder: str | Path) -> bool:
+    """A PRM's folder (`student/train.py` with a `kind: prm` recipe), not a judge student's."""
+    return (Path(folder) / PRM_META).is_file()
+
+
+def trained_traces(student: str | Path) -> list[str] | None:
+    """The traces a student (an adapter, merged folder or PRM) records it was trained on."""
+    from .judge import TRAIN_TRACES, student_meta
+
+    if is_prm(student):
+        meta = json.loads((Path(student) / PRM_META).read_text(encoding="utf-8"))
+        return meta.get(TRAIN_TRACES)
+    return student_meta(student).get(TRAIN_TRACES)
 
 
 def held_out_pool(
@@ -356,9 +448,7 @@ def held_out_pool(
 ) -> tuple[list[Verdict], dict[str, Any]]:
     """The pool without the traces the student was trained on (its `stepgap_student.json`
     lists them): disagreements on training traces measure memory, not the checker."""
-    from .judge import TRAIN_TRACES, student_meta
-
-    trained = student_meta(student).get(TRAIN_TRACES)
+    trained = trained_traces(student)
     if trained is None or allow_training_traces:
         if trained is None:
             log.warning(
@@ -385,7 +475,7 @@ def mine(
     student: str | Path,
     output: str | Path,
     *,
-    nli: str | NLIBackend,
+    nli: str | NLIBackend | None,
     gold: Sequence[str | Path] | None = None,
     tree: TreeConfig | None = None,
     device: str | None = None,
@@ -410,7 +500,8 @@ def mine(
     / 10 and measures again. Returns the summary also written to `summary.json`. `nli` is a
     spec or a backend (on `device`); `judge_options` are the student judge's
     (`StudentJudgeOptions`, or its fields by name: `student_base`, `judge_device`, ...).
-    The checker's progress is shown unless not `progress`.
+    The checker's progress is shown unless not `progress`. A PRM folder as `student` is
+    mined by `mine_prm` (`nli`, `tree` and `judge_options` are not used).
     """
     from stepgap.io import ErrorReport, read_models
     from stepgap.teacher.judges import build_judge, close_judge
@@ -427,6 +518,13 @@ def mine(
         from stepgap.eval.report import load_gold
 
         gold_steps = load_gold(gold, report).steps
+    if is_prm(student):
+        return mine_prm(
+            student, verdicts, output, pool_info, gold_steps, device=device,
+            held_out_fraction=held_out_fraction, seed=seed, augment_config=augment_config,
+            augment_steps=augment_steps, augment_lr=augment_lr, overrides=overrides,
+            progress=progress,
+        )  # fmt: skip
     nli_backend = nli
     if isinstance(nli, str):
         from stepgap.teacher.nli import load_nli
@@ -466,15 +564,70 @@ def mine(
         finally:
             close_judge(augmented)
         summary["augmented_adapter"] = str(adapter)
-        summary["short_circuit_after"] = asdict(ShortCircuit.of(after))
-        summary["agreement_after"] = asdict(Agreement.of(after))
-        # the augmentation trained on the mined train half: its held-out half is the honest check
-        held = {v.trace_id for v in result.held_out}
-        summary["agreement_held_out"] = asdict(
-            Agreement.of([c for c in comparisons if c.teacher.trace_id in held])
-        )
-        summary["agreement_after_held_out"] = asdict(
+        summary.update(after_augmenting(result, comparisons, after))
+    write_text(Path(out) / SUMMARY, json.dumps(summary, indent=2))
+    return summary
+
+
+def after_augmenting(
+    result: MineResult, before: Sequence[Comparison], after: Sequence[Comparison]
+) -> dict[str, Any]:
+    """The pool measured again after the augmentation, whole and on the mined held-out half
+    (the augmentation trained on the train half: the held-out half is the honest check)."""
+    held = {v.trace_id for v in result.held_out}
+    return {
+        "short_circuit_after": asdict(ShortCircuit.of(after)),
+        "agreement_after": asdict(Agreement.of(after)),
+        "agreement_held_out": asdict(
+            Agreement.of([c for c in before if c.teacher.trace_id in held])
+        ),
+        "agreement_after_held_out": asdict(
             Agreement.of([c for c in after if c.teacher.trace_id in held])
-        )
+        ),
+    }
+
+
+def mine_prm(
+    prm: str | Path,
+    verdicts: Sequence[Verdict],
+    output: str | Path,
+    pool_info: dict[str, Any],
+    gold: dict[tuple[str, int], str] | None = None,
+    *,
+    device: str | None = None,
+    held_out_fraction: float = 0.5,
+    seed: int = 0,
+    augment_config: str | Path | None = None,
+    augment_steps: int = 200,
+    augment_lr: float | None = None,
+    overrides: Sequence[str] = (),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """`mine` for a PRM folder: the PRM (no judge, no NLI) over the held-out pool, a step mined
+    where its label or firing stage (the last token of the teacher's path) differs; the mined
+    steps written as verdicts a `kind: prm` recipe takes and, with `augment_config`, the PRM
+    continued on the train half at the recipe's rate / 10 and measured again."""
+    from .prm import PRMChecker
+
+    def measure(folder: str | Path, desc: str) -> list[Comparison]:
+        checker = PRMChecker.from_folder(folder, device)
+        return compare_with(checker, verdicts, progress=progress, desc=desc, kind=PRMComparison)
+
+    comparisons = measure(prm, "mine")
+    result = select_hard_negatives(
+        comparisons, gold, held_out_fraction=held_out_fraction, seed=seed
+    )
+    out = write_mined(result, verdicts, output, prm=True)
+    summary = {**pool_info, **result.summary()}
+    if augment_config and result.train:
+        if augment_lr is None:
+            augment_lr = augment_learning_rate(augment_config, overrides)
+        summary["augment_learning_rate"] = augment_lr
+        folder = augment(
+            augment_config, prm, out, max_steps=augment_steps, learning_rate=augment_lr,
+            overrides=overrides, prm=True,
+        )  # fmt: skip
+        summary["augmented_prm"] = str(folder)
+        summary.update(after_augmenting(result, comparisons, measure(folder, "mine (augmented)")))
     write_text(Path(out) / SUMMARY, json.dumps(summary, indent=2))
     return summary

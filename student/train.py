@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from stepgap.hub_access import HubUploadError
 from stepgap.redact import install_redaction, redact
+from stepgap.student.prm import PRM_KIND
 from stepgap.student.recipe import Recipe, RunArguments, StudentArguments, make_parser
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ def main(
         if process_state().is_main_process:  # one report, not one per rank
             print(json.dumps(metrics, indent=2, default=str))
             what = "the LoRA adapter" if model_args.use_peft else "the model"
+            if script_args.kind == PRM_KIND:
+                what = "the PRM"
             print(f"wrote {what} to {training_args.output_dir}", file=sys.stderr)
     finally:
         _leave_process_group()

@@ -14,7 +14,9 @@ from typing import Any
 
 from stepgap.data_builders.sft_data import read_sft_metadata
 
+from .launch import accept_indexed_cpu_locations, last_checkpoint, process_state
 from .lengths import check_lengths
+from .prm import PRM_KIND
 from .recipe import Recipe, weights_dtype
 from .tiny import TINY_BASE, TINY_REF
 
@@ -55,15 +57,6 @@ def load_sft_data(recipe: Recipe) -> Any:
     return data
 
 
-def process_state() -> Any:
-    """accelerate's process state, as the Trainer will see it. Without CUDA the ranks of a
-    launch are CPU processes (gloo), which accelerate only recognises when asked for the CPU."""
-    import torch
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
 def kbit_device_map(cuda: bool | None = None) -> dict[str, int] | None:
     """Where a 4-bit base loads: this process's whole copy on its own GPU, `{"": local rank}`.
 
@@ -77,21 +70,6 @@ def kbit_device_map(cuda: bool | None = None) -> dict[str, int] | None:
     if cuda is None:
         cuda = torch.cuda.is_available()
     return {"": process_state().local_process_index} if cuda else None
-
-
-def _restore_indexed_cpu(storage: Any, location: str) -> Any:
-    return storage if location.startswith("cpu:") else None
-
-
-def _accept_indexed_cpu_locations() -> None:
-    """Let `torch.load(map_location="cpu:N")` work. A Trainer of several CPU processes (gloo)
-    resumes its optimizer with `map_location=args.device`, `cpu:0`, which torch cannot restore;
-    on GPUs the location is `cuda:N` and this is not needed. Storage is already on the CPU."""
-    import torch
-
-    registered = [entry[2] for entry in torch.serialization._package_registry]
-    if _restore_indexed_cpu not in registered:
-        torch.serialization.register_package(30, lambda obj: None, _restore_indexed_cpu)
 
 
 def load_student_base(recipe: Recipe, data: Any = None) -> tuple[Any, Any]:
@@ -193,21 +171,25 @@ def _peft(recipe: Recipe, model: Any) -> tuple[Any, Any]:
 
 
 def train(recipe: Recipe, *, resume: bool = False) -> dict[str, Any]:
-    """Train and save the adapter (and tokenizer) to `output_dir`; returns the metrics.
+    """Train and save the adapter (and tokenizer) to `output_dir`, or for a `kind: prm` recipe
+    the PRM folder (`prm_train.train_prm`); returns the metrics.
 
     Under `accelerate launch` with several processes every rank trains on its share of each
     batch; rank 0 alone writes the adapter, tokenizer, metadata and logs. With `push_to_hub`,
     a missing token or an unreachable Hub stops it before any work, and a failed upload is one
     `HubUploadError` line."""
     args = recipe.training_args
+    run = _train
+    if recipe.script_args.kind == PRM_KIND:  # the typed PRM: a token classifier, whole
+        from .prm_train import train_prm as run
     if not args.push_to_hub:
-        return _train(recipe, resume=resume)
+        return run(recipe, resume=resume)
     from stepgap.hub_access import require_hub, upload_errors
 
     what = f"push_to_hub (to {args.hub_model_id})"
     require_hub(what)  # before any work, not at the first upload
     with upload_errors(what):
-        return _train(recipe, resume=resume)
+        return run(recipe, resume=resume)
 
 
 def _train(recipe: Recipe, *, resume: bool) -> dict[str, Any]:
@@ -242,9 +224,9 @@ def _train(recipe: Recipe, *, resume: bool) -> dict[str, Any]:
     )
     name_base(trainer.model, model_ref(recipe))
     out = args.output_dir
-    checkpoint = _last_checkpoint(out) if resume else None
+    checkpoint = last_checkpoint(out) if resume else None
     if checkpoint and args.world_size > 1 and args.device.type == "cpu":
-        _accept_indexed_cpu_locations()
+        accept_indexed_cpu_locations()
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", out)
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -353,9 +335,3 @@ def write_student_metadata(
     }
     out = Path(recipe.training_args.output_dir)
     (out / STUDENT_META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-
-
-def _last_checkpoint(output_dir: str) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None

@@ -175,6 +175,19 @@ def tiny_prm(tmp_path_factory, pool) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_prm_trained(tmp_path_factory, examples_dir) -> tuple[Path, dict]:
+    """The prm-tiny recipe exactly as shipped (the teacher's labels and stages at the 21 steps of
+    7 traces, 3 traces held out, 100 optimiser steps, seconds on a CPU), trained once in this
+    process: (the PRM folder, the metrics)."""
+    out = tmp_path_factory.mktemp("tiny-prm-trained")
+    cfg = load_config(
+        REPO / "student" / "configs" / "prm-tiny.yaml",
+        {"output_dir": str(out), "dataset": str(examples_dir / "teacher_verdicts.jsonl")},
+    )
+    return out, train(cfg)
+
+
 @pytest.fixture
 def fake_openai(example_answers) -> Iterator[FakeOpenAI]:
     server = FakeOpenAI(answers=dict(example_answers)).start()

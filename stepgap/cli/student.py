@@ -41,7 +41,9 @@ class MineArguments(RecordOptions, ProgressOptions):
         "left out",
         positional=True,
     )
-    student: str | None = option(None, "trained adapter or merged (or --bundle)", metavar="PATH")
+    student: str | None = option(
+        None, "trained adapter, merged model or PRM folder (or --bundle)", metavar="PATH"
+    )
     bundle: str | None = option(
         None,
         "an exported bundle: its student, ONNX NLI model and thresholds are the checker that "
@@ -79,11 +81,18 @@ class MineArguments(RecordOptions, ProgressOptions):
     device: str | None = option(None, "NLI device", group=NLI_GROUP)
 
     def __post_init__(self) -> None:
+        from stepgap.student.mining import is_prm
+
         at_least_one("augment_steps", self.augment_steps)
         if self.bundle and (self.student or self.nli):
             raise ValueError("bundle brings its own student and NLI model: drop --student, --nli")
-        if not self.bundle and not (self.student and self.nli):
-            raise ValueError("give --student PATH with --nli SPEC, or --bundle")
+        prm = bool(self.student) and is_prm(self.student)  # a PRM checks alone: no NLI model
+        if prm and self.nli:
+            raise ValueError(f"{self.student} is a PRM, which uses no NLI model: drop --nli")
+        if not self.bundle and not (self.student and (self.nli or prm)):
+            raise ValueError(
+                "give --student PATH with --nli SPEC (a PRM folder needs no --nli), or --bundle"
+            )
         super().__post_init__()
 
 
@@ -133,7 +142,8 @@ COMMANDS = [
     ),
     Command(
         "mine",
-        "hard negatives where the student parts from the teacher; optional augmentation run",
+        "hard negatives where the student (or a PRM) parts from the teacher; optional "
+        "augmentation run",
         (MineArguments, StudentJudgeOptions, TreeConfig),
         mine,
     ),
