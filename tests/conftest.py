@@ -188,6 +188,25 @@ def tiny_prm_trained(tmp_path_factory, examples_dir) -> tuple[Path, dict]:
     return out, train(cfg)
 
 
+@pytest.fixture(scope="session")
+def prm_launched(tmp_path_factory) -> tuple[Path, Any]:
+    """The prm-tiny recipe as its file says users run it, `accelerate launch student/train.py`
+    from the repository root, once: (the PRM folder, the finished process)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("prm-launched") / "prm"
+    cmd = [
+        str(Path(sys.executable).parent / "accelerate"), "launch", "--num_machines", "1",
+        "--dynamo_backend", "no", "--num_processes", "1", "--mixed_precision", "no",
+        "student/train.py", "--config", "student/configs/prm-tiny.yaml", "--output_dir", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
 @pytest.fixture
 def fake_openai(example_answers) -> Iterator[FakeOpenAI]:
     server = FakeOpenAI(answers=dict(example_answers)).start()

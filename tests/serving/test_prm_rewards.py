@@ -1,6 +1,7 @@
 """The typed reward of a PRM bundle through TRL's reward function, veRL's compute_score and
-OpenRLHF's /get_reward on a live `stepgap serve --bundle` app: each equals `StepGapReward` over
-the bundle's `PRMChecker`, and a rollout whose steps the PRM could not read (past its window)
+OpenRLHF's /get_reward (and slime's /remote_rm) on a live `stepgap serve --bundle` app: the PRM
+trained by `accelerate launch student/train.py` with the prm-tiny recipe, exported and loaded
+from its bundle; each reward equals `StepGapReward` over the bundle's `PRMChecker`, and a rollout whose steps the PRM could not read (past its window)
 never gets a reward that looks typed."""
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def _bundle(tiny_prm, root, max_length: int | None = None):
 
 
 @pytest.fixture(scope="module")
-def prm_bundle(tiny_prm, tmp_path_factory):
-    return _bundle(tiny_prm, tmp_path_factory.mktemp("prm"))
+def prm_bundle(prm_launched, tmp_path_factory):
+    """The PRM `accelerate launch` trained from the example verdicts, in its bundle."""
+    return _bundle(prm_launched[0], tmp_path_factory.mktemp("prm"))
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +94,25 @@ def _via_frameworks(bundle, traces, tmp_path):
             "responses": [t.response for t in traces], "questions": [t.question for t in traces],
             "golden_answers": [t.golden_answers for t in traces]}, timeout=120).json()  # fmt: skip
         check = httpx.post(f"{url}/check", json={"traces": [traces[0].model_dump(mode="json")]})
+        slime = httpx.post(f"{url}/remote_rm", json={  # slime's remote_rm payload, one sample
+            "prompt": chat_prompt(traces[0].question), "response": traces[0].response,
+            "label": traces[0].golden_answers}, timeout=120)  # fmt: skip
     assert app.state.stepgap.inline is None  # a PRM checks no step while a rollout runs
-    return trl, verl, openrlhf, plain, check, served
+    return trl, verl, openrlhf, plain, check, slime, served
+
+
+def test_the_bundled_prm_is_the_trained_one(prm_bundle, pool):
+    """The bundle labels the steps it was trained on as the teacher did (its random base does
+    not: tests/student/test_prm_train.py), so the rewards below are a trained PRM's."""
+    from stepgap.student.mining import pool_traces
+
+    checker = load_checker(CheckerConfig(bundle=str(prm_bundle)))
+    teacher = {(v.trace_id, v.step): v.label for v in pool}
+    trained = set(json.loads((prm_bundle / "student" / PRM_META).read_text())["train_trace_ids"])
+    traces = [t for t in pool_traces(pool) if t.id in trained]
+    verdicts = [v for vs in checker.check(traces) for v in vs]
+    agree = sum(v.label == teacher[(v.trace_id, v.step)] for v in verdicts) / len(verdicts)
+    assert len(verdicts) == 21 and agree >= 0.8, agree
 
 
 def test_prm_rewards_through_trl_verl_and_openrlhf_equal_the_direct_reward(
@@ -103,12 +122,13 @@ def test_prm_rewards_through_trl_verl_and_openrlhf_equal_the_direct_reward(
     direct = _direct(prm_bundle, traces)
     assert all(r.unavailable is None and r.steps for r in direct)  # every step labelled
     expected = [r.reward for r in direct]
-    trl, verl, openrlhf, plain, check, served = _via_frameworks(prm_bundle, traces, tmp_path)
+    trl, verl, openrlhf, plain, check, slime, served = _via_frameworks(prm_bundle, traces, tmp_path)
     assert trl == pytest.approx(expected)
     assert [s["score"] for s in verl] == pytest.approx(expected)
     assert openrlhf.status_code == 200, openrlhf.text
     assert openrlhf.json()["rewards"] == pytest.approx(expected)
     assert plain["rewards"] == pytest.approx(expected)
+    assert slime.status_code == 200 and slime.json() == pytest.approx(expected[0])
     assert check.status_code == 200, check.text
     (verdicts,) = check.json()["verdicts"]
     assert all(len(v["path"]) == 1 and v["label"] for v in verdicts)
@@ -122,12 +142,13 @@ def test_a_prm_that_reads_no_step_gives_no_typed_reward_anywhere(
     traces = [t for t in example_traces if t.response][:2]
     direct = _direct(narrow_bundle, traces)
     assert all(r.reward is None and "past the PRM's window" in r.unavailable for r in direct)
-    trl, verl, openrlhf, plain, _, _ = _via_frameworks(narrow_bundle, traces, tmp_path)
+    trl, verl, openrlhf, plain, _, slime, _ = _via_frameworks(narrow_bundle, traces, tmp_path)
     assert trl == [None, None]
     assert isinstance(verl, RewardUnavailable) and "past the PRM's window" in str(verl)
     assert openrlhf.status_code == 503
     assert openrlhf.json()["detail"]["rewards"] == [None, None]
     assert plain["rewards"] == [None, None]
+    assert slime.status_code == 503  # slime retries; it never reads a number for this sample
 
 
 def test_inline_step_checking_refuses_a_prm_in_one_line(prm_bundle):

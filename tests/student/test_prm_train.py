@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -54,26 +51,10 @@ def _disagreeing(folder: Path, pool) -> set[tuple[str, int]]:
     }
 
 
-def _launch(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    """`accelerate launch` of the prm-tiny recipe from the repository root, as the recipe says."""
-    accelerate = Path(sys.executable).parent / "accelerate"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [
-        str(accelerate), "launch", "--num_machines", "1", "--dynamo_backend", "no",
-        "--num_processes", "1", "--mixed_precision", "no",
-        "student/train.py", "--config", "student/configs/prm-tiny.yaml", "--output_dir", str(out),
-        *extra,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 def test_accelerate_launch_writes_a_prm_that_labels_the_training_steps_as_the_teacher(
-    tmp_path, pool
+    prm_launched, pool
 ):
-    out = tmp_path / "prm"
-    proc = _launch(out)
+    out, proc = prm_launched
     assert proc.stderr.rstrip().endswith(f"wrote the PRM to {out}")
     metrics = json.loads(proc.stdout[proc.stdout.rindex("\n{\n") + 1 :])
     assert metrics["global_step"] == 100
