@@ -1,5 +1,5 @@
-"""GPU suite: judge throughput, LoRA SFT tokens/s, QLoRA 7B peak memory and ONNX NLI on CUDA in
-one command that writes one JSON, under 9 minutes on one H100.
+"""GPU suite: judge throughput, LoRA SFT tokens/s, QLoRA 7B peak memory, ONNX NLI and the typed
+PRM's steps/s on CUDA in one command that writes one JSON, under 9 minutes on one H100.
 
     python bench/gpu_suite.py [--tiny] [--only sft,qlora] [--total-budget S]
         [--out bench/results/gpu_suite.json]
@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("judge", "sft", "qlora", "onnx_nli")
+SECTIONS = ("judge", "sft", "qlora", "onnx_nli", "prm")
 NEEDS_BASE = {"judge", "sft", "qlora"}  # sections that use the causal LM built by `setup`
 GiB = 1024**3
 
 # Seconds per step on one H100 (the 7B loads from the page cache in ~15 s); the whole run must
 # stay under 9 minutes, so each section also stops at what is left of TOTAL_BUDGET_S.
-BUDGET_S = {"setup": 90, "judge": 180, "sft": 170, "qlora": 120, "onnx_nli": 40}
+BUDGET_S = {"setup": 90, "judge": 180, "sft": 170, "qlora": 120, "onnx_nli": 40, "prm": 90}
 TOTAL_BUDGET_S = 530
 TINY_BUDGET_S = 300  # per section on a shared 2-core CPU; --tiny has no total limit
 
@@ -143,6 +143,9 @@ class Sizes:
     nli_pairs: int
     nli_batch: int
     nli_repeats: int
+    prm_steps: int = 1024  # steps of the example traces the PRM section labels
+    prm_batch: int = 32  # traces a PRM forward pass
+    prm_repeats: int = 3
     budget: dict[str, int] = field(default_factory=dict)
     tiny: bool = False  # a small vocabulary (the LM head of 152k tokens is a CPU step's cost)
 
@@ -173,6 +176,9 @@ TINY_SIZES = Sizes(
     nli_pairs=48,
     nli_batch=16,
     nli_repeats=1,
+    prm_steps=16,
+    prm_batch=4,
+    prm_repeats=1,
     budget=dict.fromkeys(BUDGET_S, TINY_BUDGET_S),
     tiny=True,
 )
@@ -813,6 +819,59 @@ def section_onnx_nli(sizes: Sizes, work: Path) -> dict[str, Any]:
     }
 
 
+def section_prm(sizes: Sizes, work: Path) -> dict[str, Any]:
+    """The typed PRM's labelled steps/s (bench/prm_student.py's PRM, DeBERTa-v3-base's
+    architecture on a GPU, a tiny one with --tiny) through `PRMChecker`: PyTorch fp32, and on a
+    GPU bf16 and fp16, then ONNX fp32 on the CUDA execution provider where onnxruntime has it
+    (else said, the PyTorch figures kept; the CPU one with --tiny)."""
+    import onnxruntime as ort
+    import torch
+    from prm_student import build_prm, export_onnx, load_traces, prm_tokenizer, workload
+
+    from stepgap.student.prm import ONNXPRM, PRMChecker, PRMFormat, TorchPRM
+
+    cuda = _cuda()
+    arch = "base" if cuda else "tiny"
+    traces = workload(load_traces(REPO / "examples" / "teacher_verdicts.jsonl"), sizes.prm_steps)
+    tokenizer, described = prm_tokenizer("qwen", traces)
+    fmt = PRMFormat()
+    folder = build_prm(work / f"prm-{arch}", arch, tokenizer, fmt)
+    device = "cuda" if cuda else "cpu"
+    checkers: dict[str, Any] = {}
+    for dtype in ["float32", "bfloat16", "float16"] if cuda else ["float32"]:
+        runner = TorchPRM(folder, device)
+        runner.model.to(getattr(torch, dtype))
+        checkers[f"pytorch_{dtype}"] = PRMChecker(runner, tokenizer, fmt, sizes.prm_batch)
+    onnx = "ran"
+    provider = "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"
+    if provider not in ort.get_available_providers():
+        onnx = f"not run: onnxruntime {ort.__version__} here has no {provider}"
+    elif importlib.util.find_spec("onnx") is None:
+        onnx = "not run: the ONNX export needs onnx (pip install 'stepgap[export]')"
+    else:
+        onnx_dir, onnx = export_onnx(folder, int8=False)
+        runner = ONNXPRM(onnx_dir, "fp32", providers=[provider])
+        checkers["onnx_fp32"] = PRMChecker(runner, tokenizer, fmt, sizes.prm_batch)
+    steps = sum(len(t.steps) for t in traces)
+    speed, labelled = {}, {}
+    for name, checker in checkers.items():
+        checker.check(traces[: sizes.prm_batch])  # warm-up: kernels, the provider's arena
+        runs = []
+        for _ in range(sizes.prm_repeats):
+            start = time.perf_counter()
+            verdicts = checker.check(traces)
+            runs.append(time.perf_counter() - start)
+        speed[name] = round(steps / statistics.median(runs), 1)
+        labelled[name] = sum(v.label is not None for vs in verdicts for v in vs)
+    return {
+        "model": ("DeBERTa-v3-base's architecture" if cuda else "a tiny DeBERTa-v2")
+        + " (random weights) with the PRM's two heads",
+        "tokenizer": described, "device": device, "steps": steps, "traces": len(traces),
+        "batch_traces": sizes.prm_batch, "onnx": onnx, "steps_per_s": speed,
+        "labelled": labelled,
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------- running the sections
 
 SECTION_RUNS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
@@ -821,6 +880,7 @@ SECTION_RUNS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "sft": section_sft,
     "qlora": section_qlora,
     "onnx_nli": section_onnx_nli,
+    "prm": section_prm,
 }
 
 
@@ -899,6 +959,8 @@ def headline(name: str, result: dict[str, Any]) -> str:
         return f"peak {result['peak_allocated_gib']} GiB allocated (goal <= 10 GiB)"
     if name == "onnx_nli":
         return ", ".join(f"{k} {v:.1f}" for k, v in result["pairs_per_s"].items()) + " pairs/s"
+    if name == "prm":
+        return ", ".join(f"{k} {v:.1f}" for k, v in result["steps_per_s"].items()) + " steps/s"
     judge = result["result"]  # bench/judge_throughput.py's report
     ratios = {"HF path": "hf_vs_best_plain", "vLLM": "vllm_vs_best_plain"}
     shown = [f"{k} {judge[v]}x" for k, v in ratios.items() if judge.get(v) is not None]

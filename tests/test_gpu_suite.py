@@ -37,7 +37,7 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     )
     report = json.loads(out.read_text())
     sections = report["sections"]
-    assert list(sections) == ["judge", "sft", "qlora", "onnx_nli"]
+    assert list(sections) == ["judge", "sft", "qlora", "onnx_nli", "prm"]
     # a section that crashed is "error" (and the suite exits 1: check=True above fails first);
     # on a CPU only QLoRA may be skipped, and only for want of CUDA
     for name, section in sections.items():
@@ -104,6 +104,11 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
     assert nli["provider"] == "CPUExecutionProvider"
     assert set(nli["pairs_per_s"]) == {"pytorch_fp32", "onnx_fp32"}
     assert all(v > 0 for v in nli["pairs_per_s"].values())
+    prm = sections["prm"]  # the PRM's labelled steps/s, every step of its traces labelled
+    assert prm["status"] == "ok", prm.get("error")
+    assert set(prm["steps_per_s"]) == {"pytorch_float32", "onnx_fp32"}
+    assert all(v > 0 for v in prm["steps_per_s"].values())
+    assert prm["labelled"] == dict.fromkeys(prm["steps_per_s"], prm["steps"])
     if not torch.cuda.is_available():
         assert "CUDA" in sections["qlora"]["skipped"]
 

@@ -16,6 +16,7 @@ with one line `N passed, N failed`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,18 +144,38 @@ class Lane:
         self.stepgap("check", str(EX / "traces.jsonl"), "-o", str(self.work / "v_bundle.jsonl"),
                      "--bundle", str(self.work / "bundle"), "--no-progress", cwd=self.work)  # fmt: skip
 
+    def prm(self) -> None:
+        """docs/distillation.md's PRM block: the prm-tiny recipe through `accelerate launch`
+        into a relative folder, its bundle, `check --bundle`, and its agreement with the
+        teacher; then the bundle served, and OpenRLHF's `/get_reward` answered."""
+        cmd = [str(self.bin / "accelerate"), "launch", "--num_processes", "1", "--cpu",
+               str(REPO / "student/train.py"), "--config", str(REPO / "student/configs/prm-tiny.yaml"),
+               "--dataset", str(EX / "teacher_verdicts.jsonl"), "--output_dir", "prm_out"]  # fmt: skip
+        print("$", shlex.join(cmd), flush=True)
+        done = subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        self.stepgap("export", "--student", "prm_out", "-o", "prm_bundle", "--prm-quantize",
+                     "int8", "--probe-verdicts", str(EX / "teacher_verdicts.jsonl"), cwd=self.work)  # fmt: skip
+        self.stepgap("check", str(EX / "traces.jsonl"), "--bundle", "prm_bundle",
+                     "-o", "prm_verdicts.jsonl", "--no-progress", cwd=self.work)  # fmt: skip
+        got = self.verdicts("prm_verdicts.jsonl")
+        assert got and all(v["label"] and len(v["path"]) == 1 for v in got), got[:2]
+        self.stepgap("eval", "--gold", str(EX / "gold_steps.jsonl"), str(EX / "gold_traces.jsonl"),
+                     "--pred", f"teacher={EX / 'teacher_verdicts.jsonl'}", "--pred",
+                     "prm=prm_verdicts.jsonl", "--teacher", "teacher", "-o", "prm_report",
+                     "--no-plots", cwd=self.work)  # fmt: skip
+        assert "Agreement with the teacher" in (self.work / "prm_report/report.md").read_text()
+        trace = json.loads((EX / "traces.jsonl").read_text().splitlines()[0])
+        with self.serving("prm_bundle") as url:
+            status, answer = post(url + "/get_reward", {
+                "query": [trace["question"] + trace["response"]], "prompts": [trace["question"]],
+                "labels": [trace["golden_answers"]]})  # fmt: skip
+        assert status == 200 and isinstance(answer["rewards"][0], float), (status, answer)
+
     def serve_bundle(self) -> None:
         """README step 3: `stepgap serve --bundle`, OpenRLHF's `/get_reward` call and slime's
         `/remote_rm` payload."""
-        port = free_port()
-        cmd = [str(self.bin / "stepgap"), "serve", "--bundle", str(self.work / "bundle"),
-               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-        print("$", shlex.join(["stepgap", *cmd[1:]]), flush=True)
-        log = open(self.work / "serve.log", "w")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(cmd, cwd=self.work, env=self.env, stderr=log, stdout=log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_for(url + "/health", proc)
+        with self.serving(str(self.work / "bundle")) as url:
             trace = json.loads((EX / "traces.jsonl").read_text().splitlines()[0])
             prompt = f"Question: {trace['question']}\n"
             body = {"query": [prompt + trace["response"]], "prompts": [prompt],
@@ -175,6 +196,20 @@ class Lane:
                 assert reward == answer["rewards"][0], (reward, answer)
             else:
                 assert "step check(s) failed" in reward["detail"], reward
+
+    @contextlib.contextmanager
+    def serving(self, bundle: str) -> Iterator[str]:
+        """`stepgap serve --bundle BUNDLE` from the work folder, until the block ends: its URL."""
+        port = free_port()
+        cmd = [str(self.bin / "stepgap"), "serve", "--bundle", bundle,
+               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        print("$", shlex.join(["stepgap", *cmd[1:]]), flush=True)
+        log = open(self.work / "serve.log", "a")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(cmd, cwd=self.work, env=self.env, stderr=log, stdout=log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for(url + "/health", proc)
+            yield url
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -224,7 +259,7 @@ def run(work: Path, only: list[str]) -> int:
     lane = Lane(work, server.base_url)
     checks: list[Callable[[], None]] = [
         lane.stand_in_nli, lane.check_openai, lane.view_eval_reward, lane.check_gguf,
-        lane.train_and_export, lane.serve_bundle,
+        lane.train_and_export, lane.serve_bundle, lane.prm,
     ]  # fmt: skip
     if only:  # `run WORK NAME...`: those checks alone (the stand-in NLI is built when missing)
         checks = [lane.stand_in_nli, *(c for c in checks if c.__name__ in only)]
