@@ -146,7 +146,7 @@ def provenance_notes(records: Sequence[dict[str, Any]]) -> list[str]:
     """Why figures from these verdicts do not measure a real checker (stand-ins, replays)."""
     notes = []
     for rec in records:
-        for part in ("judge", "nli"):
+        for part in ("judge", "nli", "prm"):
             note = (rec.get(part) or {}).get("note")
             if note:
                 notes.append(f"{part} {rec[part]['spec']}: {note}")

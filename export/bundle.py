@@ -398,7 +398,7 @@ def _student_rows(checkers: dict[str, Any]) -> list[str]:
         name
         for name, row in checkers.items()
         if any(
-            str((rec.get("judge") or {}).get("spec", "")).startswith("student:")
+            str((rec.get("judge") or {}).get("spec", "")).startswith("student:") or rec.get("prm")
             for rec in row.get("provenance") or []
         )
     ]

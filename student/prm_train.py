@@ -271,10 +271,6 @@ def prm_format(recipe: Recipe) -> PRMFormat:
 def train_prm(recipe: Recipe, *, resume: bool = False) -> dict[str, Any]:
     """Train the PRM on the recipe and write its folder to `output_dir`; returns the metrics
     (global_step, the Trainer's, eval loss and the heads' held-out accuracy)."""
-    from transformers.trainer_utils import IntervalStrategy
-
-    from .launch import accept_indexed_cpu_locations, last_checkpoint
-
     script, args = recipe.script_args, recipe.training_args
     data = PRMData.of(read_verdicts(script.dataset), script.eval_fraction, args.seed)
     if not data.labelled(data.train):
@@ -293,28 +289,8 @@ def train_prm(recipe: Recipe, *, resume: bool = False) -> dict[str, Any]:
             "prm_evidence_tokens",
             past, past_eval, fmt.max_length,
         )  # fmt: skip
-    if not eval_set and args.eval_strategy != IntervalStrategy.NO:
-        log.info("%s has no held-out labelled steps: no evaluation during training", script.dataset)
-        args.eval_strategy, args.do_eval = IntervalStrategy.NO, False
-    args.label_names = ["labels", "stage_labels"]
-    trainer = prm_trainer_class()(
-        model=model,
-        args=args,
-        train_dataset=train_set,
-        eval_dataset=eval_set or None,
-        processing_class=tokenizer,
-        data_collator=PRMCollator(encoder.pad_id),
-        compute_metrics=head_accuracy,
-        preprocess_logits_for_metrics=marker_argmax,
-    )
-    checkpoint = last_checkpoint(args.output_dir) if resume else None
-    if checkpoint and args.world_size > 1 and args.device.type == "cpu":
-        accept_indexed_cpu_locations()
-    if resume and checkpoint is None:
-        log.warning("--resume: no checkpoint in %s; starting from scratch", args.output_dir)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
-    metrics = dict(result.metrics)
-    metrics.update(global_step=trainer.state.global_step, resumed_from=checkpoint)
+    trainer = prm_trainer(recipe, model, tokenizer, encoder.pad_id, train_set, eval_set)
+    metrics = fit(trainer, args, resume)
     metrics["prm_steps"] = {
         "train_traces": len(train_set), "train_steps": data.labelled(data.train),
         "held_out_traces": len(eval_set), "held_out_steps": data.labelled(data.held_out),
@@ -328,6 +304,48 @@ def train_prm(recipe: Recipe, *, resume: bool = False) -> dict[str, Any]:
     trainer.accelerator.wait_for_everyone()
     trainer.save_state()
     return metrics
+
+
+def prm_trainer(
+    recipe: Recipe,
+    model: Any,
+    tokenizer: Any,
+    pad_id: int,
+    train_set: list[dict[str, Any]],
+    eval_set: list[dict[str, Any]],
+) -> Any:
+    """The PRM's Trainer on the recipe's arguments (evaluation off without held-out steps)."""
+    from transformers.trainer_utils import IntervalStrategy
+
+    args = recipe.training_args
+    if not eval_set and args.eval_strategy != IntervalStrategy.NO:
+        log.info("%s has no held-out labelled steps: no evaluation during training",
+                 recipe.script_args.dataset)  # fmt: skip
+        args.eval_strategy, args.do_eval = IntervalStrategy.NO, False
+    args.label_names = ["labels", "stage_labels"]
+    return prm_trainer_class()(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set or None,
+        processing_class=tokenizer,
+        data_collator=PRMCollator(pad_id),
+        compute_metrics=head_accuracy,
+        preprocess_logits_for_metrics=marker_argmax,
+    )
+
+
+def fit(trainer: Any, args: Any, resume: bool) -> dict[str, Any]:
+    """Train, from `output_dir`'s last checkpoint with `resume`; the Trainer's metrics."""
+    from .launch import accept_indexed_cpu_locations, last_checkpoint
+
+    checkpoint = last_checkpoint(args.output_dir) if resume else None
+    if checkpoint and args.world_size > 1 and args.device.type == "cpu":
+        accept_indexed_cpu_locations()
+    if resume and checkpoint is None:
+        log.warning("--resume: no checkpoint in %s; starting from scratch", args.output_dir)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    return {**result.metrics, "global_step": trainer.state.global_step, "resumed_from": checkpoint}
 
 
 def trained_traces(recipe: Recipe, data: PRMData) -> list[str]:

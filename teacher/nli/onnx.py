@@ -110,12 +110,14 @@ class ONNXNLIOptions(NLIOptions):
 
     nli_precision: Literal["fp32", "int8", "fp16"] | None = option(
         None,
-        "ONNX NLI (onnx: or a bundle's): which graph (default fp32, a bundle's own)",
+        "ONNX NLI (onnx: or a bundle's), or a PRM bundle's PRM: which graph (default fp32, a "
+        "bundle's own)",
         group=NLI_GROUP,
     )
     nli_provider: list[str] | None = option(
         None,
-        "ONNX NLI (onnx: or a bundle's): ONNX Runtime execution provider(s) in order of "
+        "ONNX NLI (onnx: or a bundle's), or a PRM bundle's PRM: ONNX Runtime execution "
+        "provider(s) in order of "
         "preference, repeated or a comma list, with provider options after the name, e.g. "
         "CUDAExecutionProvider:device_id=1,CPUExecutionProvider (default: CUDA if available, "
         "then CPU); a bundle's parity probe is re-run on them at load",
