@@ -134,13 +134,11 @@ def build_prm(folder: Path, arch: str, tokenizer: Any, fmt: Any, seed: int = 0) 
     from transformers import DebertaV2Config, DebertaV2ForTokenClassification
 
     from stepgap.models import STAND_IN_KEY
-    from stepgap.student.prm import COLUMNS, head_labels
+    from stepgap.student.prm import head_config
 
-    labels = head_labels()
     config = DebertaV2Config(
         **PRM_ARCHS[arch], vocab_size=max(DEBERTA_V3_VOCAB, len(tokenizer)),
-        pad_token_id=tokenizer.pad_token_id or 0, num_labels=COLUMNS, id2label=labels,
-        label2id={v: k for k, v in labels.items()},
+        pad_token_id=tokenizer.pad_token_id or 0, **head_config(),
     )  # fmt: skip
     setattr(config, STAND_IN_KEY, f"a random-weight PRM of DeBERTa-v3-{arch}'s architecture")
     torch.manual_seed(seed)
@@ -151,44 +149,12 @@ def build_prm(folder: Path, arch: str, tokenizer: Any, fmt: Any, seed: int = 0) 
 
 
 def export_onnx(folder: Path, int8: bool = True) -> tuple[Path, str]:
-    """(folder of `model.onnx` and, with `int8`, `model_quantized.onnx`; which export made
-    them): the package's PRM export where this checkout has it (into a folder beside the
-    PRM's), else `torch.onnx.export` here, into the PRM's own folder."""
-    import importlib.util
+    """(folder of `model.onnx` and, with `int8`, `model_quantized.onnx`, beside the PRM's; which
+    export made them): the package's own PRM export, as `stepgap export` runs it."""
+    from stepgap.export.onnx_prm import export_prm_onnx
 
-    if importlib.util.find_spec("stepgap.export.onnx_prm") is not None:
-        from stepgap.export.onnx_prm import export_prm_onnx
-
-        out = export_prm_onnx(folder, folder.with_name(f"{folder.name}-onnx"), int8=int8)
-        return out, f"stepgap.export.onnx_prm.export_prm_onnx(int8={int8})"
-    import torch
-    from transformers import AutoModelForTokenClassification
-
-    from stepgap.export.onnx_nli import OPSET, quantize_int8
-    from stepgap.teacher.nli.onnx import ONNX_FILES
-
-    model = AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-
-    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])  # padded: the mask's path is traced
-    axes = {0: "batch_size", 1: "sequence_length"}
-    with torch.no_grad():
-        torch.onnx.export(
-            Logits(), (ids, (ids > 0).long()), str(folder / ONNX_FILES["fp32"]),
-            input_names=["input_ids", "attention_mask"], output_names=["logits"],
-            dynamic_axes={"input_ids": axes, "attention_mask": axes, "logits": axes},
-            opset_version=OPSET, do_constant_folding=True, dynamo=False,
-        )  # fmt: skip
-    if int8:
-        quantize_int8(folder / ONNX_FILES["fp32"], folder / ONNX_FILES["int8"])
-    return folder, "torch.onnx.export (this bench) + stepgap.export.onnx_nli.quantize_int8"
+    out = export_prm_onnx(folder, folder.with_name(f"{folder.name}-onnx"), int8=int8)
+    return out, f"stepgap.export.onnx_prm.export_prm_onnx(int8={int8})"
 
 
 # ---------------------------------------------------------------- FLOPs from configs

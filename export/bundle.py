@@ -34,7 +34,7 @@ from typing import Any
 from stepgap import __version__
 from stepgap.hub_access import CARD
 from stepgap.io import replacing
-from stepgap.student.prm import PRM_KIND, PRM_META
+from stepgap.student.prm import PRM_KIND, PRM_META, is_prm, prm_meta
 from stepgap.tree import TreeConfig
 
 from .onnx_nli import ExportError, check_parity, export_onnx
@@ -282,11 +282,6 @@ def export_bundle(
     return out
 
 
-def is_prm(student: str | Path) -> bool:
-    """Whether `student` is a PRM's folder (its `PRM_META` beside the weights)."""
-    return (Path(student) / PRM_META).is_file()
-
-
 def export_prm_bundle(
     prm: str | Path,
     out: Path,
@@ -329,7 +324,7 @@ def export_prm_bundle(
             "path": "student", "kind": PRM_KIND, "source": display_ref(prm),
             "note": stand_in_note(config), "precisions": ["fp32", *precisions],
             "default_precision": precisions[0] if precisions else "fp32",
-            "format": json.loads((onnx_dir / PRM_META).read_text())["format"],
+            "format": prm_meta(onnx_dir)["format"],
             "parity": {**parity.as_dict(), "reference": f"student/{PARITY_REFERENCE}"},
         }  # fmt: skip
         (work / MANIFEST).write_text(

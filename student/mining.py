@@ -37,7 +37,7 @@ from stepgap.teacher.nli.base import NLIBackend
 from stepgap.teacher.relabel import group_by_trace
 from stepgap.tree import TreeConfig
 
-from .prm import PRM_KIND, PRM_META
+from .prm import PRM_KIND, is_prm, prm_meta
 
 log = logging.getLogger(__name__)
 
@@ -428,18 +428,12 @@ def augment(
     return out
 
 
-def is_prm(folder: str | Path) -> bool:
-    """A PRM's folder (`student/train.py` with a `kind: prm` recipe), not a judge student's."""
-    return (Path(folder) / PRM_META).is_file()
-
-
 def trained_traces(student: str | Path) -> list[str] | None:
     """The traces a student (an adapter, merged folder or PRM) records it was trained on."""
     from .judge import TRAIN_TRACES, student_meta
 
     if is_prm(student):
-        meta = json.loads((Path(student) / PRM_META).read_text(encoding="utf-8"))
-        return meta.get(TRAIN_TRACES)
+        return prm_meta(student).get(TRAIN_TRACES)
     return student_meta(student).get(TRAIN_TRACES)
 
 

@@ -73,6 +73,17 @@ def head_labels() -> dict[int, str]:
     return dict(enumerate(names))
 
 
+def head_config() -> dict[str, Any]:
+    """The classifier keys of a PRM's transformers config: its columns and their names, both
+    ways (what a fresh PRM is built or loaded with)."""
+    labels = head_labels()
+    return {
+        "num_labels": COLUMNS,
+        "id2label": labels,
+        "label2id": {v: k for k, v in labels.items()},
+    }
+
+
 def step_targets(verdict: Verdict) -> tuple[int, int]:
     """(label column, stage column) a teacher verdict trains; IGNORE for a failed check, and
     for a stage its path does not end with (a verdict of an older tree)."""
@@ -94,8 +105,7 @@ class PRMFormat:
 
     @classmethod
     def read(cls, folder: str | Path) -> PRMFormat:
-        meta = json.loads((Path(folder) / PRM_META).read_text(encoding="utf-8"))
-        return cls(**meta["format"])
+        return cls(**prm_meta(folder)["format"])
 
     def write(self, folder: str | Path, **extra: Any) -> None:
         meta = {"kind": PRM_KIND, "format": asdict(self), "heads": head_labels(), **extra}
@@ -108,6 +118,17 @@ class PRMFormat:
                 "the PRM's tokenizer has no separator or end-of-text token: set marker"
             )
         return marker
+
+
+def is_prm(folder: str | Path) -> bool:
+    """Whether `folder` is a PRM's (its `PRM_META` beside the weights), not a judge student's."""
+    return (Path(folder) / PRM_META).is_file()
+
+
+def prm_meta(folder: str | Path) -> dict[str, Any]:
+    """A PRM folder's `PRM_META`: its format, heads, and what training recorded (the traces it
+    trained on, its base)."""
+    return json.loads((Path(folder) / PRM_META).read_text(encoding="utf-8"))
 
 
 def step_text(step: Step) -> tuple[str, str]:
@@ -383,14 +404,12 @@ def tiny_prm_base(path: str | Path, texts: Sequence[str], seed: int = 0) -> Path
         tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
     )  # fmt: skip
-    labels = head_labels()
     config = DebertaV2Config(
         vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, max_position_embeddings=512, relative_attention=True,
         position_buckets=64, pos_att_type=["p2c", "c2p"], position_biased_input=False,
         type_vocab_size=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        pad_token_id=tokenizer.pad_token_id, num_labels=COLUMNS, id2label=labels,
-        label2id={v: k for k, v in labels.items()},
+        pad_token_id=tokenizer.pad_token_id, **head_config(),
     )  # fmt: skip
     setattr(config, STAND_IN_KEY, f"a tiny random-weight DeBERTa-v2 PRM ({TINY_PRM_REF})")
     torch.manual_seed(seed)

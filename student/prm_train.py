@@ -27,11 +27,12 @@ from stepgap.schema import LABELS, Trace, Verdict
 from .prm import (
     COLUMNS,
     IGNORE,
-    PRM_META,
     TINY_PRM_REF,
     PRMEncoder,
     PRMFormat,
-    head_labels,
+    head_config,
+    is_prm,
+    prm_meta,
     step_targets,
     step_text,
 )
@@ -234,13 +235,12 @@ def load_prm_base(recipe: Recipe, data: PRMData) -> tuple[Any, Any]:
         kwargs["revision"] = model_args.model_revision
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
-    labels = head_labels()
     with explain_load_errors(ref, "tokenizer"):
         tokenizer = load_tokenizer(ref, **kwargs)
     with explain_load_errors(ref, "PRM base"):
         model = AutoModelForTokenClassification.from_pretrained(
-            ref, num_labels=COLUMNS, id2label=labels, label2id={v: k for k, v in labels.items()},
-            ignore_mismatched_sizes=True, dtype=prm_dtype(recipe), **kwargs,
+            ref, **head_config(), ignore_mismatched_sizes=True, dtype=prm_dtype(recipe),
+            **kwargs,
         )  # fmt: skip
     if tokenizer.pad_token is None:  # a decoder base
         tokenizer.pad_token = tokenizer.eos_token
@@ -351,14 +351,12 @@ def fit(trainer: Any, args: Any, resume: bool) -> dict[str, Any]:
 def trained_traces(recipe: Recipe, data: PRMData) -> list[str]:
     """The traces this PRM was trained on, with those of the PRM it continued (when its base is
     a PRM folder), so that mining and evaluation keep to held-out traces."""
-    import json
-
     from .judge import TRAIN_TRACES
 
     ids = {t.id for t in data.train}
-    meta = Path(recipe.model_args.model_name_or_path) / PRM_META
-    if meta.is_file():
-        ids |= set(json.loads(meta.read_text(encoding="utf-8")).get(TRAIN_TRACES) or [])
+    base = recipe.model_args.model_name_or_path
+    if is_prm(base):
+        ids |= set(prm_meta(base).get(TRAIN_TRACES) or [])
     return sorted(ids)
 
 

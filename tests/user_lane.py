@@ -81,6 +81,16 @@ class Lane:
         assert "Traceback" not in done.stderr, done.stderr
         return done.stderr
 
+    def launch(self, recipe: str, output_dir: str) -> None:
+        """`accelerate launch student/train.py` on a packaged recipe and the example verdicts,
+        from the work folder into the relative `output_dir`, as the recipe's comment says."""
+        cmd = [str(self.bin / "accelerate"), "launch", "--num_processes", "1", "--cpu",
+               str(REPO / "student/train.py"), "--config", str(REPO / "student/configs" / recipe),
+               "--dataset", str(EX / "teacher_verdicts.jsonl"), "--output_dir", output_dir]  # fmt: skip
+        print("$", shlex.join(cmd), flush=True)
+        done = subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+
     def verdicts(self, name: str) -> list[dict]:
         return [json.loads(x) for x in (self.work / name).read_text().splitlines()]
 
@@ -130,12 +140,7 @@ class Lane:
         """docs/distillation.md and docs/export.md: the tiny recipe through `accelerate launch`
         into a relative folder, then the adapter judged and exported from another folder."""
         student = self.work / "student"
-        cmd = [str(self.bin / "accelerate"), "launch", "--num_processes", "1", "--cpu",
-               str(REPO / "student/train.py"), "--config", str(REPO / "student/configs/tiny.yaml"),
-               "--dataset", str(EX / "teacher_verdicts.jsonl"), "--output_dir", "student"]  # fmt: skip
-        print("$", shlex.join(cmd), flush=True)
-        done = subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
+        self.launch("tiny.yaml", "student")
         nli = str(self.work / "nli")
         self.stepgap("check", str(EX / "traces.jsonl"), "-o", str(self.work / "v_student.jsonl"),
                      "--judge", f"student:{student}", "--nli", nli, "--no-progress")  # fmt: skip
@@ -148,12 +153,7 @@ class Lane:
         """docs/distillation.md's PRM block: the prm-tiny recipe through `accelerate launch`
         into a relative folder, its bundle, `check --bundle`, and its agreement with the
         teacher; then the bundle served, and OpenRLHF's `/get_reward` answered."""
-        cmd = [str(self.bin / "accelerate"), "launch", "--num_processes", "1", "--cpu",
-               str(REPO / "student/train.py"), "--config", str(REPO / "student/configs/prm-tiny.yaml"),
-               "--dataset", str(EX / "teacher_verdicts.jsonl"), "--output_dir", "prm_out"]  # fmt: skip
-        print("$", shlex.join(cmd), flush=True)
-        done = subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
+        self.launch("prm-tiny.yaml", "prm_out")
         self.stepgap("export", "--student", "prm_out", "-o", "prm_bundle", "--prm-quantize",
                      "int8", "--probe-verdicts", str(EX / "teacher_verdicts.jsonl"), cwd=self.work)  # fmt: skip
         self.stepgap("check", str(EX / "traces.jsonl"), "--bundle", "prm_bundle",

@@ -81,7 +81,7 @@ class MineArguments(RecordOptions, ProgressOptions):
     device: str | None = option(None, "NLI device", group=NLI_GROUP)
 
     def __post_init__(self) -> None:
-        from stepgap.student.mining import is_prm
+        from stepgap.student.prm import is_prm
 
         at_least_one("augment_steps", self.augment_steps)
         if self.bundle and (self.student or self.nli):
