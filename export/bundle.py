@@ -218,6 +218,7 @@ def export_bundle(
             f"{out} exists: replace it with --overwrite (overwrite=True in Python)"
         )
     if is_prm(student):
+        # a judge student's options, each refused for a PRM where it was given
         given = {
             "nli": nli, "base": base, "merge": merge, "dtype": dtype, "nli_quantize": nli_quantize,
             "nli_fp16": nli_fp16, "probe": list(probe), "base_revision": base_revision,
@@ -250,34 +251,25 @@ def export_bundle(
         )
         config = json.loads((onnx_dir / "config.json").read_text())
         tree_cfg = TreeConfig(**(tree or {}))
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "stepgap_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "prompt_version": PROMPT_VERSION,
-            "student": student_info,
-            "nli": {
-                "path": "nli",
-                "source": display_ref(nli),
-                "note": stand_in_note(config),
-                "precisions": ["fp32", *precisions],
-                "default_precision": "int8" if nli_quantize == "int8" else "fp32",
-                "id2label": config.get("id2label"),
-                "parity": {**parity.as_dict(), "reference": f"nli/{PARITY_REFERENCE}"},
-            },
-            "tree": {
-                "entail_threshold": tree_cfg.entail_threshold,
-                "contradict_threshold": tree_cfg.contradict_threshold,
-                "hypothesis": tree_cfg.hypothesis,
-            },
-            "eval": eval_summary,
-            "serving": {"recipe": RECIPE, "served_model_name": SERVED_NAME},
-            "files": {
-                str(p.relative_to(work)): sha256_file(p)
-                for p in sorted(work.rglob("*"))
-                if p.is_file()
-            },
+        nli_part = {
+            "path": "nli",
+            "source": display_ref(nli),
+            "note": stand_in_note(config),
+            "precisions": ["fp32", *precisions],
+            "default_precision": "int8" if nli_quantize == "int8" else "fp32",
+            "id2label": config.get("id2label"),
+            "parity": {**parity.as_dict(), "reference": f"nli/{PARITY_REFERENCE}"},
         }
+        tree_part = {
+            "entail_threshold": tree_cfg.entail_threshold,
+            "contradict_threshold": tree_cfg.contradict_threshold,
+            "hypothesis": tree_cfg.hypothesis,
+        }
+        serving = {"recipe": RECIPE, "served_model_name": SERVED_NAME}
+        manifest = _manifest(
+            work, PROMPT_VERSION, student_info, eval_summary,
+            nli=nli_part, tree=tree_part, serving=serving,
+        )  # fmt: skip
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     return out
 
@@ -335,15 +327,21 @@ def export_prm_bundle(
 
 
 def _manifest(
-    work: Path, prompt_version: str, student: dict[str, Any], eval_summary: dict[str, Any] | None
+    work: Path,
+    prompt_version: str,
+    student: dict[str, Any],
+    eval_summary: dict[str, Any] | None,
+    **parts: dict[str, Any],
 ) -> dict[str, Any]:
-    """A PRM bundle's manifest: the student, its figures and every file's sha256."""
+    """A bundle's manifest: the versions, the student, the other `parts` (a judge student's NLI
+    model, tree and serving recipe), its figures and every file's sha256 (written last)."""
     return {
         "format_version": FORMAT_VERSION,
         "stepgap_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prompt_version": prompt_version,
         "student": student,
+        **parts,
         "eval": eval_summary,
         "files": {
             str(p.relative_to(work)): sha256_file(p) for p in sorted(work.rglob("*")) if p.is_file()
