@@ -583,9 +583,9 @@ MUTATIONS = [
     Mutation(
         "secrets/bundle-card-push",
         "export/bundle.py",
-        '            "prompt_version": PROMPT_VERSION,',
-        '            "prompt_version": PROMPT_VERSION,\n'
-        '            "environment": dict(__import__("os").environ),',
+        '        "prompt_version": prompt_version,',
+        '        "prompt_version": prompt_version,\n'
+        '        "environment": dict(__import__("os").environ),',
         ("tests/export/test_secrets.py",),
     ),
     Mutation(
