@@ -470,6 +470,13 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
     tokens = "answer_tokens_per_s"
     return {
         **{k: v for k, v in context.items() if k != "profile"},
+        # each run's judge objects in request order (None: failed), to compare runs of two
+        # versions of the package on the same steps (`--judges-against`)
+        "judge_objects": {
+            name: [x.judge.model_dump() if x.judge is not None else None for x in r["_results"]]
+            for name, r in runs.items()
+            if r["_results"] is not None
+        },
         "best_plain": best,
         "judges_compared_with": compared,
         "hf_vs_best_plain": ratio("hf", best),
@@ -484,6 +491,21 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
         "runs": {k: {x: y for x, y in v.items() if not x.startswith("_")} for k, v in runs.items()},
         "profile": context.get("profile"),
     }
+
+
+def against(report: dict[str, Any], earlier: dict[str, Any]) -> None:
+    """Add to each run of `report` how many of its judge objects equal those of the same run in
+    `earlier` (a plain run: `earlier`'s best plain run) on the steps both answered."""
+    theirs = earlier.get("judge_objects", {})
+    for name, mine in report["judge_objects"].items():
+        other = theirs.get(earlier.get("best_plain") if name.startswith("plain") else name)
+        if other is None:
+            continue
+        shared = min(len(mine), len(other))
+        same = sum(
+            a is not None and a == b for a, b in zip(mine[:shared], other[:shared], strict=True)
+        )
+        report["runs"][name]["judges_equal_earlier"] = f"{same}/{shared}"
 
 
 def table(report: dict[str, Any]) -> str:
@@ -514,6 +536,8 @@ def table(report: dict[str, Any]) -> str:
         widths = (5, 5, 8, 8, 8)
         more = ("answer_tokens_per_step", "failed", "judges_equal_best_plain")
         cells = [cell(r.get(k), w) for k, w in zip(keys + more, widths + (8, 6, 19), strict=True)]
+        if "judges_equal_earlier" in r:
+            cells.append(f"(= earlier: {r['judges_equal_earlier']})")
         lines.append(f"{name:<16} " + " ".join(cells))
     pairs = {
         f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
@@ -603,6 +627,13 @@ def main() -> None:
         metavar="N",
         help="rows of the model_step diagnostic (default: the transformers runs' steps; "
         "0: not run): on a GPU it also times twice N, each a prefill of N prompts",
+    )
+    p.add_argument(
+        "--judges-against",
+        default=None,
+        metavar="REPORT",
+        help="an earlier report of this bench: count each run's judge objects equal to that "
+        "report's run of the same name (plain runs: its best plain run) on the steps both have",
     )
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers runs")
@@ -724,10 +755,16 @@ def main() -> None:
     tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
     path = out / f"judge_throughput-{tag}-{device.split(':')[0]}.json"
 
+    earlier = None
+    if args.judges_against:
+        earlier = json.loads(Path(args.judges_against).read_text(encoding="utf-8"))
+
     def save(complete: bool = False) -> dict[str, Any]:
         """Write the report so far (after each run: a bench killed at a time budget keeps
         what it measured); `complete` once every asked run has ended."""
         report = compose({**context, "complete": complete}, runs)
+        if earlier is not None:
+            against(report, earlier)
         with replacing(path) as partial:
             partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return report
