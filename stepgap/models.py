@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,17 @@ def pretrained_source(ref: str) -> tuple[str, dict[str, Any]]:
     return ref, {}
 
 
+# The one reach into transformers' and gguf's internals (no public API does this): while a
+# GGUF file loads, `quiet_gguf_load` replaces transformers' module-level `tqdm` in
+# `modeling_gguf_pytorch_utils`, and `gguf.GGUFReader` and `gguf.get_tensor_name_map`, which
+# transformers imports from gguf at each call. It halves a load (SmolLM2-135M on one CPU core:
+# 12.8 s, 25.1 s without) and keeps a file-format detail off the user's terminal. The lock
+# makes one thread's patches never outlive its load (a thread entering while another's are
+# in place would take them for the originals and restore them after). When transformers or
+# gguf change these names, tests/test_models.py::test_the_gguf_load_patches_still_fit fails.
+_GGUF_PATCH_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
     """While a `.gguf` file loads: no transformers progress bar for its dequantisation (a
@@ -122,30 +134,32 @@ def quiet_gguf_load(ref: str) -> Iterator[dict[str, Any]]:
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    bar = getattr(gguf_utils, "tqdm", None)  # transformers' own module-level tqdm import
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, int, int], Any] = {}
-
-    def shared_reader(path: Any, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs:  # a write mode or offsets: not what transformers asks for
-            return reader(path, *args, **kwargs)
-        stat = os.stat(path)
-        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
-        if key not in readers:
-            readers[key] = reader(path)
-        return readers[key]
-
-    if bar is not None:
-        gguf_utils.tqdm = functools.partial(bar, disable=True)
-    # transformers imports both from gguf at each call; a nested load's reader wraps this one
-    gguf.GGUFReader = shared_reader
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
-    try:
-        yield {"legacy": True}
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    with _GGUF_PATCH_LOCK:  # held for the load: other threads' GGUF loads wait
+        bar = getattr(gguf_utils, "tqdm", None)  # transformers' own module-level tqdm import
+        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
         if bar is not None:
-            gguf_utils.tqdm = bar
+            gguf_utils.tqdm = functools.partial(bar, disable=True)
+        # transformers imports both from gguf at each call; a nested load's reader wraps this one
+        gguf.GGUFReader = functools.partial(_shared_reader, reader, {})
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield {"legacy": True}
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+            if bar is not None:
+                gguf_utils.tqdm = bar
+
+
+def _shared_reader(reader: Any, readers: dict[tuple[str, int, int], Any], path: Any,
+                   *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+    """`reader(path)`, read once per file (by path, size and time) within one load."""
+    if args or kwargs:  # a write mode or offsets: not what transformers asks for
+        return reader(path, *args, **kwargs)
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in readers:
+        readers[key] = reader(path)
+    return readers[key]
 
 
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jinja")
@@ -154,8 +168,8 @@ MODEL_FILES = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jin
 def model_identity(ref: str, model: Any = None) -> str:
     """What a cache keys a local model's answers by, so that another model under the same name
     never answers from them: for a folder or a `.gguf` file, a digest of its files (names, sizes,
-    and the first and last MiB of each: cheap for 15 GB); for a hub id, the commit it was loaded
-    at (`model.config._commit_hash`), else the id alone."""
+    and the first and last MiB of each: cheap for 15 GB); for a hub id whose `model` was loaded,
+    the commit it was loaded at (`hub_commit`), else the id alone."""
     import hashlib
     from pathlib import Path
 
@@ -175,9 +189,26 @@ def model_identity(ref: str, model: Any = None) -> str:
                     fh.seek(-(1 << 20), os.SEEK_END)
                     digest.update(fh.read())
         return f"files:{digest.hexdigest()[:16]}"
-    # a config of some transformers versions keeps the commit it was loaded at, others not
-    commit = getattr(model.config, "_commit_hash", None) if model is not None else None
+    commit = hub_commit(ref) if model is not None else None
     return f"{ref}@{commit}" if commit else ref
+
+
+def hub_commit(ref: str, revision: str | None = None) -> str | None:
+    """The commit that hub id `ref` at `revision` (default: main) resolves to in the local
+    Hugging Face cache, which is the commit a load of it reads (online, the load has just
+    updated the cache's ref); None when it is not cached. The commit is the name of the
+    snapshot folder that huggingface_hub's `try_to_load_from_cache` returns a file of (the
+    cache layout huggingface_hub documents: `snapshots/<commit>/`)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(ref, "config.json", revision=revision)
+    except Exception:  # an id huggingface_hub itself refuses
+        return None
+    if not isinstance(found, str):
+        return None
+    snapshot = Path(found).parent
+    return snapshot.name if snapshot.parent.name == "snapshots" else None
 
 
 def align_chat_eos(tokenizer: Any) -> None:

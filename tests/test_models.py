@@ -101,6 +101,37 @@ def test_a_local_models_identity_follows_its_files_not_its_name(tmp_path):
     assert model_identity("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
 
 
+def test_a_hub_models_identity_is_the_commit_it_was_loaded_at(tmp_path):
+    """A hub id loaded offline from a Hugging Face cache (the layout huggingface_hub writes:
+    refs/main naming a commit, snapshots/<commit>/ holding its files): its identity carries
+    that commit, and moves with refs/main to another commit. Without a load, the id alone."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.fixtures.models import build_qwen2
+
+    repo = tmp_path / "hub" / "models--me--tiny"
+    commits = ["1" * 40, "2" * 40]
+    for seed, commit in enumerate(commits):
+        build_qwen2(repo / "snapshots" / commit, seed=seed, hidden=32, layers=1)
+    (repo / "refs").mkdir()
+    load = (
+        "from transformers import AutoModelForCausalLM\n"
+        "from stepgap.models import model_identity\n"
+        "model = AutoModelForCausalLM.from_pretrained('me/tiny')\n"
+        "print(model_identity('me/tiny', model), model_identity('me/tiny'))\n"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    for commit in commits:
+        (repo / "refs" / "main").write_text(commit)
+        done = subprocess.run(
+            [sys.executable, "-c", load], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == [f"me/tiny@{commit}", "me/tiny"]
+
+
 def test_a_gguf_files_metadata_is_read_once_per_load_and_gguf_is_restored_after(monkeypatch):
     """transformers reads a GGUF file's metadata for each of tokenizer, config and weights (3.4 s
     each for SmolLM2): inside one `quiet_gguf_load`, nested loads share one reading."""
@@ -128,3 +159,69 @@ def test_a_gguf_files_metadata_is_read_once_per_load_and_gguf_is_restored_after(
     assert gguf.GGUFReader is counting  # restored
     assert config.model_type == "llama" and tokenizer.eos_token == "<|im_end|>"
     assert tokenizer("The capital of France")["input_ids"] == [504, 3575, 282, 4649]
+
+
+def test_the_gguf_load_patches_still_fit(monkeypatch, capfd):
+    """What `quiet_gguf_load` replaces is still what transformers reads as it loads a GGUF
+    file: the file is read once, gguf's tensor-name map is built once per architecture, and
+    the dequantisation bar stays off. Fails when transformers or gguf change those names."""
+    import gguf
+
+    from stepgap.teacher.judges.hf import load_causal_lm
+    from tests.fixtures.models import smollm2_gguf
+
+    opened: list[str] = []
+    maps: list[tuple] = []
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def reader(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_reader(path, *args, **kwargs)
+
+    def name_map(*args):
+        maps.append(args)
+        return real_map(*args)
+
+    monkeypatch.setattr(gguf, "GGUFReader", reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", name_map)
+    path = str(smollm2_gguf())
+    capfd.readouterr()
+    load_causal_lm(path, "cpu")
+    assert opened == [path]
+    assert maps and len(maps) == len(set(maps))
+    assert "de-quantizing" not in capfd.readouterr().err
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # restored
+
+
+def test_a_gguf_loads_patches_never_outlive_it_in_another_thread():
+    """Two threads loading GGUF files: the second waits for the first's load to end, so that
+    neither restores the other's patches as the originals."""
+    import threading
+    import time
+
+    import gguf
+
+    real = gguf.GGUFReader
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        with models.quiet_gguf_load("a.gguf"):
+            inside.set()
+            release.wait(5)
+            order.append("first out")
+
+    def second() -> None:
+        inside.wait(60)
+        with models.quiet_gguf_load("b.gguf"):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    inside.wait(60)
+    time.sleep(0.3)  # time for the second to enter, were it not kept out
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["first out", "second in"]
+    assert gguf.GGUFReader is real

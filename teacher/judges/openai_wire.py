@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import json
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from stepgap.redact import redact
@@ -81,18 +81,26 @@ async def connects(host: str, port: int, seconds: float = 1.0, settle: float = 0
     return open_
 
 
+def sdk_http_package() -> ModuleType:
+    """The HTTP package the installed OpenAI SDK is built on, by the SDK's major version, as
+    its releases document it: `httpx` through openai 2.x, its successor `httpx2` from 3.0 on
+    (openai 3's README: "HTTPX2 is the default HTTP client"). A transport or client given to
+    the SDK must come from that package; the `teacher` extra declares both."""
+    from importlib.metadata import version
+
+    major = int(version("openai").split(".", 1)[0])
+    return importlib.import_module("httpx" if major < 3 else "httpx2")
+
+
 def watched_http_client(reach: EngineLimit) -> Any:
-    """The SDK's own async HTTP client (its defaults kept), through a transport that tells
-    `reach` of each connection refused or timed out (the server is down) and of each answer
-    (it is up) as it happens: the SDK's retries, with their backoff, would otherwise hide an
-    outage for seconds a request. The HTTP package is the SDK's own (`httpx` or its successor),
-    found from the client class, so that the transport fits whichever the SDK uses."""
+    """The SDK's own async HTTP client (`openai.DefaultAsyncHttpxClient`: its defaults kept),
+    through a transport that tells `reach` of each connection refused or timed out (the server
+    is down) and of each answer (it is up) as it happens: the SDK's retries, with their backoff,
+    would otherwise hide an outage for seconds a request. The transport is built from the
+    SDK's HTTP package (`sdk_http_package`)."""
     import openai
 
-    client_class = openai.DefaultAsyncHttpxClient
-    http = importlib.import_module(
-        inspect.getmodule(client_class.__mro__[1]).__name__.split(".")[0]
-    )
+    http = sdk_http_package()
 
     class Watched(http.AsyncBaseTransport):  # type: ignore[name-defined,misc]
         def __init__(self) -> None:
@@ -117,7 +125,7 @@ def watched_http_client(reach: EngineLimit) -> Any:
         async def aclose(self) -> None:
             await self.inner.aclose()
 
-    return client_class(transport=Watched())
+    return openai.DefaultAsyncHttpxClient(transport=Watched())
 
 
 class JudgeLoop:

@@ -187,3 +187,27 @@ def test_vllm_loads_weights_without_a_bar_when_the_hubs_bars_are_off(vllm_on, mo
     assert vllm_engine.engine_args("m", **kwargs)["use_tqdm_on_load"] is True
     hub_tqdm.disable_progress_bars()
     assert vllm_engine.engine_args("m", **kwargs)["use_tqdm_on_load"] is False
+
+
+@pytest.mark.slow
+def test_a_gguf_model_is_written_as_the_plain_weights_it_was_loaded_as(tmp_path, monkeypatch):
+    """SmolLM2's GGUF file, dequantized as transformers loads it, goes into a merged folder as
+    a plain model (no quantization config, which vLLM would read as a GGUF checkpoint): the
+    folder loads back with the very tensors and config the GGUF load gave."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from stepgap.teacher.judges.hf import load_causal_lm
+    from tests.fixtures.models import smollm2_gguf
+
+    monkeypatch.setenv("STEPGAP_MODELS", str(tmp_path))
+    tokenizer, model = load_causal_lm(str(smollm2_gguf()), "cpu")
+    folder = vllm_engine.merged_folder("gguf:1", lambda: (tokenizer, model))
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    want, got = model.state_dict(), loaded.state_dict()
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert "gguf" not in str(getattr(loaded.config, "quantization_config", "")).lower()

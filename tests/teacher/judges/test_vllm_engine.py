@@ -92,6 +92,29 @@ def test_the_student_on_vllm_gives_the_hf_answers_on_every_example_step(
         assert a.error is None and b.error is None
 
 
+def test_closing_the_judge_ends_the_engines_processes(bundle, models_dir):
+    """`close` shuts vLLM's engine down at once: the processes it started (its engine core,
+    its worker) end, and with them the model's memory, not at interpreter exit. (Python's
+    multiprocessing resource tracker, started with them, lives as long as this process.)"""
+    import psutil
+
+    def started() -> list[psutil.Process]:
+        return [
+            p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())
+        ]  # fmt: skip
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    checker = OfflineChecker.from_bundle(
+        bundle, StudentJudgeOptions(engine="vllm", judge_dtype="float32")
+    )
+    engine = started()
+    assert engine  # the engine core runs in a process of its own
+    checker.close()
+    _, alive = psutil.wait_procs(engine, timeout=60)
+    assert alive == [] and started() == []
+
+
 @pytest.mark.slow
 def test_smollm2_on_vllm_gives_the_hf_labels(tmp_path, models_dir, example_traces, bundle):
     """SmolLM2-135M (real weights, dequantized from its GGUF into a folder once) as an `hf:`
