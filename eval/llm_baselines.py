@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stepgap.eval.baselines import Baseline
 from stepgap.schema import REPAIRS, Step, Trace, Verdict
-from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest
+from stepgap.teacher.judges.base import JudgeBackend, JudgeRequest, StepData
 from stepgap.teacher.prompt import build_messages
 from stepgap.tree import JudgeResult
 
@@ -161,8 +161,11 @@ def build_llm_requests(trace: Trace) -> list[JudgeRequest]:
     for i, step in enumerate(trace.steps):
         messages = build_messages(trace.question, trace.steps, i)
         messages[0] = {"role": "system", "content": SYSTEM_PROMPT}
+        data = StepData(trace.question, trace.steps, i)
         requests.append(
-            JudgeRequest(trace.id, step.index, step.type, messages, answer=PromptOnlyAnswer)
+            JudgeRequest(
+                trace.id, step.index, step.type, messages, answer=PromptOnlyAnswer, step_data=data
+            )
         )
     return requests
 

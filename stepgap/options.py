@@ -94,6 +94,33 @@ def _default(f: dataclasses.Field) -> Any:
     return None if f.default is dataclasses.MISSING else f.default
 
 
+def bases_of(*classes: type[Options]) -> tuple[type[Options], ...]:
+    """The bases of one options class that holds the fields of all `classes` (`CheckerConfig`
+    holds every judge's): each class once, in the order given, less those another one extends
+    (its fields come with it) and the base `Options`. A field that two of them declare must
+    agree, the same type and default (the flag has one of each): otherwise a TypeError at
+    import that names the field and both classes."""
+    kept = [c for c in dict.fromkeys(classes) if c is not Options]
+    kept = [c for c in kept if not any(o is not c and issubclass(o, c) for o in kept)]
+    seen: dict[str, tuple[type[Options], Any, Any]] = {}
+    for cls in kept:
+        for f in dataclasses.fields(cls):
+            mine = (cls, f.type, _default(f))
+            other = seen.setdefault(f.name, mine)
+            if other[1:] != mine[1:]:
+                raise TypeError(
+                    f"option {f.name!r} is declared twice, differently: "
+                    f"{_described(other, f.name)} and {_described(mine, f.name)}; give one "
+                    "another name, or the same type and default"
+                )
+    return tuple(kept)
+
+
+def _described(declared: tuple[type[Options], Any, Any], name: str) -> str:
+    cls, kind, default = declared
+    return f"{cls.__module__}.{cls.__qualname__}.{name}: {kind} = {default!r}"
+
+
 def overrides_of(cls: type[Options], name: str, note: str = "") -> type[Options]:
     """The same fields as `cls` with no defaults of their own (None: not given), for a command
     that changes only what it is told (`relabel` starts from the tree each verdict recorded);

@@ -2,12 +2,14 @@
 plug-ins from other distributions found through Python entry points.
 
 Each kind of backend is one `Registry`: judges (`teacher/judges`), NLI models (`teacher/nli`),
-rollout policies and retrievers (`data_builders`) and baselines (`eval`). A registry lists its
-layer's own backends in code (`builtin`: kind -> `module:Class`, imported when a spec first asks
-for it, in the manner of lm-evaluation-harness's `MODEL_MAPPING`); a layer above adds its own
-with `register` (the student's `student:` judge, when `stepgap.student` is imported); a plug-in
-package declares its backends under the registry's entry-point group (`stepgap.judges`,
-`stepgap.nli`, `stepgap.policies`, `stepgap.retrievers`, `stepgap.baselines`).
+rollout policies and retrievers (`data_builders`) and baselines (`eval`). A registry knows its
+layer's own backends (`Registry.builtins()` lists them): a table in code (`builtin`: kind ->
+`module:Class`, imported when a spec first asks for it, in the manner of lm-evaluation-harness's
+`MODEL_MAPPING`), or the backend modules of a package (`package`: the judges, where a new judge is
+one file; `backends_in`); a layer above adds its own with `register` (the student's `student:`
+judge, when `stepgap.student` is imported); a plug-in package declares its backends under the
+registry's entry-point group (`stepgap.judges`, `stepgap.nli`, `stepgap.policies`,
+`stepgap.retrievers`, `stepgap.baselines`).
 
 A backend is a subclass of its kind's abstract class (`interface`), itself a `Backend`: it
 declares its options as a dataclass of its own (`options_class`, `stepgap.options`), and a spec
@@ -19,12 +21,16 @@ an error naming the option and the backend.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
+import re
 import sys
 from abc import ABC
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import FunctionType
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -122,7 +128,8 @@ def flag(name: str) -> str:
 class Registry(Generic[B]):
     """One kind of backend: `what` names it in messages ("judge"), `group` is its entry-point
     group for plug-ins, `interface` the abstract class every backend subclasses, `builtin` its
-    own backends (kind -> `module:Class`); `default` is the backend of a spec without a known
+    own backends as a table (kind -> `module:Class`) and `package` a package whose modules
+    define its own backends (`backends_in`); `default` is the backend of a spec without a known
     `KIND:` prefix; `arg_required`: a spec must carry an ARG (a baseline's name alone is a whole
     spec); `bare` what a spec without `KIND:` may have meant, `{spec}` filled in."""
 
@@ -133,8 +140,39 @@ class Registry(Generic[B]):
     default: str | None = None
     arg_required: bool = True
     bare: str | None = None
+    package: str | None = None
     _added: dict[str, type[B] | str] = field(default_factory=dict, repr=False)
     _found: tuple[tuple[str, ...], dict[str, str]] | None = field(default=None, repr=False)
+    _in_package: dict[str, type[B]] | None = field(default=None, repr=False)
+
+    def builtins(self) -> dict[str, type[B] | str]:
+        """stepgap's own backends of this kind (kind -> class or `module:Class`), in kind order:
+        the `builtin` table and the backends `package` defines (found once per process)."""
+        if self.package is not None and self._in_package is None:
+            self._in_package = backends_in(self.package, self.interface, self.what)
+        return dict(sorted({**self.builtin, **(self._in_package or {})}.items()))
+
+    def options_classes(self) -> tuple[type[Options], ...]:
+        """The options classes of stepgap's own backends of this kind (`builtins`, imported
+        now), in kind order: each backend's `options_class`, and every other options class its
+        module defines beside it, for a backend a layer above builds on it (the student judge's
+        `StudentJudgeOptions`, beside the local judge's). The base `Options`, which holds no
+        field, is left out. A configuration that holds the options of every backend of the kind
+        derives from these (`CheckerConfig`, with `stepgap.options.bases_of`)."""
+        found: dict[type[Options], None] = {}
+        for entry in self.builtins().values():
+            backend = resolve(entry)
+            found[backend.options_class] = None
+            module = sys.modules[backend.__module__]
+            for obj in vars(module).values():
+                if _options_class_of(obj, module.__name__):
+                    found[obj] = None
+        return tuple(c for c in found if c is not Options)
+
+    def own(self) -> dict[str, type[B] | str]:
+        """stepgap's own backends of this kind: `builtins`, and those a layer above registered
+        in this process (the student's judge, once `stepgap.student` is imported); no plug-in."""
+        return {**self.builtins(), **self._added}
 
     def plugins(self) -> dict[str, str]:
         """The backends other distributions declare under `group` (kind -> entry point); one
@@ -143,7 +181,7 @@ class Registry(Generic[B]):
         if self._found is None or self._found[0] != key:
             found = {}
             for ep in entry_points(group=self.group):
-                if ep.name in self.builtin:
+                if ep.name in self.builtins():
                     log.warning(
                         "%s: the entry point %s = %s reuses stepgap's own %s kind %r; it is "
                         "passed over", self.group, ep.name, ep.value, self.what, ep.name,
@@ -155,7 +193,7 @@ class Registry(Generic[B]):
 
     def names(self) -> list[str]:
         """Every kind a spec may name: the built-ins, those registered here, the plug-ins."""
-        return sorted({*self.builtin, *self._added, *self.plugins()})
+        return sorted({*self.builtins(), *self._added, *self.plugins()})
 
     def register(self, name: str, backend: type[B] | str) -> None:
         """Add a backend for this process: its class, or its import path `module:Class`."""
@@ -179,7 +217,8 @@ class Registry(Generic[B]):
     def backend(self, name: str) -> type[B]:
         """The class of backend `name`, imported now; one that does not subclass `interface`
         is an error naming the class to subclass."""
-        entry = self.builtin.get(name) or self._added.get(name) or self.plugins().get(name)
+        own = self.builtins().get(name) or self._added.get(name)
+        entry = own or self.plugins().get(name)
         if entry is None:
             raise UnknownBackendError(f"no {self.what} backend {name!r} in {self.group}")
         found = resolve(entry)
@@ -206,11 +245,59 @@ class Registry(Generic[B]):
         return backend.from_spec(arg, make_options(backend, options, what), **context)  # type: ignore[return-value]
 
 
+# A class-level `name = ...` (or `name: str = ...`) line: the mark of a module that may define a
+# backend, read from its source so that helper modules are never imported to find out.
+_NAMES_A_KIND = re.compile(r"^    name(?:: [^=\n]+)? = ", re.M)
+
+
+def backends_in(package: str, interface: type[B], what: str = "backend") -> dict[str, type[B]]:
+    """The backends the modules of `package` define, by kind: each class that subclasses
+    `interface`, is defined in its module, is not abstract and sets its own `name` (the KIND of
+    its specs). Adding a backend is adding its module: no table to edit. Only the modules whose
+    source sets a class-level `name` are imported (the others are helpers, and one may import
+    a heavy library such as transformers at module level). Two backends of one kind are an
+    error naming both."""
+    found: dict[str, type[B]] = {}
+    for folder in importlib.import_module(package).__path__:
+        for path in sorted(Path(folder).glob("*.py")):
+            if path.name.startswith("_") or not _NAMES_A_KIND.search(path.read_text("utf-8")):
+                continue
+            module = importlib.import_module(f"{package}.{path.stem}")
+            for obj in vars(module).values():
+                if not _backend_of(obj, interface, module.__name__):
+                    continue
+                if obj.name in found:  # type: ignore[attr-defined]
+                    other = found[obj.name]  # type: ignore[attr-defined]
+                    raise TypeError(
+                        f"two {what} backends of kind {obj.name!r}: "  # type: ignore[attr-defined]
+                        f"{other.__module__}.{other.__qualname__} and "
+                        f"{obj.__module__}.{obj.__qualname__}; give one another name"
+                    )
+                found[obj.name] = obj  # type: ignore[attr-defined]
+    return found
+
+
+def _backend_of(obj: Any, interface: type, module: str) -> bool:
+    """Whether `obj` is a backend that module `module` defines under a kind of its own."""
+    return (
+        isinstance(obj, type)
+        and issubclass(obj, interface)
+        and obj is not interface
+        and obj.__module__ == module
+        and "name" in vars(obj)
+        and not inspect.isabstract(obj)
+    )
+
+
+def _options_class_of(obj: Any, module: str) -> bool:
+    """Whether `obj` is an options class that module `module` defines."""
+    return isinstance(obj, type) and issubclass(obj, Options) and obj.__module__ == module
+
+
 def resolve(entry: str | Callable[..., Any] | type) -> Any:
     """The object an entry names: itself, or the object at `"module:attribute.path"`."""
     if not isinstance(entry, str):
         return entry
-    import importlib
 
     module, _, attribute = entry.partition(":")
     target: Any = importlib.import_module(module)

@@ -26,7 +26,7 @@ from stepgap.data_builders.student_target import (
 from stepgap.models import explain_load_errors, looks_like_hub_id, model_identity
 from stepgap.schema import Judge
 from stepgap.student.tiny import TINY_BASE, TINY_REF
-from stepgap.teacher.judges import JUDGES
+from stepgap.teacher.judges import register_judge
 from stepgap.teacher.judges.base import JudgeConfigError
 from stepgap.teacher.judges.hf import (
     HFJudge,
@@ -248,5 +248,7 @@ def student_meta(path: str | Path) -> dict[str, Any]:
     return json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
 
 
-# `student:PATH` beside the teacher's judges: a spec names it once `stepgap.student` is imported
-JUDGES.register("student", StudentJudge)
+# `student:PATH` beside the teacher's judges: a spec names it once `stepgap.student` is imported.
+# Its options class lives beside the local judge's (teacher/judges/hf.py), where the checker's
+# configuration finds it for the flags; its page is docs/judges/student.md.
+register_judge("student", StudentJudge)

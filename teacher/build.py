@@ -2,13 +2,13 @@
 Python users alike (a notebook, a veRL worker, a sweep script).
 
 `CheckerConfig` is the checker's configuration as data: the specs, the options of the judges
-and NLI models stepgap ships (each backend's own options class: `OpenAIJudgeOptions`,
-`StudentJudgeOptions` with the local judge's, `ONNXNLIOptions` with the NLI model's) and the
-tree's thresholds (`TreeConfig`), all as fields of one flat dataclass. Its field names are the
-flags of `stepgap check`, `label` and `serve`, the keys of their `--config` files and of a
-reward worker's JSON file. A bundle is loaded a layer up, beside the bundle it reads
-(`stepgap.export.offline.load_checker`), where the command line and the reward choose between
-the two.
+and NLI models stepgap ships (each backend's own options class: those of every judge module in
+`teacher/judges`, as the judges' registry finds them, `ONNXNLIOptions` with the NLI model's) and
+the tree's thresholds (`TreeConfig`), all as fields of one flat dataclass. Its field names are
+the flags of `stepgap check`, `label` and `serve`, the keys of their `--config` files and of a
+reward worker's JSON file: a new judge's options reach all of them from its own module. A
+bundle is loaded a layer up, beside the bundle it reads (`stepgap.export.offline.load_checker`),
+where the command line and the reward choose between the two.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stepgap.options import Options, option
+from stepgap.options import Options, bases_of, option
 from stepgap.registry import options_for
 from stepgap.tree import TreeConfig
 
 from .checker import Checker
 from .judges import JUDGE_GROUP, JUDGES, JudgeBackend, build_judge
-from .judges.hf import StudentJudgeOptions
-from .judges.openai_api import OpenAIJudgeOptions
 from .nli import NLI_BACKENDS, NLI_GROUP, NLIBackend, load_nli
 from .nli.onnx import ONNXNLIOptions
 
@@ -33,8 +31,9 @@ REFUSED_KEYS = {
     "api_key": "an API key is never read from a file: name the environment variable that holds "
     "it with api_key_env (default OPENAI_API_KEY)",
 }
-# The options classes of the judges and NLI models whose fields `CheckerConfig` holds.
-JUDGE_OPTIONS = (OpenAIJudgeOptions, StudentJudgeOptions)
+# The options classes of the judges and NLI models whose fields `CheckerConfig` holds: the
+# judges' from their modules (`Registry.options_classes`), in the order of their kinds.
+JUDGE_OPTIONS = JUDGES.options_classes()
 NLI_OPTIONS = (ONNXNLIOptions,)
 
 
@@ -69,10 +68,13 @@ class CheckerSpecs(Options):
             raise ValueError("give --judge and --nli, or --bundle")
 
 
+# A base's fields come after those of the bases listed after it: the judges' in reverse, so that
+# `--help` shows them in the order of their kinds. Two declaring one name differently: an error.
+CHECKER_BASES = bases_of(*reversed(JUDGE_OPTIONS), *NLI_OPTIONS, TreeConfig, CheckerSpecs)
+
+
 @dataclass(frozen=True)
-class CheckerConfig(
-    OpenAIJudgeOptions, StudentJudgeOptions, ONNXNLIOptions, TreeConfig, CheckerSpecs
-):
+class CheckerConfig(*CHECKER_BASES):  # type: ignore[misc]
     """What a checker is built from, as data: `CheckerConfig(judge="openai:gpt-4.1-mini",
     nli="MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli", base_url=..., entail_threshold=0.6)`.
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from stepgap.schema import Step
 
-from .judges.base import JudgeRequest, Messages
+from .judges.base import JudgeRequest, Messages, StepData
 
 PREVIOUS_CLAIMS = 3  # earlier claims shown to the judge
 # Earlier evidence shown to the judge, most recent first, in characters of snippet text: about
@@ -205,21 +205,19 @@ def build_requests(
     *,
     earlier_evidence_chars: int | None = None,
 ) -> list[JudgeRequest]:
-    """One judge request per step of a trace (with per-step NLI features for such students)."""
+    """One judge request per step of a trace (with per-step NLI features for such students),
+    each with its step as data beside the prompt (`JudgeRequest.step_data`)."""
     before = snippet_counts(steps)
-    return [
-        JudgeRequest(
-            trace_id,
-            s.index,
-            s.type,
-            build_messages(
-                question,
-                steps,
-                i,
-                nli_features[i] if nli_features else None,
-                earlier_evidence_chars=earlier_evidence_chars,
-                snippets_before=before,
-            ),
+    requests = []
+    for i, s in enumerate(steps):
+        data = StepData(question, steps, i, nli_features[i] if nli_features else None)
+        messages = build_messages(
+            question,
+            steps,
+            i,
+            data.nli_features,
+            earlier_evidence_chars=earlier_evidence_chars,
+            snippets_before=before,
         )
-        for i, s in enumerate(steps)
-    ]
+        requests.append(JudgeRequest(trace_id, s.index, s.type, messages, step_data=data))
+    return requests

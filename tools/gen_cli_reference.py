@@ -1,8 +1,10 @@
 """Writes docs/cli.md, the command-line reference: each command's `--help` as the command's own
-parser makes it, so the page says what `--help` says.
+parser makes it, so the page says what `--help` says; and docs/judges/index.md, the list of
+stepgap's own judges as their registry finds them, each with its page (docs/judges/KIND.md,
+written by hand: a judge without one is an error here) and its flags.
 
-    python tools/gen_cli_reference.py          # rewrite docs/cli.md
-    python tools/gen_cli_reference.py --check  # exit 1 if docs/cli.md is not what it would write
+    python tools/gen_cli_reference.py          # rewrite docs/cli.md and docs/judges/index.md
+    python tools/gen_cli_reference.py --check  # exit 1 if either is not what it would write
 
 `tests/test_docs.py` runs the check, so a changed option fails the suite until the page is
 written again. argparse's layout differs a little between Python versions, and `train` prints
@@ -19,6 +21,7 @@ import textwrap
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+JUDGES_PAGE = PAGE.parent / "judges" / "index.md"
 
 INTRO = """# Command line
 
@@ -67,6 +70,41 @@ def page() -> str:
     return "".join(parts)
 
 
+JUDGES_HEADER = "<!-- written by tools/gen_cli_reference.py: do not edit; run it again -->\n"
+JUDGES_INTRO = """# Judges
+
+The judge of stages A-C is `--judge KIND:ARG` ([Python API](../python-api.md): `build_judge`).
+Here are stepgap's own: each judge module of `teacher/judges`, and the student's, which
+`stepgap.student` adds; a plug-in package adds its own under the entry-point group
+`stepgap.judges` ([Development](../development.md#adding-a-judge)). Each page says how a judge
+is used and what its options do. An option is a field of the judge's options class: a flag of
+`stepgap check`, `label`, `serve` and `baseline`, a key of their `--config` files and of a
+reward worker's JSON file, a keyword of `build_judge` ([Command line](../cli.md)).
+
+| judge | its page | its options |
+|---|---|---|
+"""
+
+
+def judges_page() -> str:
+    """The judges' index, from their registry: a row per judge, its page's title and its
+    flags; a judge with no page is an error that names the page to write."""
+    import stepgap.student.judge  # noqa: F401 - registers the student's judge
+    from stepgap.registry import flag, resolve
+    from stepgap.teacher.judges import JUDGES
+
+    rows = []
+    for kind, entry in sorted(JUDGES.own().items()):
+        page = JUDGES_PAGE.parent / f"{kind}.md"
+        if not page.exists():
+            raise SystemExit(f"the judge {kind!r} has no page: write {page}")
+        title = page.read_text().split("\n", 1)[0].removeprefix("# ").strip()
+        names = resolve(entry).options_class.names()
+        flags = ", ".join(f"`{flag(n)}`" for n in names) or "none"
+        rows.append(f"| `{kind}:` | [{title}]({kind}.md) | {flags} |\n")
+    return JUDGES_HEADER + JUDGES_INTRO + "".join(rows)
+
+
 def written_under(text: str) -> str | None:
     """The versions a page was written under (`versions()`), from its first line."""
     first = text.split("\n", 1)[0]
@@ -78,14 +116,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare, do not write")
     args = parser.parse_args()
-    text = page()
+    pages = {PAGE: page(), JUDGES_PAGE: judges_page()}
     if args.check:
-        if PAGE.read_text() != text:
-            print(f"{PAGE} is out of date: run python tools/gen_cli_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE}")
+        stale = [path for path, text in pages.items() if path.read_text() != text]
+        for path in stale:
+            print(f"{path} is out of date: run python tools/gen_cli_reference.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in pages.items():
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

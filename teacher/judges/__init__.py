@@ -14,6 +14,7 @@ from .base import (
     JudgeConfigError,
     JudgeParseError,
     JudgeRequest,
+    StepData,
     close_judge,
     judge_json_schema,
     parse_judge,
@@ -24,17 +25,16 @@ from .cost import PRICES, CostMeter
 from .model_judge import ModelJudgeOptions
 from .replay import ReplayJudge
 
-# The teacher's judges; the student's (`student:PATH`) are added by `stepgap.student`, a layer
-# above, as it is imported; a plug-in declares its own under `stepgap.judges`.
+# The teacher's judges are the backend modules of this package (`JUDGES.builtins()` lists them:
+# a module here that defines a `JudgeBackend` with a `name` of its own is the judge of that
+# kind, its options classes part of `CheckerConfig`); the student's (`student:PATH`) is added
+# by `stepgap.student`, a layer above, as it is imported; a plug-in declares its own under
+# `stepgap.judges`.
 JUDGES: Registry[JudgeBackend] = Registry(
     "judge",
     "stepgap.judges",
     JudgeBackend,
-    builtin={
-        "openai": "stepgap.teacher.judges.openai_api:OpenAIJudge",
-        "hf": "stepgap.teacher.judges.hf:HFJudge",
-        "replay": "stepgap.teacher.judges.replay:ReplayJudge",
-    },
+    package=__name__,
     bare="openai:{spec} (a model behind an OpenAI-compatible API) or hf:{spec} (a local model)",
 )
 
@@ -79,6 +79,7 @@ __all__ = [
     "JudgeRequest",
     "JUDGES",
     "ReplayJudge",
+    "StepData",
     "close_judge",
     "judge_json_schema",
     "build_judge",

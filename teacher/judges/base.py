@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from stepgap.options import Options
 from stepgap.registry import Backend
-from stepgap.schema import Judge, StepType
+from stepgap.schema import Judge, Step, StepType
 from stepgap.tree import JudgeResult
 
 from .concurrency import EngineLimit
@@ -94,9 +94,47 @@ class TraceDeadline:
                 self._callbacks.remove(callback)
 
 
+class StepData:
+    """The step a request asks about, as data: what its prompt is made from (the question, the
+    step with its claim, query, answer and evidence, the steps before it, a student's NLI
+    features), so that a judge that reads the step needs not parse the prompt back.
+
+    The steps after it are not shown (a request reads the steps up to its own, as its prompt
+    does, so a rollout's step can be asked about before the rollout ends); the earlier steps
+    are all there, where the prompt keeps the most recent evidence within its budget."""
+
+    __slots__ = ("question", "_steps", "position", "nli_features")
+
+    def __init__(
+        self,
+        question: str,
+        steps: Sequence[Step],
+        position: int,
+        nli_features: Sequence[dict[str, object]] | None = None,
+    ) -> None:
+        self.question = question
+        self._steps = steps  # the trace's list as it is: no copy per request (long traces)
+        self.position = position  # the step's place in the trace's steps
+        self.nli_features = nli_features
+
+    @property
+    def step(self) -> Step:
+        """The step itself: `claim`, `query`, `answer`, `evidence` (its snippets), `type`."""
+        return self._steps[self.position]
+
+    @property
+    def earlier(self) -> list[Step]:
+        """The steps before it, in trace order."""
+        return list(self._steps[: self.position])
+
+    def __repr__(self) -> str:
+        return f"StepData(question={self.question!r}, step={self.step.index})"
+
+
 @dataclass
 class JudgeRequest:
-    """One step to judge: who it is (for replay and caching) and the prompt to send."""
+    """One step to judge: who it is (for replay and caching), the prompt to send, and the step
+    as data (`step_data`: what the prompt is made from)."""
 
     trace_id: str
     step: int
@@ -108,6 +146,9 @@ class JudgeRequest:
     # When the trace's answer stops being worth anything (the reward server's deadline, a
     # client that left); a judge that sends requests honours it. Not part of the prompt.
     deadline: TraceDeadline | None = field(default=None, compare=False, repr=False)
+    # The step the prompt asks about, as data (None: a request made from messages alone). The
+    # prompt already says all of it: it is no part of a request's equality or cache key.
+    step_data: StepData | None = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from stepgap.cli import commands, main
+from stepgap.options import Options
 from stepgap.serving.process_reward import reward_config
 from stepgap.serving.reward_function import RewardOptions
 from stepgap.teacher import CheckerConfig
@@ -20,12 +21,19 @@ def _serve(*argv: str) -> tuple:
 
 def test_every_field_has_its_flag_with_the_fields_default():
     """A backend's option is declared once, in its own options class: the checker's
-    configuration holds it, and so `check`, `label`, `serve` and `baseline` have its flag."""
+    configuration holds it (each judge's, found by the judges' registry: no list to edit), and
+    so `check`, `label`, `serve` and `baseline` have its flag."""
+    import stepgap.student.judge  # noqa: F401 - registers `student:`
+    from stepgap.registry import resolve
     from stepgap.teacher.build import JUDGE_OPTIONS, NLI_OPTIONS
+    from stepgap.teacher.judges import JUDGES
 
     _, options, config, _ = _serve()
     assert config == CheckerConfig() and options == RewardOptions()
-    for owner in (*JUDGE_OPTIONS, *NLI_OPTIONS, TreeConfig):
+    judges = [resolve(entry).options_class for entry in JUDGES.own().values()]
+    assert set(judges) - {Options} <= set(JUDGE_OPTIONS)
+    for owner in (*judges, *NLI_OPTIONS, TreeConfig):
+        assert issubclass(CheckerConfig, owner), owner
         assert set(owner.names()) <= set(CheckerConfig.names()), owner
     for command in ("check", "label", "serve", "baseline"):
         flags = commands()[command].make_parser()._option_string_actions
