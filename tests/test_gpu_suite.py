@@ -51,39 +51,26 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
 
     judge = sections["judge"]["result"]  # bench/judge_throughput.py's report
     assert judge["complete"] is True
-    assert set(judge["runs"]) >= {"plain_b2", "plain_b2_no_cudnn", "hf", "hf_static", "cb"}
-    # the judge folds its heads here: hf_copied is the loop on transformers' own attention
-    copied = judge["runs"]["hf_copied"]
-    assert copied["steps"] == 6 and copied["decode"]["rows"] == 6
+    assert set(judge["runs"]) == {"plain_b2", "hf", "hf_copied", "cb"}
+    # the judge folds its heads here: hf_copied is the HF path on transformers' own attention
+    assert judge["runs"]["hf_copied"]["steps"] == 6
     assert judge["hf_copied_vs_hf"] > 0 and "hf_copied" not in judge  # no note: it ran
     # one full batch by memory (64 rows on a CPU) for the HF path: all 6 steps here
     assert judge["hf_path_steps"] == judge["runs"]["hf"]["steps"] == 6
-    static = judge["runs"]["hf_static"]  # timed after a warm-up, at the batch it fixed
-    assert static["steps"] == 6 and isinstance(static["batch_size"], int)
-    assert judge["hf_static_vs_hf"] > 0 and judge["hf_static_vs_best_plain"] > 0
-    assert "hf_static" not in judge  # no note: it ran (a cut run would say it started)
-    assert judge["load_s"]["hf_static_warmup"] > 0
+    assert judge["runs"]["hf"]["batch_size"] == "auto"
     assert judge["runs"]["plain_b2"]["steps"] == judge["hf_steps"] == 2
     assert judge["runs"]["hf"]["judges_equal_best_plain"].endswith("/2")  # on the shared steps
-    decode = judge["runs"]["hf"]["decode"]  # where the KV-cache loop's time went
-    assert (
-        decode["rows"] == 6
-        and decode["batches"] == 1
-        and decode["forwards"] > 0
-        and decode["forward_model_ms"] > 0
-    )
-    assert "decode" not in judge["runs"]["plain_b2"] and "decode" not in judge["runs"]["cb"]
-    step = judge["model_step"]  # the model alone, for the HF path's steps to be read against
+    assert len(judge["judge_objects"]["hf"]) == 6 and "cb" not in judge["judge_objects"]
+    step = judge["model_step"]  # the model alone, for the runs' steps to be read against
     assert step["batch"] == 2 and step["step_ms"] > 0 and step["step_padded_ms"] > 0
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
     assert step["step_padded_ms"] == step["step_padded_grouped_heads_ms"]  # the judge's, on a CPU
-    assert step["step_padded_dynamic_cache_ms"] > 0  # the judge's attention, transformers' cache
     assert step["launch_ms"] > 0 and set(step["step_ms_by_batch"]) == {"1"}  # 2x batch: GPU only
     assert step["step_ms_by_batch"]["1"] > 0
     assert judge["cb"] == "ran" and judge["runs"]["cb"]["judges_equal_best_plain"] == "n/a"
     assert all(r["answer_tokens_per_s"] > 0 for r in judge["runs"].values())
     assert judge["cb_tokens_vs_best_plain"] > 0
-    profiled = judge["profile"]  # where the HF path's decode steps spend their time
+    profiled = judge["profile"]  # where the HF path's generate() spends its time
     assert profiled["requests"] == 2 and profiled["wall_s"] > 0
     assert profiled["top_self_cpu"] and all(op["ms"] >= 0 for op in profiled["top_self_cpu"])
 
@@ -116,6 +103,7 @@ def test_tiny_suite_runs_every_section_on_the_cpu(tmp_path):
 def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_path):
     """The judge section's time budget: a cb run past its deadline stops inside the engine
     (no hang on its pending requests) and hands the model back for a later run."""
+    from stepgap.teacher.judges.decoding import GROUPED_SDPA
     from stepgap.teacher.judges.hf import HFJudge, HFJudgeOptions
     from tests.fixtures.models import build_qwen2
 
@@ -123,11 +111,11 @@ def test_the_cb_run_stops_at_its_deadline_and_leaves_the_model_as_it_was(tmp_pat
     judge = HFJudge(
         str(build_qwen2(tmp_path / "m", hidden=128)), HFJudgeOptions(engine="hf", max_tokens=8)
     )
-    attention = judge.model.config._attn_implementation
+    attention = _attention_set(judge.model)
     requests = bench.workload(str(REPO / "examples" / "traces.jsonl"), 3)
     with pytest.raises(RuntimeError, match="no token came back before the deadline"):
         bench.continuous_batching(judge, requests, 8, deadline=time.perf_counter())
-    assert judge.model.config._attn_implementation == attention
+    assert "sdpa" in attention and attention[-1] == GROUPED_SDPA  # the judge's, after it
     assert not hasattr(judge.model, "_cached_continuous_batching_manager")
     row = bench.continuous_batching(judge, requests, 8)  # no deadline: every request ends
     assert row["steps"] == 3 and row["answer_tokens_per_step"] == 8.0
@@ -146,15 +134,18 @@ def test_model_step_times_both_attentions_and_reports_grouped_heads_that_fail(
 
     bench = _judge_bench()
     judge = HFJudge(str(build_qwen2(tmp_path / "m")), HFJudgeOptions(engine="hf", max_tokens=8))
+    attention = _attention_set(judge.model)
     step = bench.model_step(judge.model, batch=2, context=16, steps=2)
-    assert step["attention"] == decoding.GROUPED_SDPA == judge.model.config._attn_implementation
+    assert step["attention"] == decoding.GROUPED_SDPA == attention[-1]  # as it was, after
     assert step["step_padded_copied_heads_ms"] > 0 and step["step_padded_grouped_heads_ms"] > 0
+    assert step["step_padded_ms"] == step["step_padded_grouped_heads_ms"]
     monkeypatch.setattr(decoding, "attend_grouped", lambda model, devices=None: False)
-    judge.model.set_attn_implementation("sdpa")  # as a GPU judge runs
+    judge.model.set_attn_implementation("sdpa")  # as a judge without grouped heads runs
     step = bench.model_step(judge.model, batch=2, context=16, steps=2)
+    assert step["attention"] == "sdpa"
     assert step["step_padded_grouped_heads_ms"] is None and "cannot" in step["grouped_heads_error"]
     assert step["step_padded_ms"] == step["step_padded_copied_heads_ms"] > 0
-    assert judge.model.config._attn_implementation == "sdpa"
+    assert attention[-1] == "sdpa"
     report = {
         "model": "m", "device": "cuda:0", "dtype": "torch.bfloat16", "steps": 2, "hf_steps": 2,
         "prompt_tokens_mean": 16, "load_s": {}, "best_plain": None, "runs": {}, "cb": "ran",
@@ -170,6 +161,20 @@ def _judge_bench():
     return bench_script("judge_throughput")
 
 
+def _attention_set(model) -> list[str]:
+    """The attention implementations `model` is set to from now on, in order: the last is the
+    one it attends with (transformers has no public getter for it)."""
+    names: list[str] = []
+    real = model.set_attn_implementation
+
+    def recorded(name, *args, **kwargs):
+        real(name, *args, **kwargs)
+        names.append(name)
+
+    model.set_attn_implementation = recorded
+    return names
+
+
 def test_a_plain_run_out_of_memory_is_said_and_the_hf_path_still_runs(tmp_path, monkeypatch):
     """A plain `generate` batch too big for the GPU (an 80 GB card at 256 rows, say) is named in
     the report, and the HF path's run, which the section exists for, still happens; `auto` is
@@ -177,14 +182,11 @@ def test_a_plain_run_out_of_memory_is_said_and_the_hf_path_still_runs(tmp_path, 
     import torch
 
     bench = _judge_bench()
-    real = bench.run
 
-    def run(judge, requests, name, **settings):
-        if settings.get("decoding") == "generate":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(judge, requests, name, **settings)
+    def plain(judge, requests, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(bench, "run", run)
+    monkeypatch.setattr(bench, "plain", plain)
     monkeypatch.setattr(sys, "argv", [
         "judge_throughput.py", "--tiny", "--steps", "4", "--hf-steps", "2", "--batches",
         "auto,1", "--model-step-batch", "0", "--max-new-tokens", "8", "--max-string-chars", "8",
@@ -201,36 +203,45 @@ def test_a_plain_run_out_of_memory_is_said_and_the_hf_path_still_runs(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    ("device", "kernel", "inside"),
+    ("device", "inside"),
     [
-        ("cuda", "torch", ["sdpa"]),  # a user's generate(): transformers' own attention
-        ("cuda", "no_cudnn", []),  # the HF path's attention and kernels
-        ("cpu", "torch", []),  # the judge's grouped heads, as the CPU tables ran
+        ("cuda", ["stepgap_grouped_sdpa", "sdpa"]),  # a user's generate(): transformers' SDPA
+        ("cpu", []),  # the judge's grouped heads, as the CPU tables ran
     ],
 )
-def test_plain_generate_on_a_cuda_gpu_runs_as_a_users_does(device, kernel, inside):
-    """Plain `generate` is the reference: on a CUDA GPU on transformers' own SDPA under torch's
-    kernel choice (the judge's folded heads under that choice take cuDNN's slow kernel), and
-    the judge's attention comes back after it."""
+def test_plain_generate_runs_in_request_order_as_a_users_does_on_a_cuda_gpu(
+    device, inside, monkeypatch
+):
+    """Plain `generate` is the reference: the requests in their order, `batch` at a time, each
+    row held to the judge's schema; on a CUDA GPU on transformers' own SDPA, and the judge's
+    attention comes back after it; on a CPU on the judge's own."""
     import torch
 
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
+    import stepgap.teacher.judges.decoding as decoding
 
     bench = _judge_bench()
-    config = SimpleNamespace(_attn_implementation=GROUPED_SDPA)
     set_to: list[str] = []
+    model = SimpleNamespace(device=torch.device(device), set_attn_implementation=set_to.append)
+    calls = []
 
-    def set_attention(name: str) -> None:
-        set_to.append(name)
-        config._attn_implementation = name
+    def generate_answers(model, tokenizer, prompts, indexes, max_new_tokens):
+        calls.append((list(set_to), prompts, indexes))
+        return [decoding.Decoded([0], [0.0]) for _ in prompts]
 
-    model = SimpleNamespace(
-        device=torch.device(device), config=config, set_attn_implementation=set_attention
-    )
-    with bench.kernel_choice(model, kernel):
-        assert set_to == inside
-        assert config._attn_implementation == (inside[-1] if inside else GROUPED_SDPA)
-    assert config._attn_implementation == GROUPED_SDPA
+    def result(decoded, prompt_tokens, answer):
+        return SimpleNamespace(judge=None, usage={"completion_tokens": len(decoded.tokens)})
+
+    monkeypatch.setattr(decoding, "generate_answers", generate_answers)
+    judge = SimpleNamespace(
+        model=model, tokenizer=None, max_new_tokens=8, answer_index=lambda answer: "schema",
+        prompt_ids=lambda request: [request], _result=result,
+    )  # fmt: skip
+    row = bench.plain(judge, [3, 1, 2, 0, 4], batch=2)
+    assert [prompts for _, prompts, _ in calls] == [[[3], [1]], [[2], [0]], [[4]]]
+    assert all(indexes == ["schema"] * len(p) for _, p, indexes in calls)
+    assert all(attention == inside for attention, _, _ in calls)
+    assert set_to == inside + (["stepgap_grouped_sdpa"] if inside else [])  # the judge's after
+    assert row["steps"] == 5 and row["batch_size"] == 2 and row["failed"] == 5
 
 
 def test_without_plain_runs_nothing_is_called_best_plain_and_failed_answers_are_said():
@@ -238,7 +249,8 @@ def test_without_plain_runs_nothing_is_called_best_plain_and_failed_answers_are_
     judge objects compared with the fastest run that has them; and the suite's one line says
     when the timed answers failed (a random model cut at its token limit)."""
     bench = _judge_bench()
-    answers = [SimpleNamespace(judge={"claim_supported": True})] * 512
+    verdict = SimpleNamespace(model_dump=lambda: {"claim_supported": True})  # a judge object
+    answers = [SimpleNamespace(judge=verdict)] * 512
     vllm = bench.figures("vllm", 512, 40.0, 80000, None, 0, answers)
     served = bench.figures("served", 512, 80.0, 80000, None, 0, answers)
     context = {"model": "m", "device": "cpu", "dtype": "torch.float32", "steps": 512,
@@ -248,6 +260,7 @@ def test_without_plain_runs_nothing_is_called_best_plain_and_failed_answers_are_
     assert report["best_plain"] is None and report["vllm_vs_best_plain"] is None
     assert report["judges_compared_with"] == "vllm" and report["vllm_vs_served"] == 2.0
     assert report["runs"]["served"]["judges_equal_best_plain"] == "512/512"
+    assert report["judge_objects"]["served"] == [{"claim_supported": True}] * 512
     lines = bench.table(report).splitlines()
     assert "512 distinct steps (no transformers runs)" in lines[0]
     assert lines[1].split()[-3:] == ["judges", "=", "vllm"]

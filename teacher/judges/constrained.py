@@ -1,14 +1,14 @@
-"""Schema-constrained decoding: a judge schema as a regular expression, its outlines-core index
-over a tokenizer's vocabulary, and the per-row token masks a decoder applies, so every finished
-answer parses. The masks also keep the constrained token probabilities that the stage
-confidences are read from."""
+"""Schema-constrained decoding on transformers' `generate`: a judge schema as a regular
+expression, its outlines-core index over a tokenizer's vocabulary, and `GuideConstraint`, the
+logits processor that holds each row to its index through outlines-core's own `Guide` and torch
+kernels, so every finished answer parses. The processor also keeps the constrained token
+probabilities that the stage confidences are read from."""
 
 from __future__ import annotations
 
-import array
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .base import judge_json_schema
@@ -34,6 +34,17 @@ def build_index(tokenizer: Any, regex: str) -> Any:
     return Index(regex, Vocabulary(tokenizer.eos_token_id, token_bytes(tokenizer)))
 
 
+def byte_symbols() -> dict[int, str]:
+    """The printable character byte-level BPE (GPT-2's, and Qwen's, SmolLM2's) writes for each
+    byte: the printable Latin-1 bytes stand for themselves, the others take the code points from
+    256 up, in byte order (the mapping those tokenizers' vocabularies are written in)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    symbols = {b: chr(b) for b in printable}
+    others = (b for b in range(256) if b not in symbols)
+    symbols.update({b: chr(256 + n) for n, b in enumerate(others)})
+    return dict(sorted(symbols.items()))
+
+
 _LLAMA_BYTE = re.compile(r"^<0x[0-9A-F]{2}>$")
 _REPLACEMENT = re.compile(r"^.{0,6}\ufffd+.{0,6}$")
 
@@ -43,9 +54,7 @@ def token_bytes(tokenizer: Any) -> dict[bytes, list[int]]:
     character is that byte (`<0xE2>`, or a byte-level BPE symbol), not a replacement character
     that would count as a whole character of the schema. The same reading as vLLM's and
     outlines' own, so a schema allows the same tokens on the HF path as on vLLM."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    to_byte = {v: k for k, v in bytes_to_unicode().items()}
+    to_byte = {v: k for k, v in byte_symbols().items()}
     special = set(tokenizer.all_special_ids)
     out: dict[bytes, list[int]] = {}
     for token, tid in tokenizer.get_vocab().items():
@@ -71,113 +80,82 @@ def token_bytes(tokenizer: Any) -> dict[bytes, list[int]]:
     return out
 
 
-class TokenMasks:
-    """The allowed tokens of an index's states, each state's mask built once on the model's
-    device (not a full-vocabulary mask per row per token on the CPU). A string state allows
-    most of the vocabulary (147k of Qwen2.5's 152k tokens), and a judge answer visits hundreds
-    of states: a mask is built from the index's list in one tensor operation, and only a
-    state's forced token (where it allows one) is kept on the CPU."""
+class GuideConstraint:
+    """A `generate` logits processor that keeps each row on its outlines-core index (None: that
+    row is free): a `Guide` per row follows the row's tokens, writes the tokens it allows next
+    into the row of a bitmask (`fill_next_token_bitmask`), and outlines-core's torch kernel
+    sets the others to -inf in place (`apply_token_bitmask_inplace`). A finished row (its EOS
+    written) is left alone: `generate` pads it. The chosen tokens' log-probabilities under the
+    constraint are kept (`finish`), so `generate` need not return batch x steps x vocab scores.
+    `vocab`: the tokenizer's size, which the bitmask covers when the logits are narrower;
+    `on_finished(row, tokens, logprobs)` is told of a row as soon as its EOS is written
+    (`prompt_width`: where its answer starts in `generate`'s ids)."""
 
-    def __init__(self, index: Any, vocab: int, eos: int, device: Any) -> None:
-        self.index, self.vocab, self.eos, self.device = index, vocab, eos, device
-        self._forced: dict[int, int | None] = {}
-        self._masks: dict[int, Any] = {}
+    def __init__(
+        self,
+        indexes: Sequence[Any],
+        eos_token_id: int,
+        vocab: int = 0,
+        on_finished: Callable[[int, list[int], list[float]], None] | None = None,
+        prompt_width: int = 0,
+    ) -> None:
+        from outlines_core import Guide
 
-    def initial(self) -> int:
-        return self.index.get_initial_state()
-
-    def _read(self, state: int) -> None:
-        """Fetch `state`'s token list from the index once: its forced token where it allows
-        one, else its mask (the next step's logits need it)."""
-        if state in self._forced:
-            return
-        allowed = self.index.get_allowed_tokens(state)
-        if len(allowed) == 1:
-            self._forced[state] = allowed[0]
-        else:
-            self._forced[state] = None
-            self._masks[state] = self._mask_of(allowed)
-
-    def _mask_of(self, tokens: Sequence[int]) -> Any:
-        """The mask of a token list. A string state's list holds ~147k of Qwen's ids: through
-        `array` it becomes a tensor in 5 ms, where `torch.tensor` on the list took 18 ms (two
-        CPU cores), and a judge answer reaches a few hundred states."""
-        import torch
-
-        mask = torch.zeros(self.vocab, dtype=torch.bool)
-        if tokens:  # (frombuffer refuses an empty buffer)
-            allowed = torch.frombuffer(array.array("q", tokens), dtype=torch.int64)
-            mask[allowed[allowed < self.vocab]] = True
-        return mask.to(self.device)
-
-    def forced(self, state: int) -> int | None:
-        """The one token `state` allows, or None where it allows several."""
-        self._read(state)
-        return self._forced[state]
-
-    def mask(self, state: int) -> Any:
-        """Boolean (vocab,) tensor: True where a token is allowed in `state`."""
-        self._read(state)
-        if state not in self._masks:  # a forced state, under `generate`'s logits processor
-            self._masks[state] = self._mask_of([self._forced[state]])  # type: ignore[list-item]
-        return self._masks[state]
-
-    def advance(self, state: int, token: int) -> int:
-        nxt = self.index.get_next_state(state, token)
-        if nxt is None:
-            raise RuntimeError(f"token {token} is not allowed in state {state} of the schema")
-        return nxt
-
-
-class SchemaConstraint:
-    """A `generate` logits processor that keeps every row on its index's automaton (the plain
-    path, `HFJudge(fast=False)`). It keeps the chosen tokens' log-probabilities under the
-    constraint itself (`logprobs`, completed by `finish`), so `generate` need not return the
-    batch x steps x vocab scores."""
-
-    def __init__(self, masks: Sequence[TokenMasks | None], eos_token_id: int) -> None:
-        self.masks = list(masks)  # one per row; None: that row is unconstrained
-        self.eos = eos_token_id
-        self.states: list[int | None] = []
-        self.done: list[bool] = []
-        self.logprobs: list[list[float]] = [[] for _ in masks]
+        self.guides = [Guide(i) if i is not None else None for i in indexes]
+        self.eos, self.vocab = eos_token_id, vocab
+        self.on_finished, self.prompt_width = on_finished, prompt_width
+        self.done = [False] * len(indexes)
+        self.picked: list[Any] = []  # each step's chosen tokens' log-probabilities (device)
+        self.bitmask: Any = None
         self._last: Any = None  # the previous step's log-softmax of the processed scores
 
     def _record(self, chosen: Any) -> None:
-        picked = self._last.gather(1, chosen.view(-1, 1).to(self._last.device)).view(-1)
-        for i, lp in enumerate(picked.tolist()):
-            self.logprobs[i].append(lp)
+        self.picked.append(self._last.gather(1, chosen.view(-1, 1).to(self._last.device)))
+
+    def _advance(self, input_ids: Any) -> None:
+        last = input_ids[:, -1]
+        self._record(last)
+        for i, token in enumerate(last.tolist()):  # one copy from the device per step
+            guide = self.guides[i]
+            if self.done[i]:
+                continue
+            if token == self.eos:
+                self.done[i] = True
+                if self.on_finished is not None:
+                    tokens = input_ids[i, self.prompt_width :].tolist()
+                    self.on_finished(i, tokens, self._logprobs()[i])
+            elif guide is not None:
+                guide.advance(token)
+
+    def _mask(self, scores: Any) -> None:
+        import torch
+        from outlines_core.kernels.torch import apply_token_bitmask_inplace, fill_next_token_bitmask
+
+        if self.bitmask is None:
+            words = (max(scores.shape[1], self.vocab) + 31) // 32
+            self.bitmask = torch.full((len(self.guides), words), -1, dtype=torch.int32)
+        for i, guide in enumerate(self.guides):
+            if guide is not None and not self.done[i]:
+                fill_next_token_bitmask(guide, self.bitmask[i : i + 1])
+        apply_token_bitmask_inplace(scores, self.bitmask.to(scores.device, non_blocking=True))
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        batch, _ = scores.shape
-        if self._last is None:
-            self.states = [m.initial() if m is not None else None for m in self.masks]
-            self.done = [False] * batch
-        else:
-            self._record(input_ids[:, -1])
-            # one copy from the device per step, not one per row
-            for i, (m, last) in enumerate(zip(self.masks, input_ids[:, -1].tolist(), strict=True)):
-                if self.done[i] or last == self.eos:
-                    self.done[i] = True
-                elif m is not None:
-                    self.states[i] = m.advance(self.states[i], last)  # type: ignore[arg-type]
-        if any(m is not None for m in self.masks):
-            import torch
-
-            eos_only = torch.zeros(scores.shape[1], dtype=torch.bool, device=scores.device)
-            eos_only[self.eos] = True
-            rows = [
-                eos_only
-                if self.done[i]
-                else (m.mask(self.states[i]) if m is not None else ~eos_only | eos_only)
-                for i, m in enumerate(self.masks)
-            ]
-            scores = scores.masked_fill(~torch.stack(rows).to(scores.device), float("-inf"))
+        if self._last is not None:
+            self._advance(input_ids)
+        if any(g is not None for g in self.guides):
+            self._mask(scores)
         self._last = scores.float().log_softmax(-1)
         return scores
 
+    def _logprobs(self) -> list[list[float]]:
+        import torch
+
+        if not self.picked:
+            return [[] for _ in self.guides]
+        return torch.cat(self.picked, dim=1).tolist()
+
     def finish(self, new_tokens: Any) -> list[list[float]]:
         """Log-probabilities of every generated token, row by row (`new_tokens`: batch x steps)."""
-        if self._last is not None and new_tokens.shape[1] > len(self.logprobs[0]):
+        if self._last is not None and new_tokens.shape[1] > len(self.picked):
             self._record(new_tokens[:, -1])
-        return self.logprobs
+        return self._logprobs()

@@ -8,8 +8,8 @@ Stage confidences come from the constrained token probabilities of the decisive 
 GGUF checkpoints load too (`hf:/path/model.Q4_1.gguf`, dequantized by transformers).
 
 This module loads the model, batches requests, caches answers and parses them; the schema
-constraint is `constrained.py`, the decoders and prefix sharing `decoding.py`, the confidences
-`confidence.py`, the answer cache `cache.py`.
+constraint is `constrained.py`, `generate` in batches and the attention `decoding.py`, the
+confidences `confidence.py`, the answer cache `cache.py`.
 """
 
 from __future__ import annotations
@@ -55,16 +55,14 @@ from .base import (
 )
 from .cache import JudgeCache, cache_key
 from .confidence import stage_confidences
-from .constrained import TokenMasks, build_index, judge_regex
+from .constrained import build_index, judge_regex
 from .cost import CostMeter
 from .decoding import (
     Decoded,
-    DecodeStats,
-    GreedyDecoder,
     RowDone,
     attend_grouped,
     auto_batch_size,
-    check_decoding,
+    generate_answers,
     tell_finished,
 )
 from .model_judge import ModelJudgeOptions, with_cache_and_meter
@@ -192,13 +190,9 @@ class HFJudge(JudgeBackend):
     schema it is held to and how an answer is parsed (see `stepgap.student.judge`).
 
     All pending requests are sorted by prompt length and cut into batches (results come back in
-    request order). `batch_size=None` picks the batch by memory (`auto_batch_size`). The
-    decoding (`decoding="loop"`, the default) is a greedy loop over the KV cache that drops
-    finished rows and, when the schema allows exactly one token, appends it (and the run of such
-    tokens after it) in the next forward pass instead of spending a pass on each; its tokens
-    equal plain `generate` with the same constraint up to floating-point ties (`"generate"` is
-    that plain path, `"static"` the same on a static cache, compiled on a GPU: see
-    `GreedyDecoder`).
+    request order). `batch_size=None` picks the batch by memory (`auto_batch_size`). Each batch
+    is one greedy `model.generate` held to the schema (`decoding.generate_answers`), on
+    attention that folds grouped key-value heads (`attend_grouped`).
 
     `engine="vllm"` decodes on vLLM's engine instead (`vllm_engine.py`): the same prompts,
     schema and parsing, every pending request in one engine call (`online=True`: vLLM's async
@@ -218,11 +212,9 @@ class HFJudge(JudgeBackend):
         meter: CostMeter | None = None,
         on_result: Callable[[JudgeRequest, JudgeResult], None] | None = None,
         online: bool = False,
-        decoding: str = "loop",
     ) -> None:
         """`options`: its flags; `cache` and `meter` are made from them by `from_spec`, or
-        given here; `online`: vLLM's async engine (a server's judge); `decoding`: `loop`,
-        `generate` or `static` (see the class docstring)."""
+        given here; `online`: vLLM's async engine (a server's judge)."""
         options = options or self.options_class()
         self.options = options
         device, dtype, kv_cache_gib = (
@@ -265,11 +257,8 @@ class HFJudge(JudgeBackend):
         self.max_new_tokens = max_new_tokens
         self.constrained = constrained
         self.max_string_chars = max_string_chars
-        self.decoding = check_decoding(decoding)
-        self.decode_stats = DecodeStats()  # where the KV-cache loop's time went, all calls
         self.regexes: dict[type | None, str] = {}  # per answer schema (None: this judge's)
         self.answer_indexes: dict[type | None, Any] = {}  # their outlines-core indexes (HF)
-        self.token_masks: dict[int, TokenMasks] = {}  # id(index) -> its states' masks
         self.cache = cache
         self.meter = meter or CostMeter(model=model)
         self.meter.local = True  # tokens are counted, but no API is paid
@@ -336,18 +325,6 @@ class HFJudge(JudgeBackend):
             self.answer_indexes[answer] = build_index(self.tokenizer, regex)
         return self.answer_indexes[answer]
 
-    def answer_masks(self, answer: type | None) -> TokenMasks | None:
-        """The device masks of a request's constraint (None when unconstrained)."""
-        index = self.answer_index(answer)
-        if index is None:
-            return None
-        if id(index) not in self.token_masks:
-            vocab = self.model.get_output_embeddings().weight.shape[0]
-            self.token_masks[id(index)] = TokenMasks(
-                index, vocab, self.tokenizer.eos_token_id, self.model.device
-            )
-        return self.token_masks[id(index)]
-
     def judge(
         self, requests: Sequence[JudgeRequest], *, stop: threading.Event | None = None
     ) -> list[JudgeResult]:
@@ -391,7 +368,6 @@ class HFJudge(JudgeBackend):
                     [requests[i].answer for i in batch],
                     [requests[i].deadline for i in batch],
                     stop,
-                    rows=size,
                     on_row=lambda r, d, batch=batch: finish(batch[r], d),  # each row as it ends
                 )
         return results  # type: ignore[return-value]
@@ -404,7 +380,7 @@ class HFJudge(JudgeBackend):
         result = (
             JudgeResult.failed(d)
             if isinstance(d, str)
-            else self._result(d, len(prompt), request.answer)
+            else self.answer_result(d, len(prompt), request.answer)
         )
         if result.judge is not None and self.cache is not None:
             self.cache.put(key, self.model_ref, result)
@@ -435,14 +411,12 @@ class HFJudge(JudgeBackend):
         answers: Sequence[type | None] | None = None,
         deadlines: Sequence[TraceDeadline | None] | None = None,
         stop: threading.Event | None = None,
-        rows: int | None = None,
         on_row: RowDone | None = None,
     ) -> list[Decoded | str]:
         """Greedy answers of one batch of tokenized prompts, each held to its request's schema;
         on vLLM's async engine, a request whose trace is no longer wanted gets the reason
-        instead (aborted in the engine). `rows`: the batch size of the call it is part of (a
-        static cache is made for that many rows, whatever this batch's). `stop` ends the batch
-        between two decode steps; `on_row` is told of each row once, as it finishes."""
+        instead (aborted in the engine). `stop` ends the batch at its next token; `on_row` is
+        told of each row once, as it finishes."""
         answers = answers if answers is not None else [None] * len(prompts)
         eos = self.tokenizer.eos_token_id
         if self.engine is not None:
@@ -450,10 +424,12 @@ class HFJudge(JudgeBackend):
                 sampling_params(self.max_new_tokens, self.answer_regex(a), eos) for a in answers
             ]
             decoded = self.engine.generate(prompts, params, deadlines, stop, eos)
-            tell_finished(on_row, decoded, range(len(decoded)), [])
+            tell_finished(on_row, decoded)
             return decoded
-        masks = [self.answer_masks(a) for a in answers]
-        return self.decoder(rows).generate(prompts, masks, stop=stop, on_row=on_row)  # type: ignore[return-value]
+        indexes = [self.answer_index(a) for a in answers]
+        return generate_answers(  # type: ignore[return-value]
+            self.model, self.tokenizer, prompts, indexes, self.max_new_tokens, stop, on_row
+        )
 
     @property
     def online(self) -> bool:
@@ -465,18 +441,9 @@ class HFJudge(JudgeBackend):
         if self.engine is not None:
             self.engine.close()
 
-    def decoder(self, rows: int | None = None) -> GreedyDecoder:
-        """The decoder with this judge's model and its current settings."""
-        return GreedyDecoder(
-            self.model,
-            self.tokenizer,
-            self.max_new_tokens,
-            decoding=self.decoding,
-            rows=rows,
-            stats=self.decode_stats,
-        )
-
-    def _result(self, decoded: Decoded, prompt_tokens: int, answer: type | None) -> JudgeResult:
+    def answer_result(
+        self, decoded: Decoded, prompt_tokens: int, answer: type | None
+    ) -> JudgeResult:
         """The judge object (or the failure) of one decoded answer, with stage confidences."""
         eos = self.tokenizer.eos_token_id
         ids = decoded.tokens

@@ -123,15 +123,7 @@ def merged_folder(identity: str, load: Callable[[], tuple[Any, Any]]) -> Path:
     print(f"stepgap: writing a merged model folder for vLLM (once): {target}", file=sys.stderr)
     try:
         tokenizer, model = load()
-        # transformers (5.19) sets hf_quantizer on a quantized model only, as its own code reads it
-        quantizer = getattr(model, "hf_quantizer", None)
-        method = quantizer.quantization_config.quant_method if quantizer is not None else ""
-        if "gguf" in str(method).lower():
-            # transformers dequantizes a GGUF file as it loads it: these are plain weights
-            model.hf_quantizer = None
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-        model.save_pretrained(work, safe_serialization=True)
+        dequantized_gguf(model).save_pretrained(work, safe_serialization=True)
         tokenizer.save_pretrained(work)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -142,6 +134,30 @@ def merged_folder(identity: str, load: Callable[[], tuple[Any, Any]]) -> Path:
     except OSError:  # another process wrote it first
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def dequantized_gguf(model: Any) -> Any:
+    """`model` itself, or, for one loaded from a GGUF file, the same weights in a plain model
+    of its class that `save_pretrained` writes. transformers dequantizes a GGUF file as it
+    loads it, yet keeps its quantization config and refuses to save the model (GGUF is not
+    serializable, and its quantizer has no `dequantize`). The copy is built on the meta device
+    and takes the loaded tensors themselves: no second copy of the weights in memory."""
+    import torch
+
+    config = getattr(model, "config", None)
+    quant = getattr(config, "quantization_config", None)
+    method = (
+        quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "")
+    )
+    if "gguf" not in str(method).lower():
+        return model
+    settings = config.to_dict()
+    settings.pop("quantization_config", None)
+    with torch.device("meta"):
+        plain = type(model)(type(config).from_dict(settings))
+    plain.load_state_dict(model.state_dict(), assign=True)
+    plain.generation_config = model.generation_config
+    return plain.eval()
 
 
 def engine_args(
@@ -206,7 +222,7 @@ def decoded(output: Any, eos: int | None) -> Decoded:
     if output.finish_reason == "stop" and eos is not None:
         # it ended on a stop token (the model's EOS or `eos`), the last one generated
         tokens = [*tokens[:-1], eos] if tokens else [eos]
-    return Decoded(tokens=tokens, logprobs=logprobs, forward_passes=len(tokens))
+    return Decoded(tokens=tokens, logprobs=logprobs)
 
 
 class VLLMEngine:
@@ -234,7 +250,14 @@ class VLLMEngine:
         return [decoded(o.outputs[0], eos) for o in outputs]
 
     def close(self) -> None:
-        self.llm.llm_engine.engine_core.shutdown()
+        """Shut the engine down: its engine-core process ends and the model's memory is freed.
+        vLLM's `LLM` has no shutdown method (0.32); its engine client shuts the engine down
+        when it is collected (vLLM's own finalizer), so this drops the one reference to the
+        `LLM` and collects it now, not at interpreter exit."""
+        import gc
+
+        self.llm = None
+        gc.collect()
 
 
 class AsyncVLLMEngine:

@@ -51,78 +51,20 @@ def test_constrained_decoding_gives_schema_valid_judges_from_random_weights(
 
 
 @pytest.mark.slow
-def test_fast_decoder_answers_equal_plain_generate(tiny_qwen2, requests_, monkeypatch):
-    """The project's decoder (one batch, finished rows dropped, schema-forced tokens appended
-    without a pass of their own, over a cache that writes each step in place) gives the tokens
-    of plain `generate()` at batch 1, and so the same judge objects, with the same confidences
-    up to float rounding."""
-    from stepgap.teacher.judges import kv_cache
-
+def test_a_padded_batch_answers_as_each_request_alone(tiny_qwen2, requests_):
+    """One `generate` of a left-padded batch, each row held to the schema by its own guide,
+    gives each request the tokens it gets alone, and so the same judge objects, with the same
+    confidences up to float rounding."""
     judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=300))
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
-    judge.decoding = "generate"
-    plain = [judge.generate_ids([p])[0] for p in prompts]
-    judge.decoding = "loop"
-    caches = []
-    real = kv_cache.growing_cache
-    monkeypatch.setattr(
-        kv_cache, "growing_cache", lambda *a, **k: caches.append(real(*a, **k)) or caches[-1]
-    )
-    fast = judge.generate_ids(prompts)
-    assert len(caches) == 1 and {layer.room for layer in caches[0].layers} == {300}
-    assert caches[0].layers[0].length > max(len(p) for p in prompts)  # it held the answers
-    assert [d.tokens for d in fast] == [d.tokens for d in plain]
-    assert all(d.forward_passes < len(d.tokens) for d in fast)  # forced tokens rode along
-    assert all(d.forward_passes == len(d.tokens) for d in plain)
-    # its timings: one batch, its forwards (the row decoded longest took part in each), the
-    # padded prompt it computed, and a decode that the model call, the waits and the loop's
-    # own work add up to
-    stats = judge.decode_stats
-    assert (stats.batches, stats.rows) == (1, 3)
-    assert stats.forwards == max(d.forward_passes for d in fast) - 1 > 0
-    assert stats.prompt_tokens == 3 * max(len(p) for p in prompts)
-    assert stats.prefill_s > 0 and stats.model_s > 0 and stats.host_s > 0 and stats.wait_s >= 0
-    summary = stats.summary()
-    assert summary["forward_ms"] == pytest.approx(
-        summary["forward_model_ms"] + summary["forward_wait_ms"] + summary["forward_host_ms"],
-        abs=0.03,
-    )
-    judge.generate_ids(prompts[:1])  # a second batch adds to the same figures
-    assert (judge.decode_stats.batches, judge.decode_stats.rows) == (2, 4)
-    for f, p, n in zip(fast, plain, prompts, strict=True):
-        rf, rp = judge._result(f, len(n), None), judge._result(p, len(n), None)
+    assert len({len(p) for p in prompts}) > 1  # rows of other lengths: padded
+    alone = [judge.generate_ids([p])[0] for p in prompts]
+    batch = judge.generate_ids(prompts)
+    assert [d.tokens for d in batch] == [d.tokens for d in alone]
+    for f, p, n in zip(batch, alone, prompts, strict=True):
+        rf, rp = judge.answer_result(f, len(n), None), judge.answer_result(p, len(n), None)
         assert rf.judge is not None and rf.judge == rp.judge and rf.usage == rp.usage
         assert rf.confidences == pytest.approx(rp.confidences, rel=1e-4)
-
-
-def test_a_decode_forward_computes_each_rows_last_logits_only(tiny_qwen2, requests_, monkeypatch):
-    """A decode forward carries each row's chosen token and the schema-forced tokens after it,
-    so its rows differ in length: they are left-padded, every row ends at the forward's last
-    position, and the model computes the logits of that position alone, not a vocabulary's
-    worth per forced token (Qwen2.5's 152K a token, which the loop then had to gather from)."""
-    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=120))
-    prompts = [judge.prompt_ids(r) for r in requests_[:3]]
-    forwards = []
-    real = judge.model.forward
-
-    def spy(**kwargs):
-        out = real(**kwargs)
-        width = kwargs["input_ids"].shape[1]
-        forwards.append((width, kwargs["attention_mask"][:, -width:], out.logits.shape[1]))
-        return out
-
-    monkeypatch.setattr(judge.model, "forward", spy)
-    answers = judge.generate_ids(prompts)
-    decode = [f for f in forwards if f[0] < min(len(p) for p in prompts)]  # not a prefill
-    assert len(decode) == judge.decode_stats.forwards > 0
-    # forced tokens rode along, in rows of unequal lengths in one forward
-    assert any(width > 1 and (mask.sum(1) < width).any() for width, mask, _ in decode)
-    for _, mask, kept in decode:
-        assert kept == 1
-        assert mask[:, -1].all()  # each row's last token is the last position
-        assert (mask.diff(dim=1) >= 0).all()  # padding before the tokens, never after
-    judge.decoding = "generate"
-    assert [d.tokens for d in answers] == [judge.generate_ids([p])[0].tokens for p in prompts]
 
 
 def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
@@ -134,10 +76,7 @@ def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
     log-probabilities as transformers' own SDPA, without a single copy."""
     import transformers.integrations.sdpa_attention as sdpa
 
-    from stepgap.teacher.judges.decoding import GROUPED_SDPA
-
     judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=40))
-    assert judge.model.config._attn_implementation == GROUPED_SDPA
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
     assert len({len(p) for p in prompts}) > 1  # rows of other lengths: padded
     copies: list[int] = []
@@ -153,87 +92,27 @@ def test_padded_batches_on_a_cpu_attend_with_grouped_heads_and_answer_the_same(
         assert g.logprobs == pytest.approx(c.logprobs, rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.slow
-def test_static_cache_decoding_pads_batches_to_few_shapes_and_answers_as_the_loop(
-    tiny_qwen2, requests_, monkeypatch
-):
-    """`decoding="static"` (`generate` on a static cache, compiled on a GPU once per shape) pads
-    a batch to a power of two rows, at most the call's batch size, and its prompts to a
-    multiple of 256 tokens; the padding rows' answers are dropped, and the answers are the
-    loop's."""
-    from stepgap.teacher.judges.decoding import STATIC_WIDTH, Decoded, GreedyDecoder
-
-    judge = HFJudge(
-        str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=300, judge_batch_size=4)
-    )
-    loop = judge.judge(requests_[:3])
-    shapes = []
-    plain = GreedyDecoder._decode_plain
-
-    def spy(self, prompts, masks, width=None, stop=None, **settings):
-        shapes.append((len(prompts), width, settings))
-        return plain(self, prompts, masks, width, stop, **settings)
-
-    monkeypatch.setattr(GreedyDecoder, "_decode_plain", spy)
-    judge.decoding = "static"
-    static = judge.judge(requests_[:3])
-    assert [r.judge for r in static] == [r.judge for r in loop]
-    assert all(r.judge is not None for r in static)
-    assert [r.usage for r in static] == [r.usage for r in loop]
-    longest = max(len(judge.prompt_ids(r)) for r in requests_[:3])
-    width = -(-longest // STATIC_WIDTH) * STATIC_WIDTH
-    # three prompts and a copy of the last (its answer dropped)
-    assert shapes == [(4, width, {"cache_implementation": "static"})]
-    assert judge.model.generation_config.cache_implementation is None  # left as it was
-    shapes.clear()  # rows: a power of two, at most the call's batch size
-    monkeypatch.setattr(
-        GreedyDecoder, "_decode_plain", lambda self, p, m, width=None, **s: (
-            shapes.append(len(p)) or [Decoded([], []) for _ in p]
-        ),
-    )  # fmt: skip
-    for n, rows in ((3, 3), (3, 8), (5, 64), (1, 64), (64, 64), (2, None)):
-        decoder = GreedyDecoder(judge.model, judge.tokenizer, 8, decoding="static", rows=rows)
-        assert len(decoder.generate([[1, 2]] * n, [None] * n)) == n
-    assert shapes == [3, 4, 8, 1, 64, 2]
-    with pytest.raises(ValueError, match="decoding must be one of loop, generate, static"):
-        HFJudge(str(tiny_qwen2), decoding="fast")
-
-
-def test_the_package_decoders_on_cuda_decode_without_cudnn_attention_and_generate_keeps_it(
-    monkeypatch,
-):
-    """On a CUDA device the package's decode loop and its static-cache `generate` run with
-    SDPA's cuDNN kernel off (its host time per call set an H100's decode step), and put it back
-    after; plain `generate`, the reference, keeps torch's own choice; on a CPU nothing
-    changes."""
-    from types import SimpleNamespace
-
+def test_the_hf_path_on_cuda_decodes_without_cudnn_attention(tiny_qwen2, requests_, monkeypatch):
+    """On a CUDA device the judge's `generate` runs with SDPA's cuDNN kernel off (its host time
+    per call set an H100's decode step), and puts it back after; on a CPU nothing changes."""
     import torch
 
-    from stepgap.teacher.judges.decoding import GreedyDecoder, without_cudnn_attention
+    from stepgap.teacher.judges import decoding
 
+    entered: list[str] = []
+    real = decoding.without_cudnn_attention
+    monkeypatch.setattr(
+        decoding, "without_cudnn_attention", lambda d: entered.append(str(d)) or real(d)
+    )
+    judge = HFJudge(str(tiny_qwen2), HFJudgeOptions(max_string_chars=6, max_tokens=20))
+    judge.generate_ids([judge.prompt_ids(requests_[0])])
+    assert entered == ["cpu"]
     enabled = torch.backends.cuda.cudnn_sdp_enabled
-    seen: dict[str, bool] = {}
-    monkeypatch.setattr(
-        GreedyDecoder, "_decode_loop", lambda self, p, m, *a: [seen.setdefault("loop", enabled())]
-    )
-    monkeypatch.setattr(
-        GreedyDecoder,
-        "_decode_static",
-        lambda self, p, m, *a: [seen.setdefault("static", enabled())],
-    )
-    monkeypatch.setattr(
-        GreedyDecoder,
-        "_decode_plain",
-        lambda self, p, m, **k: [seen.setdefault("plain", enabled())],
-    )
     assert enabled()
-    cuda = SimpleNamespace(device=torch.device("cuda", 0))
-    for decoding in ("loop", "static", "generate"):
-        GreedyDecoder(cuda, None, 8, decoding=decoding).generate([[1]], [None])
-    assert seen == {"loop": False, "static": False, "plain": True}
-    assert enabled() and torch.backends.cuda.flash_sdp_enabled()  # put back after the loop
-    with without_cudnn_attention(torch.device("cpu")):
+    with real(torch.device("cuda", 0)):
+        assert not enabled() and torch.backends.cuda.flash_sdp_enabled()
+    assert enabled()  # put back after
+    with real(torch.device("cpu")):
         assert enabled()
 
 
@@ -320,48 +199,35 @@ def test_smollm2_gguf_labels_the_examples_end_to_end(tmp_path, examples_dir, tin
     assert sum(v["label"] is not None for v in verdicts) >= 3
 
 
-def test_token_masks_hold_each_states_allowed_tokens_and_its_forced_one():
-    """A state's mask is exactly its allowed tokens (vocabulary ids past the model's rows left
-    out), and `forced` names the one token of a state that allows one, as the fast decoder's
-    forced runs need."""
+def test_the_guide_constraint_allows_each_states_tokens_and_then_eos_only():
+    """Each row's logits keep exactly the tokens its outlines-core index allows in the row's
+    state (ids past the logits' width left out), a free row keeps all of them, and a row that
+    completed its answer may only end it."""
     import torch
 
-    from stepgap.teacher.judges.constrained import TokenMasks, build_index
+    from stepgap.teacher.judges.constrained import GuideConstraint, build_index
     from tests.fixtures.models import qwen_tokenizer
 
     tokenizer = qwen_tokenizer()
+    eos, vocab = tokenizer.eos_token_id, len(tokenizer)
     index = build_index(tokenizer, r"quartz(yes|no)")
-    masks = TokenMasks(index, len(tokenizer), tokenizer.eos_token_id, torch.device("cpu"))
-    state = masks.initial()
-    allowed = set(index.get_allowed_tokens(state))
-    assert len(allowed) > 1 and masks.forced(state) is None
-    assert set(masks.mask(state).nonzero().view(-1).tolist()) == allowed
-    for piece in tokenizer.tokenize("quartz"):  # through the word to the choice
-        state = masks.advance(state, tokenizer.convert_tokens_to_ids(piece))
-    assert masks.forced(state) is None  # "yes" or "no"
-    state = masks.advance(state, tokenizer.convert_tokens_to_ids("yes"))
-    assert masks.forced(state) == tokenizer.eos_token_id  # the answer is complete
-    assert masks.mask(state).nonzero().view(-1).tolist() == [tokenizer.eos_token_id]
-    narrow = TokenMasks(index, 100, tokenizer.eos_token_id, torch.device("cpu"))
-    assert narrow.mask(narrow.initial()).shape == (100,)  # ids past the model's rows: out
-
-    class Counting:  # each state's token list (147k ids for a string state) is fetched once
-        def __init__(self) -> None:
-            self.fetched: list[int] = []
-
-        def __getattr__(self, name):
-            return getattr(index, name)
-
-        def get_allowed_tokens(self, s):
-            self.fetched.append(s)
-            return index.get_allowed_tokens(s)
-
-    counting = Counting()
-    masks = TokenMasks(counting, len(tokenizer), tokenizer.eos_token_id, torch.device("cpu"))
-    first = masks.initial()
-    for _ in range(2):
-        masks.forced(first), masks.mask(first), masks.mask(state), masks.forced(state)
-    assert counting.fetched == [first, state]
+    constraint = GuideConstraint([index, None], eos, vocab)
+    allowed = lambda scores, row: set((scores[row] > float("-inf")).nonzero().view(-1).tolist())  # noqa: E731
+    scores = constraint(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, vocab))
+    assert allowed(scores, 0) == set(index.get_allowed_tokens(index.get_initial_state()))
+    assert allowed(scores, 1) == set(range(vocab))
+    state, ids = index.get_initial_state(), torch.zeros(2, 1, dtype=torch.long)
+    for piece in [*tokenizer.tokenize("quartz"), "yes"]:
+        token = tokenizer.convert_tokens_to_ids(piece)
+        state = index.get_next_state(state, token)
+        ids = torch.cat([ids, torch.tensor([[token], [token]])], dim=1)
+        scores = constraint(ids, torch.zeros(2, vocab))
+        assert allowed(scores, 0) == set(index.get_allowed_tokens(state))
+    assert allowed(scores, 0) == {eos}  # the answer is complete
+    narrow = GuideConstraint([index], eos, vocab)(
+        torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 100)
+    )
+    assert narrow.shape == (1, 100)  # logits narrower than the vocabulary: masked as they are
 
 
 def test_a_local_judge_reports_each_answer_as_its_row_finishes_and_stops_mid_batch(
@@ -374,18 +240,18 @@ def test_a_local_judge_reports_each_answer_as_its_row_finishes_and_stops_mid_bat
     import threading
 
     from stepgap.teacher.judges.base import JudgeStopped
-    from stepgap.teacher.judges.decoding import GreedyDecoder
+    from stepgap.teacher.judges.constrained import GuideConstraint
 
     judge = HFJudge(
         str(tiny_qwen2), HFJudgeOptions(max_string_chars=12, max_tokens=300, judge_batch_size=6)
     )
-    choose, steps = GreedyDecoder._choose, []
+    choose, steps = GuideConstraint.__call__, []
 
     def counted(self, *args):
         steps.append(1)
         return choose(self, *args)
 
-    monkeypatch.setattr(GreedyDecoder, "_choose", counted)
+    monkeypatch.setattr(GuideConstraint, "__call__", counted)
     judge.cache = None  # every answer decoded here
     reported_at: list[int] = []
     judge.on_result = lambda request, result: reported_at.append(len(steps))
@@ -401,7 +267,7 @@ def test_a_local_judge_reports_each_answer_as_its_row_finishes_and_stops_mid_bat
             stop.set()  # as another thread would, mid-batch
         return counted(self, *args)
 
-    monkeypatch.setattr(GreedyDecoder, "_choose", stopping)
+    monkeypatch.setattr(GuideConstraint, "__call__", stopping)
     with pytest.raises(JudgeStopped):
         judge.judge(requests_, stop=stop)
     assert len(steps) == 4  # the step under way ended, no other began
