@@ -173,8 +173,8 @@ def main() -> None:
 
         model = str(build_qwen2(Path(tempfile.mkdtemp(prefix="constraint-")) / "tiny", hidden=128))
     if args.mask_walk:  # the tokenizer and the teacher judge's regex: no model loaded
+        from stepgap.models import load_chat_tokenizer
         from stepgap.teacher.judges.constrained import judge_regex
-        from stepgap.teacher.judges.hf import load_chat_tokenizer
 
         regex = judge_regex(args.max_string_chars or None)
         walk = mask_walk(load_chat_tokenizer(model), regex, args.mask_walk)

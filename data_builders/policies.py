@@ -112,7 +112,7 @@ class HFPolicy(Policy):
         top_p: float = 1.0,
         seed: int = 0,
     ) -> None:
-        from stepgap.teacher.judges.hf import load_causal_lm
+        from stepgap.models import load_causal_lm
 
         self.name = f"hf:{model}"
         self.tokenizer, self.model = load_causal_lm(model, device, dtype, role="the policy")

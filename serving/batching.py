@@ -29,9 +29,8 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepgap.clock import SYSTEM, Clock
+from stepgap.clock import SYSTEM, Clock, TraceDeadline
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import JudgeHealth

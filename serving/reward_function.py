@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepgap.clock import TraceDeadline
 from stepgap.io import ErrorReport, check_output
 from stepgap.options import Options, one_of, option
 from stepgap.reward_arithmetic import (
@@ -33,7 +34,6 @@ from stepgap.reward_arithmetic import (
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.checker import StepChecker
-from stepgap.teacher.judges.base import TraceDeadline
 
 log = logging.getLogger(__name__)
 

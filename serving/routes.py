@@ -14,9 +14,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 
+from stepgap.clock import TraceDeadline
 from stepgap.feedback import Told
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.judges.base import TraceDeadline
 from stepgap.teacher.judges.concurrency import EngineLimit
 
 from .api import (

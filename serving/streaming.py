@@ -27,12 +27,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepgap.clock import TraceDeadline
 from stepgap.feedback import Told, note_for
 from stepgap.reward_arithmetic import RewardResult
 from stepgap.schema import Step, Trace, Verdict
 from stepgap.segment import SegmentationError, segment_trace
 from stepgap.teacher.checker import Checker, StepChecker
-from stepgap.teacher.judges.base import JudgeRequest, TraceDeadline
+from stepgap.teacher.judges.base import JudgeRequest
 from stepgap.tree import JudgeResult
 
 from .reward_function import StepGapReward, _complete, default_inflight, failed_verdicts

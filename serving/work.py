@@ -17,9 +17,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from stepgap.clock import Clock
+from stepgap.clock import Clock, TraceDeadline
 from stepgap.schema import Trace, Verdict
-from stepgap.teacher.judges.base import TraceDeadline
 
 KEEP_FOR_RETRY = 10.0  # seconds work nobody waits for is kept for a retry (OpenRLHF's: 1 s later)
 

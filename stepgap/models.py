@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import re
+import shutil
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -307,3 +309,168 @@ def stand_in_note(config: Any) -> str | None:
         else getattr(config, STAND_IN_KEY, None)
     )
     return f"stand-in: {note}" if note else None
+
+
+def resolve_device(device: str | None, role: str = "the model") -> str:
+    """`auto` (or None): CUDA where torch sees a GPU, else the CPU. A device named that this
+    torch cannot use is a ValueError in one line, before any weights load (torch's own error
+    comes from deep inside the load, after minutes for a large model)."""
+    import torch
+
+    if device in (None, "auto"):
+        if torch.cuda.is_available():
+            return "cuda"
+        return "cpu"
+    try:
+        wanted = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"cannot place {role} on {device!r}: not a torch device ({exc})") from None
+    if wanted.type == "cuda":
+        if not torch.cuda.is_available():
+            why = (
+                f"this torch {torch.__version__} is built without CUDA"
+                if torch.version.cuda is None
+                else "torch sees no CUDA GPU here"
+            )
+            raise ValueError(f"cannot place {role} on {device!r}: {why}; use cpu or auto")
+        count = torch.cuda.device_count()
+        if wanted.index is not None and wanted.index >= count:
+            raise ValueError(
+                f"cannot place {role} on {device!r}: torch sees {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1}"
+            )
+    elif wanted.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"cannot place {role} on {device!r}: MPS is not available here")
+    return device
+
+
+def resolve_dtype(dtype: str | None, device: str):  # -> torch.dtype
+    import torch
+
+    if dtype in (None, "auto"):
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    try:
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+        }[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16") from None
+
+
+def load_chat_tokenizer(ref: str, revision: str | None = None):
+    """The tokenizer of a chat model, ready for the judge: its chat template (required), the
+    chat turn's end as its EOS, left padding."""
+    ref = resolve_model_ref(ref)
+    source, source_kwargs = pretrained_source(ref)
+    if revision:
+        source_kwargs["revision"] = revision
+    with quiet_gguf_load(ref) as tokenizer_kwargs:
+        with explain_load_errors(ref, "tokenizer"):
+            tokenizer = load_tokenizer(source, **source_kwargs, **tokenizer_kwargs)
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")
+    align_chat_eos(tokenizer)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(
+    ref: str,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    role: str = "the judge model",
+):
+    """(tokenizer, model) from a hub id (at `revision`), a local folder or a `.gguf` file;
+    `role` names the model in errors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device, role)
+    ref = resolve_model_ref(ref)
+    source, kwargs = pretrained_source(ref)
+    if revision:
+        kwargs["revision"] = revision
+    with quiet_gguf_load(ref):  # one reading of a GGUF file's metadata for both
+        tokenizer = load_chat_tokenizer(ref, revision)
+        with explain_load_errors(ref, "model"):
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
+            ).to(device)
+    model.eval()
+    return tokenizer, model
+
+
+def model_config(folder: str, revision: str | None = None) -> Any:
+    """The config of a model folder or hub id (at `revision`), with a clear load error."""
+    from transformers import AutoConfig
+
+    with explain_load_errors(folder, "config"):
+        return AutoConfig.from_pretrained(folder, revision=revision)
+
+
+MODELS_ENV = "STEPGAP_MODELS"
+
+
+def models_dir() -> Path:
+    """Where merged folders for vLLM are kept: `$STEPGAP_MODELS`, else ~/.cache/stepgap/models."""
+    if os.environ.get(MODELS_ENV):
+        return Path(os.environ[MODELS_ENV])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "stepgap" / "models"
+
+
+def merged_folder(identity: str, load: Callable[[], tuple[Any, Any]]) -> Path:
+    """A safetensors folder of the model `load()` returns as (tokenizer, model), written once
+    under `models_dir()` by `identity` (a digest of its sources) and reused after. Written to a
+    temporary folder first, so a crash never leaves half a model to be reused."""
+    target = models_dir() / identity.replace(":", "-").replace("/", "-")
+    if (target / "config.json").is_file():
+        return target
+    work = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"stepgap: writing a merged model folder for vLLM (once): {target}", file=sys.stderr)
+    try:
+        tokenizer, model = load()
+        dequantized_gguf(model).save_pretrained(work, safe_serialization=True)
+        tokenizer.save_pretrained(work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    work.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        work.rename(target)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def dequantized_gguf(model: Any) -> Any:
+    """`model` itself, or, for one loaded from a GGUF file, the same weights in a plain model
+    of its class that `save_pretrained` writes. transformers dequantizes a GGUF file as it
+    loads it, yet keeps its quantization config and refuses to save the model (GGUF is not
+    serializable, and its quantizer has no `dequantize`). The copy is built on the meta device
+    and takes the loaded tensors themselves: no second copy of the weights in memory."""
+    import torch
+
+    config = getattr(model, "config", None)
+    quant = getattr(config, "quantization_config", None)
+    method = (
+        quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "")
+    )
+    if "gguf" not in str(method).lower():
+        return model
+    settings = config.to_dict()
+    settings.pop("quantization_config", None)
+    with torch.device("meta"):
+        plain = type(model)(type(config).from_dict(settings))
+    plain.load_state_dict(model.state_dict(), assign=True)
+    plain.generation_config = model.generation_config
+    return plain.eval()

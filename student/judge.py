@@ -23,19 +23,20 @@ from stepgap.data_builders.student_target import (
     parse_student_answer,
     student_json_schema,
 )
-from stepgap.models import explain_load_errors, looks_like_hub_id, model_identity
+from stepgap.models import (
+    explain_load_errors,
+    load_causal_lm,
+    load_chat_tokenizer,
+    looks_like_hub_id,
+    merged_folder,
+    model_identity,
+)
 from stepgap.schema import Judge
 from stepgap.student.tiny import TINY_BASE, TINY_REF
 from stepgap.teacher.judges import register_judge
 from stepgap.teacher.judges.base import JudgeConfigError
-from stepgap.teacher.judges.hf import (
-    HFJudge,
-    StudentJudgeOptions,
-    load_causal_lm,
-    load_chat_tokenizer,
-)
+from stepgap.teacher.judges.hf import HFJudge, StudentJudgeOptions
 from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
-from stepgap.teacher.judges.vllm_engine import merged_folder
 
 log = logging.getLogger(__name__)
 

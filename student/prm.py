@@ -222,8 +222,7 @@ class TorchPRM(PRMRunner):
         import torch
         from transformers import AutoModelForTokenClassification
 
-        from stepgap.models import display_ref, explain_load_errors, stand_in_note
-        from stepgap.teacher.nli.hf import resolve_device
+        from stepgap.models import display_ref, explain_load_errors, resolve_device, stand_in_note
 
         self.device = resolve_device(device, "the PRM")
         with explain_load_errors(str(folder), "PRM"):

@@ -12,11 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
+from stepgap.clock import TraceDeadline
 from stepgap.schema import Trace, Verdict
 from stepgap.tree import JudgeResult, TreeConfig
 
 from .decide import decide_batch, step_nli_features
-from .judges.base import JudgeBackend, JudgeRequest, TraceDeadline
+from .judges.base import JudgeBackend, JudgeRequest
 from .nli.base import NLIBackend
 from .prompt import PROMPT_VERSION, build_requests
 from .stream import JudgeStream

@@ -20,12 +20,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from stepgap.clock import TraceDeadline
 from stepgap.schema import Trace, Verdict, to_plain
 from stepgap.segment import segment_trace
 
 from .build import CheckerConfig
 from .checker import StepChecker
-from .judges.base import TraceDeadline
 
 _COLUMNS = ("trace_id", "step", "verdict", "position")
 

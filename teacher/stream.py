@@ -12,10 +12,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from stepgap.clock import TraceDeadline
 from stepgap.schema import Trace, Verdict
 from stepgap.tree import JudgeResult
 
-from .judges.base import JudgeBackend, JudgeRequest, JudgeStopped, ResultHook, TraceDeadline
+from .judges.base import JudgeBackend, JudgeRequest, JudgeStopped, ResultHook
 
 RequestsOf = Callable[[Trace], list[JudgeRequest]]
 """A trace's judge requests, one per step (`Checker.judge_requests`)."""

@@ -138,7 +138,7 @@ def test_a_gguf_files_metadata_is_read_once_per_load_and_gguf_is_restored_after(
     import gguf
     from transformers import AutoConfig
 
-    from stepgap.teacher.judges.hf import load_chat_tokenizer
+    from stepgap.models import load_chat_tokenizer
     from tests.fixtures.models import smollm2_gguf
 
     opened: list[str] = []
@@ -167,7 +167,7 @@ def test_the_gguf_load_patches_still_fit(monkeypatch, capfd):
     the dequantisation bar stays off. Fails when transformers or gguf change those names."""
     import gguf
 
-    from stepgap.teacher.judges.hf import load_causal_lm
+    from stepgap.models import load_causal_lm
     from tests.fixtures.models import smollm2_gguf
 
     opened: list[str] = []

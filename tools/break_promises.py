@@ -267,7 +267,7 @@ MUTATIONS = [
     ),
     Mutation(
         "setup/device-named",
-        "teacher/nli/hf.py",
+        "stepgap/models.py",
         '    if wanted.type == "cuda":',
         "    if False:",
         (

@@ -10,7 +10,6 @@ import copy
 import hashlib
 import json
 import threading
-import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from stepgap.clock import TraceDeadline
 from stepgap.options import Options
 from stepgap.registry import Backend
 from stepgap.schema import Judge, Step, StepType
@@ -30,68 +30,6 @@ from .cost import CostMeter
 JUDGE_GROUP = "judge (stages A-C)"
 
 Messages = list[dict[str, str]]
-
-
-class TraceDeadline:
-    """Until when a trace's answer is worth something: a time (`clock()` seconds, by default
-    `time.monotonic()`: the reward server gives its own clock's), and a cancel for a client that
-    left. Thread-safe: the reward server cancels it from its event loop, a judge reads it from
-    its own. A judge sends no request for a trace that is past its deadline or cancelled, and a
-    cancel closes the requests already in flight."""
-
-    def __init__(
-        self, at: float | None = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.at = at
-        self.clock = clock
-        self._cancelled = False
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-
-    @classmethod
-    def after(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> TraceDeadline:
-        return cls(clock() + seconds, clock)
-
-    def remaining(self) -> float | None:
-        """Seconds left (None: no deadline); 0 once cancelled."""
-        if self._cancelled:
-            return 0.0
-        return None if self.at is None else max(0.0, self.at - self.clock())
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def over(self) -> str | None:
-        """Why the trace is no longer wanted (cancelled, past its deadline), or None."""
-        if self._cancelled:
-            return "its client no longer waits for it"
-        if self.at is not None and self.clock() >= self.at:
-            return "its deadline passed"
-        return None
-
-    def cancel(self) -> None:
-        with self._lock:
-            if self._cancelled:
-                return
-            self._cancelled = True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback` when cancelled (at once if it is already); returns its remover."""
-        with self._lock:
-            if not self._cancelled:
-                self._callbacks.append(callback)
-                return lambda: self._forget(callback)
-        callback()
-        return lambda: None
-
-    def _forget(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
 
 
 class StepData:

@@ -3,10 +3,8 @@ the constraint as a logits processor (`constrained.GuideConstraint`), the batch 
 in memory, attention that takes the padded batches without copying key and value heads (a CPU,
 a CUDA GPU), and on a GPU, SDPA kept off cuDNN's attention kernel.
 
-The package once had a decoding loop of its own over a KV cache that wrote steps in place,
-dropped finished rows and fed schema-forced tokens in one forward pass: it gave at most 1.27x
-plain `generate()` on an H200 and about 1.5x on a CPU, where vLLM in process gives several
-times that (BENCHMARKS). It was retired for `generate()`: vLLM is the engine for speed."""
+A decoding loop of the package's own (a KV cache written in place, rows dropped, forced tokens
+fed together) was retired for `generate()`: vLLM in process is the engine for speed."""
 
 from __future__ import annotations
 
@@ -30,9 +28,7 @@ def auto_batch_size(model: Any, tokens_per_row: int, cap: int | None = None) -> 
     """Rows per generation batch that fit a memory budget: a quarter of the free memory of the
     model's device (GPU) or of the machine (CPU) for the KV cache and its per-layer copies; at
     most `cap`, by default 64 on a CPU, where a forward's time grows with its rows, and 256 on
-    a GPU, where it barely does: on an H100 a decode step of Qwen2.5-7B's architecture over
-    1,032 tokens took 37, 39 and 24 ms at 1, 24 and 48 rows (without cuDNN's attention), and
-    the host needs ~20 ms to queue one, so more rows a step are more answers a second."""
+    a GPU, where it barely does (BENCHMARKS, the GPU runs)."""
     import torch
 
     config = text_config(model)
@@ -67,7 +63,9 @@ def _grouped_sdpa(
     **kwargs: Any,
 ) -> tuple[Any, None]:
     """transformers' SDPA attention, but a masked batch of a grouped-query model attends
-    without its key and value heads copied out to every query head:
+    without its key and value heads copied out to every query head. One of the package's two
+    leans on a library's undocumented side (docs/architecture.md): it follows the layouts of
+    transformers' `sdpa_attention_forward`, which its tests compare it with:
     - a short query (a decode step and its forced tokens, at most `FOLDED_QUERIES`): the query
       heads that share a key-value head become rows of one query of that head, the mask
       repeated to match, so any SDPA kernel that takes a mask (CUDA's memory-efficient one
@@ -109,16 +107,9 @@ def attend_grouped(model: Any, devices: tuple[str, ...] | None = ("cpu", "cuda")
     """Let a padded batch of a grouped-query model (Qwen2.5, SmolLM2) attend without copied
     heads (`_grouped_sdpa`). transformers copies the key and value heads out to every query
     head whenever an attention mask is given (CUDA's fast kernels take no mask with grouped
-    heads), and the judge's batches are left-padded, so every decode step wrote and read the
-    whole cache seven times over (Qwen2.5-7B: 28 query heads, 4 key-value heads):
-    - on an H200, Qwen2.5-7B's architecture, one batch of 256 judge steps (prompts of 1,032
-      tokens): a decode forward took 212 ms copied, 44 ms folded; the steps took 50.8 s
-      against 17.4 s (5.0 against 14.7 steps/s), with the same 256 judge objects (the judge
-      bench's `hf` and `hf_grouped`, 2026-11-28);
-    - on two CPU cores the copy made a padded decode step of SmolLM2-135M at batch 16 over
-      1,144 tokens 2.5x slower (994 ms against 394 ms); folding a decode step's query heads
-      took a padded step of two Qwen2.5-7B-shaped layers at batch 16 over 1,032 tokens from
-      87-114 ms (SDPA's grouped heads) to 79-86 ms, and 367-447 ms copied.
+    heads), and the judge's batches are left-padded, so every decode step would write and read
+    the whole cache seven times over (Qwen2.5-7B: 28 query heads, 4 key-value heads): on an
+    H200 a decode forward took about a fifth of the time folded (BENCHMARKS, the GPU runs).
     Returns whether the model now attends so: a model on one of `devices` (None: any; other
     devices keep transformers' attention until a bench shows it there) that transformers lets
     attend with SDPA (it checks an implementation named so as it checks "sdpa", and refuses a
@@ -143,12 +134,9 @@ def attend_grouped(model: Any, devices: tuple[str, ...] | None = ("cpu", "cuda")
 
 @contextlib.contextmanager
 def without_cudnn_attention(device: Any) -> Iterator[None]:
-    """On a CUDA device, SDPA may choose any kernel but cuDNN's attention for the block. On an
-    H100 (torch 2.11, Qwen2.5-7B's architecture) SDPA chose cuDNN's kernel for the judge's
-    decode steps, and its host time was 3.9 ms a call (the judge bench's profile: 616 calls,
-    2.4 s of a 4.8 s run), 28 calls a forward: a decode step took 61-106 ms at batch 1, 24 or
-    48, where the weights take ~5 ms to read. Without it a padded step of batch 24 over 1,032
-    tokens took 33 ms instead of 109, and the HF path answered 1.81 steps/s instead of 0.90.
+    """On a CUDA device, SDPA may choose any kernel but cuDNN's attention for the block: on an
+    H100 cuDNN's kernel cost the judge's decode steps milliseconds of host time a call, and
+    without it the HF path answered twice as many steps a second (BENCHMARKS, the GPU runs).
     Elsewhere this changes nothing."""
     import torch
 

@@ -24,13 +24,12 @@ from typing import Any, Literal
 from tqdm.auto import tqdm
 
 from stepgap.models import (
-    align_chat_eos,
     display_ref,
-    explain_load_errors,
-    load_tokenizer,
+    load_causal_lm,
+    load_chat_tokenizer,
+    merged_folder,
+    model_config,
     model_identity,
-    pretrained_source,
-    quiet_gguf_load,
     resolve_model_ref,
     stand_in_note,
 )
@@ -38,7 +37,6 @@ from stepgap.options import at_least_one, more_than_zero, one_of, option
 from stepgap.schema import Judge
 from stepgap.tree import JudgeResult
 
-from ..nli.hf import resolve_device, resolve_dtype
 from ..prompt import PROMPT_VERSION
 from .base import (
     JUDGE_GROUP,
@@ -71,59 +69,12 @@ from .vllm_engine import (
     VLLMEngine,
     choose_engine,
     engine_args,
-    merged_folder,
     sampling_params,
 )
 
 log = logging.getLogger(__name__)
 
 ENGINE_CHUNK = 16  # x 16 = the requests a checker call hands vLLM at once (256)
-
-
-def load_chat_tokenizer(ref: str, revision: str | None = None):
-    """The tokenizer of a chat model, ready for the judge: its chat template (required), the
-    chat turn's end as its EOS, left padding."""
-    ref = resolve_model_ref(ref)
-    source, source_kwargs = pretrained_source(ref)
-    if revision:
-        source_kwargs["revision"] = revision
-    with quiet_gguf_load(ref) as tokenizer_kwargs:
-        with explain_load_errors(ref, "tokenizer"):
-            tokenizer = load_tokenizer(source, **source_kwargs, **tokenizer_kwargs)
-    if tokenizer.chat_template is None:
-        raise ValueError(f"{ref}: the tokenizer has no chat template; the judge needs one")
-    align_chat_eos(tokenizer)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-def load_causal_lm(
-    ref: str,
-    device: str | None = None,
-    dtype: str | None = None,
-    revision: str | None = None,
-    role: str = "the judge model",
-):
-    """(tokenizer, model) from a hub id (at `revision`), a local folder or a `.gguf` file;
-    `role` names the model in errors."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    device = resolve_device(device, role)
-    ref = resolve_model_ref(ref)
-    source, kwargs = pretrained_source(ref)
-    if revision:
-        kwargs["revision"] = revision
-    with quiet_gguf_load(ref):  # one reading of a GGUF file's metadata for both
-        tokenizer = load_chat_tokenizer(ref, revision)
-        with explain_load_errors(ref, "model"):
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=resolve_dtype(dtype, device) or torch.float32, **kwargs
-            ).to(device)
-    model.eval()
-    return tokenizer, model
 
 
 DEFAULT_MAX_NEW_TOKENS = 768  # a local judge's answer budget when `max_tokens` is not set
@@ -232,7 +183,7 @@ class HFJudge(JudgeBackend):
         if self.engine_name == "vllm":
             folder, revision = self.vllm_folder(model, dtype)
             self.tokenizer = load_chat_tokenizer(folder, revision)
-            self.config = _config(folder, revision)
+            self.config = model_config(folder, revision)
             limit = getattr(self.config, "max_position_embeddings", None)
             args = engine_args(
                 folder, dtype=dtype, max_model_len=limit, kv_cache_gib=kv_cache_gib,
@@ -243,10 +194,9 @@ class HFJudge(JudgeBackend):
             self.concurrency = ENGINE_CHUNK
             if max_string_chars is not None and constrained:
                 log.warning(
-                    "max_string_chars=%d on vLLM: vLLM's structured outputs (xgrammar) take ~7 ms "
-                    "of host time per answer per decode step to hold strings to a length on a "
-                    "152K-token vocabulary, ten times the rest of a step (bench/vllm_constraint.py;"
-                    " without the cap, 0.83x the unconstrained rate); leave it unset on vLLM",
+                    "max_string_chars=%d on vLLM: holding strings to a length costs vLLM's "
+                    "structured outputs ten times a decode step's other host work on a large "
+                    "vocabulary (bench/vllm_constraint.py); leave it unset on vLLM",
                     max_string_chars,
                 )
         else:
@@ -477,10 +427,3 @@ def _judge_bar(total: int, desc: str) -> tqdm:
 
     hide = True if are_progress_bars_disabled() else None  # None: off unless on a terminal
     return tqdm(total=total, desc=desc, unit="step", disable=hide, leave=False)
-
-
-def _config(folder: str, revision: str | None) -> Any:
-    from transformers import AutoConfig
-
-    with explain_load_errors(folder, "config"):
-        return AutoConfig.from_pretrained(folder, revision=revision)

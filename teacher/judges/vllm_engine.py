@@ -14,8 +14,8 @@ the stage confidences. vLLM applies the schema's token mask before it computes t
 the constrained probabilities the HF path reports.
 
 vLLM reads a model folder. A `.gguf` file or a LoRA adapter is written once as a merged
-safetensors folder under `$STEPGAP_MODELS` (default `~/.cache/stepgap/models/`), keyed by the
-content of what it was made from, and reused after.
+safetensors folder (`stepgap.models.merged_folder`), keyed by the content of what it was made
+from, and reused after.
 """
 
 from __future__ import annotations
@@ -25,21 +25,19 @@ import concurrent.futures
 import importlib.util
 import itertools
 import logging
-import os
-import shutil
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from .base import JudgeConfigError, JudgeStopped, TraceDeadline
+from stepgap.clock import TraceDeadline
+
+from .base import JudgeConfigError, JudgeStopped
 from .decoding import Decoded
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "vllm", "hf")
-MODELS_ENV = "STEPGAP_MODELS"
 CPU_KV_CACHE_GIB = 2.0  # vLLM's CPU backend otherwise reserves 92% of the machine's memory
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _announced: set[str] = set()  # engine choices printed already (once per process)
@@ -101,63 +99,6 @@ def _version() -> str:
         except PackageNotFoundError:
             continue
     return "?"
-
-
-def models_dir() -> Path:
-    """Where merged folders for vLLM are kept: `$STEPGAP_MODELS`, else ~/.cache/stepgap/models."""
-    if os.environ.get(MODELS_ENV):
-        return Path(os.environ[MODELS_ENV])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "stepgap" / "models"
-
-
-def merged_folder(identity: str, load: Callable[[], tuple[Any, Any]]) -> Path:
-    """A safetensors folder of the model `load()` returns as (tokenizer, model), written once
-    under `models_dir()` by `identity` (a digest of its sources) and reused after. Written to a
-    temporary folder first, so a crash never leaves half a model to be reused."""
-    target = models_dir() / identity.replace(":", "-").replace("/", "-")
-    if (target / "config.json").is_file():
-        return target
-    work = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    shutil.rmtree(work, ignore_errors=True)
-    print(f"stepgap: writing a merged model folder for vLLM (once): {target}", file=sys.stderr)
-    try:
-        tokenizer, model = load()
-        dequantized_gguf(model).save_pretrained(work, safe_serialization=True)
-        tokenizer.save_pretrained(work)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    work.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        work.rename(target)
-    except OSError:  # another process wrote it first
-        shutil.rmtree(work, ignore_errors=True)
-    return target
-
-
-def dequantized_gguf(model: Any) -> Any:
-    """`model` itself, or, for one loaded from a GGUF file, the same weights in a plain model
-    of its class that `save_pretrained` writes. transformers dequantizes a GGUF file as it
-    loads it, yet keeps its quantization config and refuses to save the model (GGUF is not
-    serializable, and its quantizer has no `dequantize`). The copy is built on the meta device
-    and takes the loaded tensors themselves: no second copy of the weights in memory."""
-    import torch
-
-    config = getattr(model, "config", None)
-    quant = getattr(config, "quantization_config", None)
-    method = (
-        quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "")
-    )
-    if "gguf" not in str(method).lower():
-        return model
-    settings = config.to_dict()
-    settings.pop("quantization_config", None)
-    with torch.device("meta"):
-        plain = type(model)(type(config).from_dict(settings))
-    plain.load_state_dict(model.state_dict(), assign=True)
-    plain.generation_config = model.generation_config
-    return plain.eval()
 
 
 def engine_args(

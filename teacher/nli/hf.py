@@ -9,7 +9,14 @@ import threading
 import unicodedata
 from collections.abc import Sequence
 
-from stepgap.models import check_model_ref, display_ref, explain_load_errors, stand_in_note
+from stepgap.models import (
+    check_model_ref,
+    display_ref,
+    explain_load_errors,
+    resolve_device,
+    resolve_dtype,
+    stand_in_note,
+)
 from stepgap.schema import NLIProbs
 from stepgap.tree import NLIError, Pair
 
@@ -34,57 +41,6 @@ def labels_from_id2label(id2label: dict[int, str]) -> dict[str, int] | None:
             if low.startswith(label[:7]):  # 'entailment', 'entail', 'contradiction', 'contradict'
                 found[label] = int(idx)
     return found if len(found) == 3 and len(set(found.values())) == 3 else None
-
-
-def resolve_device(device: str | None, role: str = "the model") -> str:
-    """`auto` (or None): CUDA where torch sees a GPU, else the CPU. A device named that this
-    torch cannot use is a ValueError in one line, before any weights load (torch's own error
-    comes from deep inside the load, after minutes for a large model)."""
-    import torch
-
-    if device in (None, "auto"):
-        if torch.cuda.is_available():
-            return "cuda"
-        return "cpu"
-    try:
-        wanted = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"cannot place {role} on {device!r}: not a torch device ({exc})") from None
-    if wanted.type == "cuda":
-        if not torch.cuda.is_available():
-            why = (
-                f"this torch {torch.__version__} is built without CUDA"
-                if torch.version.cuda is None
-                else "torch sees no CUDA GPU here"
-            )
-            raise ValueError(f"cannot place {role} on {device!r}: {why}; use cpu or auto")
-        count = torch.cuda.device_count()
-        if wanted.index is not None and wanted.index >= count:
-            raise ValueError(
-                f"cannot place {role} on {device!r}: torch sees {count} CUDA device(s), "
-                f"cuda:0 to cuda:{count - 1}"
-            )
-    elif wanted.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"cannot place {role} on {device!r}: MPS is not available here")
-    return device
-
-
-def resolve_dtype(dtype: str | None, device: str):  # -> torch.dtype
-    import torch
-
-    if dtype in (None, "auto"):
-        return torch.float16 if device.startswith("cuda") else torch.float32
-    try:
-        return {
-            "float32": torch.float32,
-            "fp32": torch.float32,
-            "float16": torch.float16,
-            "fp16": torch.float16,
-            "bfloat16": torch.bfloat16,
-            "bf16": torch.bfloat16,
-        }[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16") from None
 
 
 def check_pair_markers(tokenizer: object, ref: str) -> None:

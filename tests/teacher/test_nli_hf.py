@@ -217,7 +217,7 @@ def test_a_device_torch_cannot_use_is_one_line_before_any_load(monkeypatch, tmp_
     import torch
 
     from stepgap.cli import main
-    from stepgap.teacher.nli.hf import resolve_device
+    from stepgap.models import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="cannot place the NLI model on 'cuda': .*use cpu or auto"):

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from stepgap.teacher.judges.base import JudgeStopped, TraceDeadline
+from stepgap.clock import TraceDeadline
+from stepgap.teacher.judges.base import JudgeStopped
 from stepgap.teacher.judges.concurrency import EngineLimit
 from stepgap.teacher.judges.openai_api import OpenAIJudge, OpenAIJudgeOptions
 from stepgap.teacher.prompt import build_requests

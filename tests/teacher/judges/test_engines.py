@@ -106,7 +106,7 @@ def test_a_schema_string_counts_characters_not_byte_tokens(qwen):
 
 def test_a_merged_folder_is_written_once_and_never_half(tmp_path, monkeypatch):
     """`merged_folder` writes beside its target and renames, and reuses what is there."""
-    from stepgap.teacher.judges.vllm_engine import merged_folder
+    from stepgap.models import merged_folder
 
     monkeypatch.setenv("STEPGAP_MODELS", str(tmp_path))
     calls = []
@@ -197,12 +197,12 @@ def test_a_gguf_model_is_written_as_the_plain_weights_it_was_loaded_as(tmp_path,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from stepgap.teacher.judges.hf import load_causal_lm
+    from stepgap.models import load_causal_lm, merged_folder
     from tests.fixtures.models import smollm2_gguf
 
     monkeypatch.setenv("STEPGAP_MODELS", str(tmp_path))
     tokenizer, model = load_causal_lm(str(smollm2_gguf()), "cpu")
-    folder = vllm_engine.merged_folder("gguf:1", lambda: (tokenizer, model))
+    folder = merged_folder("gguf:1", lambda: (tokenizer, model))
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
