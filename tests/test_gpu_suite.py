@@ -234,7 +234,7 @@ def test_plain_generate_runs_in_request_order_as_a_users_does_on_a_cuda_gpu(
     monkeypatch.setattr(decoding, "generate_answers", generate_answers)
     judge = SimpleNamespace(
         model=model, tokenizer=None, max_new_tokens=8, answer_index=lambda answer: "schema",
-        prompt_ids=lambda request: [request], _result=result,
+        prompt_ids=lambda request: [request], answer_result=result,
     )  # fmt: skip
     row = bench.plain(judge, [3, 1, 2, 0, 4], batch=2)
     assert [prompts for _, prompts, _ in calls] == [[[3], [1]], [[2], [0]], [[4]]]
