@@ -123,7 +123,7 @@ class GuideConstraint:
                 self.done[i] = True
                 if self.on_finished is not None:
                     tokens = input_ids[i, self.prompt_width :].tolist()
-                    self.on_finished(i, tokens, self._logprobs()[i])
+                    self.on_finished(i, tokens, self._logprobs(i))
             elif guide is not None:
                 guide.advance(token)
 
@@ -147,12 +147,15 @@ class GuideConstraint:
         self._last = scores.float().log_softmax(-1)
         return scores
 
-    def _logprobs(self) -> list[list[float]]:
+    def _logprobs(self, row: int | None = None) -> Any:
+        """The log-probabilities so far: every row's (lists), or one row's (a list), copied
+        from the device for that row alone as it finishes."""
         import torch
 
         if not self.picked:
-            return [[] for _ in self.guides]
-        return torch.cat(self.picked, dim=1).tolist()
+            return [] if row is not None else [[] for _ in self.guides]
+        picked = torch.cat(self.picked, dim=1)
+        return (picked if row is None else picked[row]).tolist()
 
     def finish(self, new_tokens: Any) -> list[list[float]]:
         """Log-probabilities of every generated token, row by row (`new_tokens`: batch x steps)."""

@@ -207,13 +207,19 @@ def generate_answers(
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     told: set[int] = set()
 
-    def tell(row: int, tokens: list[int], logprobs: list[float]) -> None:
+    def answer(tokens: list[int], logprobs: list[float]) -> Decoded:
+        n = tokens.index(eos) + 1 if eos in tokens else len(tokens)  # its EOS, or the budget
+        return Decoded(tokens[:n], logprobs[:n])
+
+    def tell(row: int, decoded: Decoded) -> None:
         if on_row is not None and row not in told:
             told.add(row)
-            n = tokens.index(eos) + 1 if eos in tokens else len(tokens)
-            on_row(row, Decoded(tokens[:n], logprobs[:n]))
+            on_row(row, decoded)
 
-    constraint = GuideConstraint(indexes, eos, len(tokenizer), tell, width)
+    def finished(row: int, tokens: list[int], logprobs: list[float]) -> None:
+        tell(row, answer(tokens, logprobs))
+
+    constraint = GuideConstraint(indexes, eos, len(tokenizer), finished, width)
     with torch.inference_mode(), without_cudnn_attention(model.device):
         out = model.generate(
             input_ids=ids.to(model.device),
@@ -230,9 +236,7 @@ def generate_answers(
         raise JudgeStopped("the judge call was stopped")
     new = out.sequences[:, width:]
     logprobs = constraint.finish(new)
-    decoded = []
-    for row, tokens in enumerate(new.tolist()):
-        n = tokens.index(eos) + 1 if eos in tokens else len(tokens)
-        decoded.append(Decoded(tokens[:n], logprobs[row][:n]))
-        tell(row, tokens, logprobs[row])
+    decoded = [answer(tokens, logprobs[row]) for row, tokens in enumerate(new.tolist())]
+    for row, d in enumerate(decoded):
+        tell(row, d)
     return decoded

@@ -59,7 +59,9 @@ def test_a_padded_batch_answers_as_each_request_alone(tiny_qwen2, requests_):
     prompts = [judge.prompt_ids(r) for r in requests_[:3]]
     assert len({len(p) for p in prompts}) > 1  # rows of other lengths: padded
     alone = [judge.generate_ids([p])[0] for p in prompts]
-    batch = judge.generate_ids(prompts)
+    told: dict[int, object] = {}
+    batch = judge.generate_ids(prompts, on_row=lambda r, d: told.setdefault(r, d))
+    assert [told[r] for r in range(len(batch))] == batch  # told as each row ended: the same
     assert [d.tokens for d in batch] == [d.tokens for d in alone]
     for f, p, n in zip(batch, alone, prompts, strict=True):
         rf, rp = judge.answer_result(f, len(n), None), judge.answer_result(p, len(n), None)
